@@ -1,0 +1,199 @@
+"""Typed pipeline configuration: YAML file in, frozen pydantic models out, resolved once at start-up.
+
+Secrets never sit in the file: any ``*_env`` key names an environment variable that holds the
+value (``dsn_env: SHOP_DSN``). ``redacted_dsn`` is what logs and status show.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from headrace.core.errors import ConfigError
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _from_env(value: str | None, env: str | None, what: str) -> str | None:
+    if value is not None and env is not None:
+        raise ConfigError(f"{what}: give either the value or its *_env variable, not both")
+    if env is not None:
+        resolved = os.environ.get(env)
+        if not resolved:
+            raise ConfigError(f"{what}: environment variable {env} is not set; export it before running")
+        return resolved
+    return value
+
+
+class SourceConfig(_Frozen):
+    """The PostgreSQL database to replicate from."""
+
+    dsn: str | None = Field(None, description="libpq connection string or URL of the source database")
+    dsn_env: str | None = Field(None, description="name of an environment variable holding the DSN")
+    tables: list[str] = Field(default_factory=list, description="tables to replicate, as schema.table")
+    publication: str | None = Field(None, description="publication name; default headrace_<name>")
+    slot: str | None = Field(None, description="replication slot name; default headrace_<name>")
+    state_dsn: str | None = Field(
+        None, description="Postgres holding the _headrace state schema; default: the source itself"
+    )
+
+    @field_validator("tables")
+    @classmethod
+    def _qualified(cls, tables: list[str]) -> list[str]:
+        out = []
+        for name in tables:
+            if "." not in name:
+                name = f"public.{name}"
+            out.append(name)
+        if len(set(out)) != len(out):
+            raise ValueError("source.tables lists a table twice")
+        return out
+
+    def resolved_dsn(self) -> str:
+        dsn = _from_env(self.dsn, self.dsn_env, "source.dsn")
+        if not dsn:
+            raise ConfigError("source.dsn (or source.dsn_env) is required")
+        return dsn
+
+
+class IcebergConfig(_Frozen):
+    """An Iceberg warehouse (Hadoop catalog on a filesystem path Spark can reach)."""
+
+    warehouse: str = Field(description="warehouse root: a local path or any Hadoop filesystem URI")
+    namespace: str | None = Field(None, description="namespace of the target tables; default: source schema")
+    catalog_name: str = Field("headrace", description="name under which the catalog is registered in Spark")
+
+
+class DuckLakeConfig(_Frozen):
+    """A DuckLake: catalog database plus a data path for Parquet files."""
+
+    catalog: str = Field(
+        description="DuckDB file path, sqlite:/path/meta.sqlite, or postgres:<libpq conninfo>"
+    )
+    catalog_env: str | None = Field(None, description="environment variable holding the catalog string")
+    data_path: str = Field(description="folder the DuckLake writes its Parquet files to")
+    schema_: str | None = Field(None, alias="schema", description="target schema; default: source schema")
+
+
+class TargetConfig(_Frozen):
+    """Exactly one of the target kinds."""
+
+    iceberg: IcebergConfig | None = None
+    ducklake: DuckLakeConfig | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> TargetConfig:
+        if (self.iceberg is None) == (self.ducklake is None):
+            raise ValueError("target needs exactly one of: iceberg, ducklake")
+        return self
+
+    @property
+    def kind(self) -> Literal["iceberg", "ducklake"]:
+        return "iceberg" if self.iceberg is not None else "ducklake"
+
+    @property
+    def settings(self) -> IcebergConfig | DuckLakeConfig:
+        settings = self.iceberg or self.ducklake
+        assert settings is not None
+        return settings
+
+
+class StagingConfig(_Frozen):
+    """Where capture writes staged change files (any filesystem Spark's executors can read)."""
+
+    path: str = Field(description="staging folder")
+    flush_rows: int = Field(50_000, gt=0, description="flush when this many changes are buffered")
+    flush_bytes: int = Field(64 << 20, gt=0, description="flush when buffered changes reach this size")
+    flush_seconds: float = Field(2.0, gt=0, description="flush at most this long after the first change")
+    heartbeat_seconds: float = Field(
+        10.0, gt=0, description="when idle, emit a heartbeat so the slot advances past others' WAL"
+    )
+
+
+class SnapshotConfig(_Frozen):
+    """The initial copy."""
+
+    chunk_pages: int = Field(4096, gt=0, description="heap pages per copy chunk (8 KiB each)")
+    max_connections: int = Field(4, gt=0, description="most source connections copying at once")
+
+
+class ApplyConfig(_Frozen):
+    """The materializer."""
+
+    max_batch_files: int = Field(200, gt=0, description="staged files per table per apply batch")
+    idle_sleep_seconds: float = Field(0.5, gt=0, description="pause when there is nothing to apply")
+
+
+class SparkConfig(_Frozen):
+    """Where the Spark jobs run."""
+
+    master: str = Field("local[*]", description="any Spark master URL: local[*], spark://host:7077, yarn, ...")
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration")
+
+
+class PipelineConfig(_Frozen):
+    """A whole pipeline, as read from the YAML file."""
+
+    name: str = Field(description="names the slot, the publication and the state rows")
+    source: SourceConfig
+    target: TargetConfig
+    staging: StagingConfig
+    snapshot: SnapshotConfig = SnapshotConfig()
+    apply: ApplyConfig = ApplyConfig()
+    spark: SparkConfig = SparkConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if not _NAME_RE.match(name):
+            raise ValueError("name must be lowercase letters, digits and _, starting with a letter (≤41 chars)")
+        return name
+
+    @property
+    def slot_name(self) -> str:
+        return self.source.slot or f"headrace_{self.name}"
+
+    @property
+    def publication_name(self) -> str:
+        return self.source.publication or f"headrace_{self.name}"
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a pipeline file; every problem is reported in one ConfigError."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return parse_config(raw, str(path))
+
+
+def parse_config(raw: Any, origin: str = "config") -> PipelineConfig:
+    """Validate an already-parsed mapping (as from YAML)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: expected a mapping at the top level")
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError(f"{origin} is invalid:\n" + "\n".join(lines)) from None
+
+
+def redacted_dsn(dsn: str) -> str:
+    """The DSN with any password removed, fit for logs."""
+    dsn = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)

@@ -1,0 +1,103 @@
+"""The interface every target implements, and the registry that finds one by name.
+
+A target receives Spark DataFrames shaped by the materializer (see ``write_snapshot`` and
+``apply_batch``); it never sees pgoutput or staging files. Adding a target means adding a folder
+under ``headrace/targets`` and one line in ``TARGETS`` below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+from headrace.core.errors import ConfigError
+from headrace.core.position import Position
+from headrace.core.schema import TableSchema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class Target(ABC):
+    """A lakehouse format headrace keeps in sync with the source.
+
+    Row shape shared by ``write_snapshot`` and ``apply_batch``: every source column under its own
+    name, typed by ``headrace.materialize.types`` (Spark types), plus ``_hr_lsn`` (long),
+    ``_hr_seq`` (long) and ``_hr_commit_ts`` (timestamp). Change batches add ``_hr_op`` (``I``,
+    ``U`` or ``D``; deletes carry only the key columns, the rest NULL) and ``_hr_unchanged``
+    (comma-separated names of TOAST columns the update left untouched, or NULL). A batch holds at
+    most one row per key: the last change to that key.
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    def ensure_table(self, table: TableSchema) -> str:
+        """Create the target table for ``table`` if it is missing; return its name in the target."""
+
+    @abstractmethod
+    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position) -> int:
+        """Replace the table's contents with ``rows`` (the initial copy); return the row count.
+
+        Called again after a crash mid-copy, so it must not append to a previous partial copy.
+        """
+
+    @abstractmethod
+    def apply_batch(
+        self,
+        table: TableSchema,
+        changes: DataFrame,
+        truncate_before: Position | None,
+        log_offset: int,
+    ) -> None:
+        """Apply one deduplicated batch of changes, idempotently.
+
+        A row in the target is only replaced or deleted by a change at a later position than the
+        one that wrote it, so replaying a batch changes nothing. When ``truncate_before`` is set,
+        first delete every row written at a position before it (a TRUNCATE in the stream).
+        ``log_offset`` is the staged-log offset this batch reaches: a target that can commit it
+        with the data (``stores_cursor``) does so, and returns it from ``read_cursor``.
+        """
+
+    @abstractmethod
+    def drop_table(self, table: TableSchema) -> None:
+        """Drop the target table if it exists."""
+
+    @abstractmethod
+    def read_table(self, table: TableSchema) -> DataFrame:
+        """The target table as a Spark DataFrame (for verification and `status`)."""
+
+    stores_cursor: bool = False
+
+    def read_cursor(self, table: TableSchema) -> int | None:
+        """The staged-log offset committed with the data, for targets with ``stores_cursor``."""
+        return None
+
+    def close(self) -> None:
+        """Release connections; the default has nothing to release."""
+
+
+# name -> "module:Class", imported lazily so a missing optional dependency only matters when used.
+TARGETS: dict[str, str] = {
+    "iceberg": "headrace.targets.iceberg.target:IcebergTarget",
+    "ducklake": "headrace.targets.ducklake.target:DuckLakeTarget",
+}
+
+
+def load_target(kind: str, spark: SparkSession, settings: Any, pipeline: str) -> Target:
+    """Build the target called ``kind`` from its config section."""
+    try:
+        module_name, _, class_name = TARGETS[kind].partition(":")
+    except KeyError:
+        raise ConfigError(f"unknown target {kind!r}; choose one of {', '.join(sorted(TARGETS))}") from None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"target {kind!r} needs a package that is not installed ({exc.name}): "
+            f"run `pip install headrace` in this environment"
+        ) from exc
+    cls = getattr(module, class_name)
+    target: Target = cls(spark=spark, settings=settings, pipeline=pipeline)
+    return target

@@ -1,0 +1,96 @@
+"""The schema model: a replicated table's columns, their logical types, and its key.
+
+Logical types sit between PostgreSQL's types and each target's: the source maps a PostgreSQL type
+to a ``ColumnType`` once, and every target maps a ``ColumnType`` to its own type. Values travel as
+PostgreSQL's text output (from COPY and from pgoutput alike), so one cast per logical type serves
+the initial copy and the change stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class TypeKind(str, Enum):
+    """The logical types headrace distinguishes."""
+
+    INT = "int"  # smallint, integer
+    LONG = "long"  # bigint
+    FLOAT = "float"  # real
+    DOUBLE = "double"  # double precision
+    DECIMAL = "decimal"  # numeric(p,s)
+    BOOLEAN = "boolean"
+    STRING = "string"  # text, varchar, char, enum, inet, unconstrained numeric, anything else
+    DATE = "date"
+    TIME = "time"  # time without time zone
+    TIMESTAMP = "timestamp"  # timestamp without time zone
+    TIMESTAMPTZ = "timestamptz"
+    BINARY = "binary"  # bytea
+    UUID = "uuid"
+    JSON = "json"  # json, jsonb
+    INTERVAL = "interval"
+    LIST = "list"  # one-dimensional array of another logical type
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    """A logical type; ``pg_type`` keeps PostgreSQL's own spelling for messages and docs."""
+
+    kind: TypeKind
+    pg_type: str
+    precision: int | None = None
+    scale: int | None = None
+    element: ColumnType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a source table as replication sees it."""
+
+    name: str
+    type: ColumnType
+    type_oid: int
+    typmod: int = -1
+    nullable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """A source table: identity (``oid``), name, columns in order, and the key used to match rows.
+
+    ``key`` lists the primary-key (or replica-identity index) columns. An empty key means the table
+    is replicated with REPLICA IDENTITY FULL and every column identifies a row.
+    """
+
+    oid: int
+    schema: str
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    replica_identity: str = "d"  # pg_class.relreplident: d(efault), n(othing), f(ull), i(ndex)
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def qualified_name(self) -> str:
+        """``schema.table`` as PostgreSQL users write it."""
+        return f"{self.schema}.{self.name}"
+
+    def column(self, name: str) -> Column:
+        """The column called ``name``; KeyError if there is none."""
+        for col in self.columns:
+            if col.name == name:
+                return col
+        raise KeyError(f"{self.qualified_name} has no column {name!r}")
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+# Metadata columns every target table carries beside the source columns.
+HR_LSN = "_hr_lsn"  # commit LSN of the change that last wrote the row (bigint)
+HR_SEQ = "_hr_seq"  # ordinal of that change inside its transaction (bigint)
+HR_COMMIT_TS = "_hr_commit_ts"  # source commit time of that change (timestamp with time zone)
+HR_OP = "_hr_op"  # only in change batches: I, U or D
+HR_UNCHANGED = "_hr_unchanged"  # only in change batches: comma-separated unchanged TOAST columns

@@ -1,0 +1,128 @@
+"""A throwaway PostgreSQL server for `headrace demo`, the tests and the benchmarks.
+
+It uses the system's server binaries (initdb, pg_ctl), a temporary data directory, and a free port
+on the loopback interface; ``wal_level=logical`` so replication works. When run as root, the server
+runs as the ``postgres`` system user (PostgreSQL refuses to run as root).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from headrace.core.errors import ConfigError
+
+SERVER_SETTINGS = {
+    "wal_level": "logical",
+    "max_replication_slots": "32",
+    "max_wal_senders": "32",
+    "max_connections": "200",
+    "fsync": "off",
+    "full_page_writes": "off",
+    "synchronous_commit": "off",
+    "shared_buffers": "256MB",
+    "max_wal_size": "4GB",
+    "wal_sender_timeout": "60s",
+    "log_min_messages": "warning",
+    "timezone": "UTC",
+}
+
+
+def find_server_bin(name: str) -> str:
+    """Locate a PostgreSQL server binary (PATH first, then Debian's versioned folders)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    if candidates:
+        return candidates[0]
+    raise ConfigError(
+        f"PostgreSQL server binary {name!r} not found: install the server "
+        "(`apt-get install postgresql`) or give source.dsn of an existing server"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ThrowawayPostgres:
+    """Start with ``start()``, stop and delete everything with ``stop()``; usable as a context."""
+
+    def __init__(self, base_dir: str | None = None, settings: dict[str, str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="headrace-pg-", dir=base_dir))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.settings = {**SERVER_SETTINGS, **(settings or {})}
+        self._as_postgres = os.geteuid() == 0
+
+    @property
+    def dsn(self) -> str:
+        """Connection string of the superuser ``postgres`` on database ``postgres``."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def dsn_for(self, dbname: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def _run(self, *args: str) -> None:
+        cmd = list(args)
+        if self._as_postgres:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+
+    def start(self) -> ThrowawayPostgres:
+        """initdb, write settings, start the server and wait until it accepts connections."""
+        if self._as_postgres:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run(find_server_bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+                  "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+        conf = "\n".join(f"{k} = '{v}'" for k, v in self.settings.items())
+        conf += f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
+        with open(self.data / "postgresql.conf", "a") as fh:
+            fh.write(conf)
+        with open(self.data / "pg_hba.conf", "a") as fh:
+            fh.write("host replication all 127.0.0.1/32 trust\n")
+        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+                  "-w", "-t", "60", "start")
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(self.dsn, connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop the server (fast mode) and delete its directory."""
+        if self.data.exists():
+            try:
+                self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+            except RuntimeError:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> ThrowawayPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

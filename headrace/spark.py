@@ -1,0 +1,104 @@
+"""SparkSession factory: master URL, Iceberg runtime jars, and conf from the pipeline config.
+
+Local mode (``local[*]``) is the default; any other master URL (``spark://``, ``yarn``,
+``k8s://``) runs the same jobs on a cluster. The Iceberg runtime comes from the
+``snowpark-connect-deps-iceberg`` wheel (works offline); users with Maven access may instead set
+``spark.jars.packages`` in ``spark.conf`` and the wheel's jars are then left out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from headrace.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ICEBERG_JARS = (
+    "iceberg-spark-runtime-3.5_2.12-1.9.2.jar",
+    "iceberg-spark-extensions-3.5_2.12-1.9.2.jar",
+)
+
+
+def iceberg_jars() -> list[str]:
+    """Paths of the Iceberg runtime jars shipped in the ``snowpark-connect-deps-iceberg`` wheel."""
+    try:
+        import snowpark_connect_deps_iceberg as deps
+    except ImportError as exc:
+        raise ConfigError(
+            "the Iceberg runtime jars are missing: run `pip install snowpark-connect-deps-iceberg==1.0.1`, "
+            "or set spark.conf.spark.jars.packages to org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.9.2"
+        ) from exc
+    folder = Path(deps.__file__).parent / "jars"
+    jars = [folder / name for name in ICEBERG_JARS]
+    missing = [str(j) for j in jars if not j.exists()]
+    if missing:
+        raise ConfigError(f"Iceberg jars not found: {missing}; reinstall snowpark-connect-deps-iceberg==1.0.1")
+    return [str(j) for j in jars]
+
+
+def _package_zip() -> str:
+    """Zip the headrace package so executors on a cluster can import the task code."""
+    package_dir = Path(__file__).parent
+    fd, path = tempfile.mkstemp(prefix="headrace-", suffix=".zip")
+    os.close(fd)
+    with zipfile.ZipFile(path, "w") as zf:
+        for file in package_dir.rglob("*.py"):
+            zf.write(file, str(file.relative_to(package_dir.parent)))
+    return path
+
+
+def build_session(
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "headrace",
+    warehouse: str | None = None,
+) -> SparkSession:
+    """Create (or return the running) SparkSession set up for headrace.
+
+    ``warehouse`` registers the Iceberg Hadoop catalog ``headrace`` on that path. Spark's session
+    time zone is UTC so timestamps round-trip unchanged.
+    """
+    from pyspark.sql import SparkSession
+
+    conf = dict(conf or {})
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
+        # Keep a local driver on loopback; a cluster driver binds where SPARK_LOCAL_IP says.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name).master(master)
+    defaults = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.memory": "2g",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.sql.iceberg.handle-timestamp-without-timezone": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    if "spark.jars.packages" not in conf:
+        jars = iceberg_jars()
+        existing = conf.get("spark.jars")
+        defaults["spark.jars"] = ",".join(jars + ([existing] if existing else []))
+    if warehouse:
+        defaults["spark.sql.catalog.headrace"] = "org.apache.iceberg.spark.SparkCatalog"
+        defaults["spark.sql.catalog.headrace.type"] = "hadoop"
+        defaults["spark.sql.catalog.headrace.warehouse"] = warehouse
+    for key, value in {**defaults, **conf}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if not master.startswith("local"):
+        session.sparkContext.addPyFile(_package_zip())
+    session.sparkContext.setLogLevel("WARN")
+    return session
