@@ -86,6 +86,8 @@ def build_session(
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.sql.iceberg.handle-timestamp-without-timezone": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # DuckLake registers Spark's Parquet files as they are; it stores microsecond timestamps.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     }
     if "spark.jars.packages" not in conf:
         jars = iceberg_jars()

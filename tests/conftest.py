@@ -6,6 +6,7 @@ so tests cannot see each other's tables, slots or publications.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
@@ -44,10 +45,8 @@ def source_dsn(pg_server: ThrowawayPostgres) -> Iterator[str]:
                 "WHERE slot_name = %s AND active_pid IS NOT NULL",
                 (slot,),
             )
-            try:
+            with contextlib.suppress(psycopg.Error):
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            except psycopg.Error:
-                pass
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

@@ -94,3 +94,58 @@ HR_SEQ = "_hr_seq"  # ordinal of that change inside its transaction (bigint)
 HR_COMMIT_TS = "_hr_commit_ts"  # source commit time of that change (timestamp with time zone)
 HR_OP = "_hr_op"  # only in change batches: I, U or D
 HR_UNCHANGED = "_hr_unchanged"  # only in change batches: comma-separated unchanged TOAST columns
+
+
+def _type_to_dict(t: ColumnType) -> dict[str, object]:
+    out: dict[str, object] = {"kind": t.kind.value, "pg_type": t.pg_type}
+    if t.precision is not None:
+        out["precision"] = t.precision
+    if t.scale is not None:
+        out["scale"] = t.scale
+    if t.element is not None:
+        out["element"] = _type_to_dict(t.element)
+    return out
+
+
+def _type_from_dict(d: dict[str, object]) -> ColumnType:
+    element = d.get("element")
+    return ColumnType(
+        kind=TypeKind(d["kind"]),
+        pg_type=str(d["pg_type"]),
+        precision=d.get("precision"),  # type: ignore[arg-type]
+        scale=d.get("scale"),  # type: ignore[arg-type]
+        element=_type_from_dict(element) if isinstance(element, dict) else None,
+    )
+
+
+def schema_to_dict(table: TableSchema) -> dict[str, object]:
+    """A JSON-able form of ``table`` (stored in the state tables and the staged log)."""
+    return {
+        "oid": table.oid,
+        "schema": table.schema,
+        "name": table.name,
+        "key": list(table.key),
+        "replica_identity": table.replica_identity,
+        "columns": [
+            {"name": c.name, "type": _type_to_dict(c.type), "type_oid": c.type_oid, "typmod": c.typmod,
+             "nullable": c.nullable}
+            for c in table.columns
+        ],
+    }
+
+
+def schema_from_dict(d: dict[str, object]) -> TableSchema:
+    """Inverse of ``schema_to_dict``."""
+    columns = tuple(
+        Column(name=c["name"], type=_type_from_dict(c["type"]), type_oid=c["type_oid"], typmod=c["typmod"],
+               nullable=c["nullable"])
+        for c in d["columns"]  # type: ignore[attr-defined]
+    )
+    return TableSchema(
+        oid=int(d["oid"]),  # type: ignore[call-overload]
+        schema=str(d["schema"]),
+        name=str(d["name"]),
+        columns=columns,
+        key=tuple(d["key"]),  # type: ignore[arg-type]
+        replica_identity=str(d.get("replica_identity", "d")),
+    )

@@ -7,6 +7,7 @@ runs as the ``postgres`` system user (PostgreSQL refuses to run as root).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -115,10 +116,8 @@ class ThrowawayPostgres:
     def stop(self) -> None:
         """Stop the server (fast mode) and delete its directory."""
         if self.data.exists():
-            try:
+            with contextlib.suppress(RuntimeError):
                 self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
-            except RuntimeError:
-                pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> ThrowawayPostgres:

@@ -1,0 +1,18 @@
+# The two set-up commands of the README: `make demo` and `make test`. Both install what they need.
+.PHONY: bootstrap demo test lint bench
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+demo: bootstrap
+	.venv/bin/headrace demo
+
+lint: bootstrap
+	.venv/bin/ruff check headrace tests bench
+	.venv/bin/mypy
+
+test: lint
+	.venv/bin/pytest -q -p no:cacheprovider tests
+
+bench: bootstrap
+	.venv/bin/python bench/change_throughput.py

@@ -1,0 +1,264 @@
+"""The capture loop: pgoutput events in, staged files out, slot acknowledged only after both.
+
+One capture runs per pipeline, in a thread of the driver. It buffers changes per table; at a
+transaction boundary, when the flush policy says so (rows, bytes or age), it writes one staging
+file per table, registers the files and the captured position in one state transaction, and only
+then acknowledges the slot. WAL is therefore released as soon as changes are durable in staging,
+however far behind the target is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from headrace.config import PipelineConfig
+from headrace.core.changes import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    Truncate,
+    Update,
+    Value,
+)
+from headrace.core.errors import TransientError
+from headrace.core.faults import crash_point
+from headrace.core.schema import TableSchema
+from headrace.log.staging import StagingBuffer, encode_row, write_staging_file
+from headrace.logs import event
+from headrace.source.postgres.catalog import relation_to_schema
+from headrace.source.postgres.replication import ReplicationStream, emit_heartbeat
+from headrace.source.postgres.types import TypeCatalog
+from headrace.state.store import StagedFile, StateStore
+
+log = logging.getLogger("headrace.capture")
+
+HEARTBEAT_PREFIX = "headrace"
+
+
+@dataclass
+class _TableBuffer:
+    schema: TableSchema
+    buffer: StagingBuffer
+
+
+class Capture:
+    """Reads the slot, stages changes, registers them, acknowledges. Run ``run`` in a thread."""
+
+    def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, schemas: dict[int, TableSchema]) -> None:
+        self.config = config
+        self.dsn = dsn
+        self.state_dsn = state_dsn
+        self.known = dict(schemas)  # oid -> schema as tracked in state (keys come from here)
+        self.staging_root = Path(config.staging.path) / config.name
+        self.captured_lsn = 0  # end LSN of the last transaction registered in the log
+        self.received_lsn = 0
+        self.connected = False
+        self.last_error: str | None = None
+        self.changes_captured: dict[tuple[int, str], int] = {}
+        self._heartbeat_due = True
+        self._lock = threading.Lock()
+
+    # -- public ---------------------------------------------------------------------------------
+    def request_heartbeat(self) -> None:
+        """Ask for a heartbeat now (so the captured position passes the current WAL end soon)."""
+        self._heartbeat_due = True
+
+    def track(self, schema: TableSchema) -> None:
+        """Start capturing a table added while running."""
+        with self._lock:
+            self.known[schema.oid] = schema
+
+    def run(self, stop: threading.Event) -> None:
+        """Capture until ``stop`` is set, reconnecting after transient failures."""
+        backoff = 1.0
+        while not stop.is_set():
+            try:
+                self._run_once(stop)
+                backoff = 1.0
+            except TransientError as exc:
+                self.connected = False
+                self.last_error = str(exc)
+                event(log, "capture.reconnect", logging.WARNING, error=str(exc), wait_s=backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _run_once(self, stop: threading.Event) -> None:
+        state = StateStore(self.state_dsn, self.config.name)
+        source = psycopg.connect(self.dsn, autocommit=True)
+        types = TypeCatalog(source)
+        self.captured_lsn = state.captured_lsn()
+        stream = ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name,
+                                   self.captured_lsn)
+        self.connected = True
+        self.last_error = None
+        event(log, "capture.start", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
+        buffers: dict[int, _TableBuffer] = {}
+        spilled: list[StagedFile] = []
+        relations: dict[int, TableSchema] = {}
+        txn: Begin | None = None
+        seq = 0
+        pending_end = self.captured_lsn  # end LSN of the last complete transaction read
+        first_change_at: float | None = None
+        last_message_at = time.monotonic()
+        last_ack_at = time.monotonic()
+        policy = self.config.staging
+        try:
+            while not stop.is_set():
+                if self._heartbeat_due or time.monotonic() - last_message_at > policy.heartbeat_seconds:
+                    emit_heartbeat(source, HEARTBEAT_PREFIX)
+                    self._heartbeat_due = False
+                    last_message_at = time.monotonic()
+                events = stream.read(max_messages=10_000, timeout=0.2)
+                if events:
+                    last_message_at = time.monotonic()
+                for _lsn, ev in events:
+                    match ev:
+                        case Begin():
+                            txn, seq = ev, 0
+                        case Commit():
+                            txn = None
+                            pending_end = max(pending_end, ev.end_lsn)
+                            self.received_lsn = pending_end
+                        case Relation():
+                            known = self.known.get(ev.oid)
+                            if known is None:
+                                continue  # published, but not one of this pipeline's tables
+                            schema = relation_to_schema(ev, types, known)
+                            old = relations.get(ev.oid)
+                            relations[ev.oid] = schema
+                            tb = buffers.get(ev.oid)
+                            if tb is not None and old is not None and old != schema and len(tb.buffer):
+                                # One staged file holds one shape; cut at the schema change.
+                                spilled.append(self._write(ev.oid, tb))
+                                del buffers[ev.oid]
+                        case Insert() | Update() | Delete() | Truncate():
+                            if txn is None or txn.final_lsn < self.captured_lsn:
+                                continue  # already registered before a restart
+                            seq += 1
+                            if first_change_at is None:
+                                first_change_at = time.monotonic()
+                            self._stage(ev, txn, seq, relations, buffers)
+                        case Message():
+                            pass  # heartbeats only move the position
+                    if txn is not None and self._buffered_bytes(buffers) > policy.flush_bytes:
+                        # A large transaction: spill to files now, register them at its commit.
+                        spilled += [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
+                        buffers.clear()
+                if txn is not None:
+                    continue
+                rows = sum(len(tb.buffer) for tb in buffers.values()) + sum(f.rows for f in spilled)
+                due = rows > 0 and (
+                    rows >= policy.flush_rows
+                    or self._buffered_bytes(buffers) >= policy.flush_bytes
+                    or (first_change_at is not None and time.monotonic() - first_change_at >= policy.flush_seconds)
+                    or stop.is_set()
+                )
+                idle_ack = rows == 0 and pending_end > self.captured_lsn and (
+                    time.monotonic() - last_ack_at >= min(policy.flush_seconds, 1.0)
+                )
+                if due or idle_ack:
+                    self._flush(state, stream, buffers, spilled, pending_end)
+                    spilled = []
+                    buffers = {}
+                    first_change_at = None
+                    last_ack_at = time.monotonic()
+            if txn is None and (buffers or spilled or pending_end > self.captured_lsn):
+                self._flush(state, stream, buffers, spilled, pending_end)
+        finally:
+            self.connected = False
+            stream.close()
+            source.close()
+            state.close()
+            event(log, "capture.stop", captured_lsn=_fmt(self.captured_lsn))
+
+    def _stage(self, ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int,
+               relations: dict[int, TableSchema], buffers: dict[int, _TableBuffer]) -> None:
+        if isinstance(ev, Truncate):
+            for oid in ev.relation_oids:
+                if oid in relations:
+                    self._buffer(oid, relations, buffers).append("T", txn.final_lsn, seq, txn.commit_ts_us,
+                                                                  txn.xid, None)
+                    self._count(oid, "T")
+            return
+        schema = relations.get(ev.relation_oid)
+        if schema is None:
+            return
+        buf = self._buffer(ev.relation_oid, relations, buffers)
+        names = schema.column_names
+        match ev:
+            case Insert():
+                data, unchanged = encode_row(names, ev.new)
+                buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
+                op = "I"
+            case Update():
+                data, unchanged = encode_row(names, ev.new)
+                old_key = None
+                if ev.old is not None:
+                    old_vals = _key_values(schema, ev.old)
+                    if old_vals != _key_values(schema, ev.new):
+                        old_key = json.dumps(old_vals, ensure_ascii=False, separators=(",", ":"))
+                buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
+                op = "U"
+            case Delete():
+                key = _key_values(schema, ev.old) if schema.key else dict(zip(names, ev.old, strict=True))
+                data = json.dumps(key, ensure_ascii=False, separators=(",", ":"))
+                buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
+                op = "D"
+        self._count(ev.relation_oid, op)
+
+    def _count(self, oid: int, op: str) -> None:
+        self.changes_captured[(oid, op)] = self.changes_captured.get((oid, op), 0) + 1
+
+    @staticmethod
+    def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, _TableBuffer]) -> StagingBuffer:
+        tb = buffers.get(oid)
+        if tb is None:
+            tb = buffers[oid] = _TableBuffer(relations[oid], StagingBuffer())
+        return tb.buffer
+
+    @staticmethod
+    def _buffered_bytes(buffers: dict[int, _TableBuffer]) -> int:
+        return sum(tb.buffer.nbytes for tb in buffers.values())
+
+    def _write(self, oid: int, tb: _TableBuffer) -> StagedFile:
+        name = f"{tb.buffer.max_lsn:016X}-{uuid.uuid4().hex[:12]}.parquet"
+        path = self.staging_root / str(oid) / name
+        size = write_staging_file(path, tb.buffer)
+        return StagedFile(oid, str(path), len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
+
+    def _flush(self, state: StateStore, stream: ReplicationStream, buffers: dict[int, _TableBuffer],
+               spilled: list[StagedFile], end_lsn: int) -> None:
+        files = spilled + [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
+        if files:
+            crash_point("capture.after_write")
+        state.register(files, end_lsn)  # durable and registered: now the slot may move
+        if files:
+            crash_point("capture.after_register")
+        self.captured_lsn = max(self.captured_lsn, end_lsn)
+        stream.acknowledge(self.captured_lsn)
+        if files:
+            event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
+                  captured_lsn=_fmt(self.captured_lsn))
+
+
+def _key_values(schema: TableSchema, values: tuple[Value, ...]) -> dict[str, Value]:
+    names = schema.column_names
+    return {name: values[names.index(name)] for name in schema.key}
+
+
+def _fmt(lsn: int) -> str:
+    from headrace.core.position import format_lsn
+
+    return format_lsn(lsn)

@@ -1,0 +1,78 @@
+"""Pipeline status, read from the state tables and the slot: what `headrace status` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from headrace.config import PipelineConfig
+from headrace.core.position import format_lsn
+from headrace.state.store import StateStore
+
+
+def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
+    """One JSON-able object: the pipeline, its slot, and every table with state and lag."""
+    dsn = config.source.resolved_dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        current = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+        slot = conn.execute(
+            "SELECT confirmed_flush_lsn::text, (pg_current_wal_lsn() - restart_lsn)::bigint, active"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            (config.slot_name,),
+        ).fetchone()
+    state = StateStore(config.source.state_dsn or dsn, config.name)
+    try:
+        if not state.installed() or state.meta() is None:
+            return {"pipeline": config.name, "slot": None, "tables": [], "note": "not started yet: run `headrace run`"}
+        captured = state.captured_lsn()
+        pending = state.pending_changes()
+        tables = []
+        for row in state.tables():
+            caught_up = pending.get(row.oid, 0) == 0 and row.state.applies_changes
+            applied_through = captured if caught_up else (row.applied_lsn or row.snapshot_lsn or 0)
+            tables.append({
+                "table": row.qualified_name,
+                "oid": row.oid,
+                "state": row.state.value,
+                "snapshot_lsn": format_lsn(row.snapshot_lsn) if row.snapshot_lsn is not None else None,
+                "applied_lsn": format_lsn(row.applied_lsn) if row.applied_lsn is not None else None,
+                "lag_bytes": max(0, int(current) - applied_through) if row.state.applies_changes else None,
+                "pending_changes": pending.get(row.oid, 0),
+                "rows_copied": row.rows_copied,
+                "rows_applied": row.rows_applied,
+                "error": row.error,
+                "retry_at": row.retry_at.isoformat() if row.retry_at else None,
+            })
+        return {
+            "pipeline": config.name,
+            "slot": {
+                "name": config.slot_name,
+                "confirmed_flush_lsn": slot[0] if slot else None,
+                "retained_wal_bytes": int(slot[1]) if slot and slot[1] is not None else None,
+                "active": bool(slot[2]) if slot else False,
+            },
+            "captured_lsn": format_lsn(captured),
+            "tables": tables,
+        }
+    finally:
+        state.close()
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The status object as a table for people."""
+    lines = [f"pipeline {status['pipeline']}"]
+    slot = status.get("slot")
+    if slot:
+        lines.append(f"slot {slot['name']}  confirmed_flush_lsn={slot['confirmed_flush_lsn']}  "
+                     f"retained_wal={slot['retained_wal_bytes']} bytes  active={slot['active']}")
+    if status.get("note"):
+        lines.append(status["note"])
+    if status["tables"]:
+        header = f"{'table':32} {'state':10} {'copied':>10} {'applied':>10} {'pending':>8} {'lag_bytes':>10}  error"
+        lines.append(header)
+        for t in status["tables"]:
+            lines.append(f"{t['table']:32} {t['state']:10} {t['rows_copied']:>10} {t['rows_applied']:>10} "
+                         f"{t['pending_changes']:>8} {str(t['lag_bytes'] if t['lag_bytes'] is not None else '-'):>10}"
+                         f"  {t['error'] or ''}")
+    return "\n".join(lines)

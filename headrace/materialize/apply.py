@@ -1,0 +1,89 @@
+"""The materializer's driver side: pick a table's next staged batch, hand it to the target, advance.
+
+A batch is a run of consecutive log entries of one table written under one schema. The cursor
+advances only after the target committed; a target that stores the cursor with its data
+(``Target.stores_cursor``) is the authority on where the table stands.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from headrace.core.faults import crash_point
+from headrace.core.interfaces import Target
+from headrace.core.position import Position, format_lsn
+from headrace.logs import event
+from headrace.materialize.batch import read_change_batch
+from headrace.state.store import LogEntry, StateStore, TableRow
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("headrace.materialize")
+
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one apply step did."""
+
+    table: str
+    entries: int
+    rows_in: int
+    log_offset: int
+    applied_lsn: int
+    seconds: float
+
+
+def current_cursor(state: StateStore, target: Target, row: TableRow) -> int:
+    """The table's position in the staged log: from the target when it keeps it, else from state."""
+    if target.stores_cursor:
+        stored = target.read_cursor(row.schema)
+        return max(stored or 0, 0)
+    return state.cursor(row.oid)
+
+
+def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int) -> list[LogEntry]:
+    """Consecutive entries after ``cursor`` that share one schema."""
+    entries = state.log_entries(row.oid, cursor, max_files)
+    if not entries:
+        return []
+    first = entries[0].schema
+    batch = []
+    for entry in entries:
+        if entry.schema != first:
+            break
+        batch.append(entry)
+    return batch
+
+
+def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
+               max_files: int) -> Applied | None:
+    """Apply the table's next batch; None when the table is caught up with the staged log."""
+    cursor = current_cursor(state, target, row)
+    entries = next_batch(state, row, cursor, max_files)
+    if not entries:
+        return None
+    started = time.monotonic()
+    schema = entries[0].schema
+    if schema != row.schema:
+        target.ensure_table(schema)
+        state.set_schema(schema)
+    # Changes committed before the snapshot's LSN are in the copy. A transaction committing exactly
+    # at it is not (the slot decodes it), so keep ordinals >= 1 there; were it in the copy, applying
+    # it again would change nothing (positions).
+    skip = Position(row.snapshot_lsn, 0) if row.snapshot_lsn is not None else None
+    batch = read_change_batch(spark, [e.path for e in entries], schema, skip)
+    last = entries[-1]
+    target.apply_batch(schema, batch.changes, batch.truncate_before, last.offset)
+    crash_point("apply.after_target_commit")
+    state.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
+    applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
+                      time.monotonic() - started)
+    event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
+          log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
+          seconds=round(applied.seconds, 3))
+    return applied

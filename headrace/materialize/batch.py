@@ -1,0 +1,143 @@
+"""Read staged change files into one deduplicated batch in the Target row shape.
+
+Order of changes is (commit LSN, ordinal in transaction, sub-ordinal): an update that changed the
+key becomes a delete of the old key (sub 0) followed by the new row (sub 1) at the same position.
+Only the last change per key survives, except that a TOAST column the last update left unchanged
+takes its value from the latest earlier change in the batch that did send it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from headrace.core.position import Position
+from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
+from headrace.log.staging import STAGING_SPARK_DDL
+from headrace.materialize.types import cast_text
+
+_MAP = "map<string,string>"
+
+
+@dataclass(frozen=True)
+class ChangeBatch:
+    """A batch ready for ``Target.apply_batch``."""
+
+    changes: DataFrame  # at most one row per key, Target row shape plus _hr_op and _hr_unchanged
+    truncate_before: Position | None  # the latest TRUNCATE in the batch, if any
+    rows_in: int  # staged rows read (before skipping and deduplication)
+
+
+def _after(lsn: Column, seq: Column, pos: Position) -> Column:
+    """Changes strictly after ``pos``."""
+    return (lsn > F.lit(pos.lsn)) | ((lsn == F.lit(pos.lsn)) & (seq > F.lit(pos.seq)))
+
+
+def read_change_batch(
+    spark: SparkSession, files: list[str], table: TableSchema, skip_through: Position | None
+) -> ChangeBatch:
+    """Read ``files`` (staged changes of ``table``) into a deduplicated ``ChangeBatch``.
+
+    Changes at or before ``skip_through`` (compared as (lsn, seq)) are dropped: the initial copy
+    already holds them. Runs one small Spark job on the driver's behalf (row count and latest
+    truncate); ``changes`` itself stays lazy.
+    """
+    if not table.key:
+        raise ValueError(f"{table.qualified_name} has no key; read_change_batch needs one")
+    if files:
+        staged = spark.read.schema(STAGING_SPARK_DDL).parquet(*files)
+    else:
+        staged = spark.createDataFrame([], STAGING_SPARK_DDL)
+    lsn, seq, op = F.col("_lsn"), F.col("_seq"), F.col("_op")
+    # Counted over everything staged, so one scan gives both rows_in and the latest truncate.
+    after_skip = F.lit(True) if skip_through is None else _after(lsn, seq, skip_through)
+    kept = staged.where(after_skip)
+
+    stats = staged.agg(
+        F.count(F.lit(1)).alias("rows_in"),
+        F.max(F.when((op == "T") & after_skip, F.struct(lsn, seq))).alias("trunc"),
+        F.max(F.col("_unchanged_cols").isNotNull().cast("int")).alias("toast"),
+    ).collect()[0]
+    truncate_before = Position(stats.trunc[0], stats.trunc[1]) if stats.trunc is not None else None
+
+    changes = kept.where(op != "T")
+    if truncate_before is not None:
+        changes = changes.where(_after(lsn, seq, truncate_before))
+    changes = _split_key_changes(changes)
+    changes = _last_per_key(changes, table, has_unchanged=bool(stats.toast))
+    return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in))
+
+
+def _split_key_changes(changes: DataFrame) -> DataFrame:
+    """One row per change, with ``_sub`` and ``_values`` (the row's column → text map).
+
+    An update with ``_old_key`` also yields a delete of the old key just before it.
+    """
+    data = F.from_json(F.col("_data"), _MAP)
+    old_key = F.from_json(F.col("_old_key"), _MAP)
+    new_row = F.struct(F.lit(1).alias("sub"), F.col("_op").alias("op"), data.alias("values"))
+    old_row = F.struct(F.lit(0).alias("sub"), F.lit("D").alias("op"), old_key.alias("values"))
+    rows = F.when((F.col("_op") == "U") & F.col("_old_key").isNotNull(), F.array(old_row, new_row)).otherwise(
+        F.array(new_row)
+    )
+    return changes.select("_lsn", "_seq", "_ts", "_unchanged_cols", F.explode(rows).alias("r")).select(
+        "_lsn",
+        "_seq",
+        "_ts",
+        F.when(F.col("r.op") == "D", F.lit(None)).otherwise(F.col("_unchanged_cols")).alias("_unchanged"),
+        F.col("r.sub").alias("_sub"),
+        F.col("r.op").alias("_op"),
+        F.col("r.values").alias("_values"),
+    )
+
+
+def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool) -> DataFrame:
+    """Keep the last change per key, cast to the table's types, in the Target row shape."""
+    key_cols = [
+        cast_text(F.col("_values")[k], table.column(k).type).alias(f"_k{i}") for i, k in enumerate(table.key)
+    ]
+    changes = changes.select("*", *key_cols)
+    by_key = [F.col(f"_k{i}") for i in range(len(table.key))]
+    order = F.struct(F.col("_lsn"), F.col("_seq"), F.col("_sub"))
+    whole_key = Window.partitionBy(*by_key)
+    changes = changes.withColumn("_last", F.max(order).over(whole_key))
+
+    values = {c.name: F.col("_values")[c.name] for c in table.columns}
+    unchanged_after: list[Column] = []
+    if has_unchanged:
+        upto_here = whole_key.orderBy("_lsn", "_seq", "_sub").rowsBetween(Window.unboundedPreceding, 0)
+        unchanged = F.split(F.coalesce(F.col("_unchanged"), F.lit("")), ",")
+        for i, c in enumerate(table.columns):
+            if c.name in table.key:
+                continue
+            is_unchanged = F.array_contains(unchanged, c.name)
+            # The latest value this key received in the batch; a struct so a sent NULL still counts.
+            sent = F.when(~is_unchanged, F.struct(F.col("_values")[c.name].alias("v")))
+            changes = changes.withColumn(f"_s{i}", F.last(sent, ignorenulls=True).over(upto_here))
+            values[c.name] = F.when(is_unchanged, F.col(f"_s{i}.v")).otherwise(values[c.name])
+            still = is_unchanged & F.col(f"_s{i}").isNull()
+            unchanged_after.append(F.when(still, F.lit(c.name)))
+
+    changes = changes.where(order == F.col("_last"))
+    is_delete = F.col("_op") == "D"
+    columns = []
+    for c in table.columns:
+        if c.name in table.key:
+            columns.append(F.col(f"_k{table.key.index(c.name)}").alias(c.name))
+            continue
+        typed = cast_text(values[c.name], c.type)
+        typed = F.when(is_delete, F.lit(None)).otherwise(typed)  # deletes carry the key only
+        columns.append(typed.alias(c.name))
+    remaining = F.concat_ws(",", *unchanged_after) if unchanged_after else F.lit("")
+    return changes.select(
+        *columns,
+        F.col("_lsn").alias(HR_LSN),
+        F.col("_seq").alias(HR_SEQ),
+        F.col("_ts").alias(HR_COMMIT_TS),
+        F.col("_op").alias(HR_OP),
+        F.when(is_delete | (remaining == ""), F.lit(None).cast("string"))
+        .otherwise(remaining)
+        .alias(HR_UNCHANGED),
+    )

@@ -1,0 +1,253 @@
+"""A pipeline run: set up the source, copy what needs copying, and keep every table streaming.
+
+The driver runs capture in a thread and, in its main loop, the Spark jobs: initial copies and apply
+batches. One table's failure puts that table in ERRORED (retried with backoff); the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from headrace.capture.loop import Capture
+from headrace.config import PipelineConfig, redacted_dsn
+from headrace.core.errors import SourceError, TerminalError, TransientError
+from headrace.core.faults import crash_point
+from headrace.core.interfaces import Target, load_target
+from headrace.core.position import Position, format_lsn, parse_lsn
+from headrace.core.schema import TableSchema
+from headrace.logs import event
+from headrace.materialize.apply import apply_next, current_cursor
+from headrace.materialize.snapshot_job import snapshot_dataframe
+from headrace.source.postgres.catalog import check_source, read_table_schema
+from headrace.source.postgres.copy import plan_chunks
+from headrace.source.postgres.replication import ExportedSnapshot, ensure_publication, ensure_slot
+from headrace.state.lifecycle import TableState, next_retry
+from headrace.state.store import StateStore, TableRow
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("headrace.pipeline")
+
+
+@dataclass
+class RunStats:
+    """Counters the run loop keeps for progress lines and (later) metrics."""
+
+    batches: int = 0
+    rows_applied: dict[str, int] = field(default_factory=dict)
+    rows_copied: dict[str, int] = field(default_factory=dict)
+
+
+class Pipeline:
+    """Everything ``headrace run`` does, for one config."""
+
+    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
+        self.config = config
+        self.dsn = config.source.resolved_dsn()
+        self.state_dsn = config.source.state_dsn or self.dsn
+        self._spark = spark
+        self._target: Target | None = None
+        self.capture: Capture | None = None
+        self.stats = RunStats()
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Every problem that would stop ``run``, for people to read; empty when all is well."""
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=10) as conn:
+                return check_source(conn, list(self.config.source.tables), self.config.publication_name)
+        except psycopg.OperationalError as exc:
+            return [f"cannot connect to the source {redacted_dsn(self.dsn)}: {str(exc).strip()}"]
+
+    def setup(self) -> StateStore:
+        """Create what the pipeline needs, idempotently, and return the state store."""
+        problems = self.check()
+        if problems:
+            raise SourceError("the source is not ready:\n" + "\n".join(f"  - {p}" for p in problems))
+        if not self.config.source.tables:
+            raise SourceError("source.tables is empty: list the tables to replicate as schema.table")
+        state = StateStore(self.state_dsn, self.config.name)
+        state.install()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            sysid = str(conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0])  # type: ignore[index]
+            meta = state.meta()
+            if meta and meta["system_identifier"] != sysid:
+                raise SourceError(
+                    f"pipeline {self.config.name} was set up on another PostgreSQL cluster "
+                    f"(system identifier {meta['system_identifier']}, now {sysid}): use a new pipeline "
+                    "name, or drop the _headrace rows of this pipeline to start over"
+                )
+            schemas = [read_table_schema(conn, name) for name in self.config.source.tables]
+            ensure_publication(conn, self.config.publication_name, list(self.config.source.tables))
+            slot_lsn = ensure_slot(conn, self.config.slot_name)
+        state.ensure_meta(sysid, self.config.slot_name, self.config.publication_name, slot_lsn)
+        tracked = {row.oid: row for row in state.tables()}
+        for schema in schemas:
+            if schema.oid not in tracked:
+                state.add_table(schema)
+                event(log, "table.added", table=schema.qualified_name, oid=schema.oid)
+        return state
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            from headrace.spark import build_session
+
+            self._spark = build_session(self.config.spark.master, self.config.spark.conf,
+                                        app_name=f"headrace-{self.config.name}")
+        return self._spark
+
+    @property
+    def target(self) -> Target:
+        if self._target is None:
+            self._target = load_target(self.config.target.kind, self.spark, self.config.target.settings,
+                                       self.config.name)
+        return self._target
+
+    # -- run ------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None, until_caught_up: bool = False) -> int:
+        """Copy, then stream until ``stop`` is set (or until caught up); return an exit code."""
+        stop = stop or threading.Event()
+        state = self.setup()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+        rows = state.tables()
+        self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows})
+        capture_stop = threading.Event()
+        thread = threading.Thread(target=self.capture.run, args=(capture_stop,), name="capture", daemon=True)
+        thread.start()
+        event(log, "run.start", pipeline=self.config.name, source=redacted_dsn(self.dsn),
+              target=self.config.target.kind, tables=len(rows), until_lsn=format_lsn(start_lsn))
+        code = 0
+        try:
+            while not stop.is_set():
+                did_work = self._copy_pending(state)
+                did_work |= self._apply_all(state)
+                if until_caught_up:
+                    done, failed = self._caught_up(state, start_lsn)
+                    if failed:
+                        event(log, "run.failed", logging.ERROR, tables=",".join(failed))
+                        code = 1
+                        break
+                    if done:
+                        event(log, "run.caught_up", captured_lsn=format_lsn(self.capture.captured_lsn))
+                        break
+                if not thread.is_alive():
+                    raise TerminalError(f"capture stopped: {self.capture.last_error}")
+                if not did_work:
+                    stop.wait(self.config.apply.idle_sleep_seconds)
+        finally:
+            capture_stop.set()
+            thread.join(timeout=60)
+            if self._target is not None:
+                self._target.close()
+            state.close()
+            event(log, "run.stop", pipeline=self.config.name)
+        return code
+
+    def _copy_pending(self, state: StateStore) -> bool:
+        """Run the initial copy of every table that needs one, under one exported snapshot."""
+        now = datetime.now(timezone.utc)
+        todo = [r for r in state.tables() if r.state.needs_copy or _retry_copy(r, now)]
+        if not todo:
+            return False
+        slot = f"{self.config.slot_name}_copy"[:63]
+        with ExportedSnapshot(self.dsn, slot) as snap:
+            position = Position(snap.lsn, 0)
+            for row in todo:
+                try:
+                    self._copy_table(state, row.schema, snap.snapshot_name, position)
+                except Exception as exc:  # one table's failure must not stop the others
+                    self._fail(state, row, exc, resume=TableState.PENDING)
+        return True
+
+    def _copy_table(self, state: StateStore, schema: TableSchema, snapshot_name: str, position: Position) -> None:
+        name = schema.qualified_name
+        state.set_state(schema.oid, TableState.SNAPSHOT, snapshot_lsn=position.lsn, error=None)
+        started = time.monotonic()
+        self.target.ensure_table(schema)
+        with psycopg.connect(self.dsn) as conn:
+            chunks = plan_chunks(conn, schema, self.config.snapshot.chunk_pages)
+        event(log, "snapshot.start", table=name, chunks=len(chunks), snapshot_lsn=format_lsn(position.lsn))
+        df = snapshot_dataframe(self.spark, self.dsn, snapshot_name, schema, chunks, position)
+        copied = self.target.write_snapshot(schema, df, position)
+        crash_point("snapshot.after_write")
+        state.set_state(schema.oid, TableState.CATCHUP, rows_copied=copied, error_count=0, retry_at=None)
+        self.stats.rows_copied[name] = copied
+        secs = time.monotonic() - started
+        event(log, "snapshot.done", table=name, rows=copied, chunks=len(chunks), seconds=round(secs, 2),
+              rows_per_s=int(copied / secs) if secs else 0)
+
+    def _apply_all(self, state: StateStore) -> bool:
+        did_work = False
+        now = datetime.now(timezone.utc)
+        for row in state.tables():
+            if not (row.state.applies_changes or _retry_apply(row, now)):
+                continue
+            try:
+                applied = apply_next(self.spark, state, self.target, row, self.config.apply.max_batch_files)
+            except Exception as exc:
+                self._fail(state, row, exc, resume=row.resume_state or row.state)
+                continue
+            if applied is not None:
+                did_work = True
+                self.stats.batches += 1
+                self.stats.rows_applied[row.qualified_name] = (
+                    self.stats.rows_applied.get(row.qualified_name, 0) + applied.rows_in
+                )
+                if row.state is TableState.ERRORED:
+                    state.set_state(row.oid, row.resume_state or TableState.CATCHUP, error=None, error_count=0)
+            elif row.state in (TableState.CATCHUP, TableState.ERRORED) and self._past_snapshot(row):
+                state.set_state(row.oid, TableState.STREAMING, error=None, error_count=0, retry_at=None)
+                event(log, "table.streaming", table=row.qualified_name)
+        return did_work
+
+    def _past_snapshot(self, row: TableRow) -> bool:
+        """Capture has registered everything up to the table's copy position."""
+        captured = self.capture.captured_lsn if self.capture else 0
+        return row.snapshot_lsn is None or captured >= row.snapshot_lsn
+
+    def _fail(self, state: StateStore, row: TableRow, exc: Exception, resume: TableState) -> None:
+        count = row.error_count + 1
+        retry_at = next_retry(count)
+        kind = "transient" if isinstance(exc, TransientError) else "terminal" if isinstance(exc, TerminalError) else "error"
+        message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        state.set_state(row.oid, TableState.ERRORED, error=message[:2000], error_count=count, retry_at=retry_at,
+                        resume_state=resume)
+        event(log, "table.errored", logging.ERROR, table=row.qualified_name, kind=kind, error=message,
+              attempt=count, retry_at=retry_at.isoformat())
+        log.debug("traceback", exc_info=exc)
+
+    def _caught_up(self, state: StateStore, start_lsn: int) -> tuple[bool, list[str]]:
+        assert self.capture is not None
+        rows = state.tables()
+        failed = [r.qualified_name for r in rows
+                  if r.state is TableState.ERRORED and r.error_count >= 5]
+        if failed:
+            return False, failed
+        if self.capture.captured_lsn < start_lsn:
+            return False, []
+        for row in rows:
+            if row.state is not TableState.STREAMING:
+                return False, []
+            if current_cursor(state, self.target, row) < state.last_offset(row.oid):
+                return False, []
+        return True, []
+
+
+def _retry_copy(row: TableRow, now: datetime) -> bool:
+    return (row.state is TableState.ERRORED and row.resume_state is not None and row.resume_state.needs_copy
+            and row.retry_at is not None and row.retry_at <= now)
+
+
+def _retry_apply(row: TableRow, now: datetime) -> bool:
+    return (row.state is TableState.ERRORED and row.resume_state is not None
+            and row.resume_state.applies_changes and row.retry_at is not None and row.retry_at <= now)

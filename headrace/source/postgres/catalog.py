@@ -1,0 +1,211 @@
+"""What the source's catalog says: table schemas, and whether the server is ready for replication.
+
+All functions take a psycopg 3 connection to the source database and run in its current
+transaction, so a caller that imported an exported snapshot reads the schema as of that snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from headrace.core.changes import Relation
+from headrace.core.errors import SourceError
+from headrace.core.schema import Column, TableSchema
+from headrace.source.postgres.types import TypeCatalog
+
+Conn = psycopg.Connection[Any]
+
+_RELATION = """
+SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident::text, c.relowner
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass(%s)
+"""
+
+# Generated columns are left out: pgoutput does not send them (before PG18), and a snapshot that
+# copied them would give the target columns the change stream never fills.
+_COLUMNS = """
+SELECT a.attname, a.atttypid, a.atttypmod, NOT a.attnotnull
+FROM pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+_KEYS = """
+SELECT i.indisprimary, i.indisreplident, array_agg(a.attname ORDER BY k.ord)
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident) AND k.ord <= i.indnkeyatts
+GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
+"""
+
+
+def _keys(conn: Conn, oid: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(primary key columns, replica identity index columns), each () when there is none."""
+    primary: tuple[str, ...] = ()
+    replident: tuple[str, ...] = ()
+    for is_primary, is_replident, names in conn.execute(_KEYS, (oid,)).fetchall():
+        if is_primary:
+            primary = tuple(names)
+        if is_replident:
+            replident = tuple(names)
+    return primary, replident
+
+
+def read_table_schema(conn: Conn, qualified_name: str, types: TypeCatalog | None = None) -> TableSchema:
+    """The schema of table ``qualified_name`` (``schema.table``, as SQL would parse it).
+
+    The key is what identifies a row in the change stream: the REPLICA IDENTITY USING INDEX
+    columns when one is set (pgoutput then sends exactly those as the old key), else the primary
+    key, else ``()``. Raises ``SourceError`` if the table does not exist.
+    """
+    row = conn.execute(_RELATION, (qualified_name,)).fetchone()
+    if row is None:
+        raise SourceError(f"table {qualified_name} does not exist: create it or fix the table list")
+    oid, schema, name, _kind, replident, _owner = row
+    types = types or TypeCatalog(conn)
+    columns = tuple(
+        Column(attname, types.column_type(typoid, typmod), typoid, typmod, nullable)
+        for attname, typoid, typmod, nullable in conn.execute(_COLUMNS, (oid,)).fetchall()
+    )
+    primary, replident_index = _keys(conn, oid)
+    key = replident_index if replident == "i" and replident_index else primary
+    return TableSchema(oid, schema, name, columns, key, replident)
+
+
+def relation_to_schema(rel: Relation, types: TypeCatalog, known: TableSchema | None = None) -> TableSchema:
+    """The schema a pgoutput RELATION message describes.
+
+    The key comes from the columns' key flags, except under REPLICA IDENTITY FULL, where pgoutput
+    flags *every* column: then the key is ``known.key`` (the table's primary key, as read by
+    ``read_table_schema``) restricted to the columns still present, or ``()`` without ``known``.
+    RELATION carries no nullability; it is taken from ``known`` by column name (default nullable).
+    """
+    nullable = {c.name: c.nullable for c in known.columns} if known else {}
+    columns = tuple(
+        Column(c.name, types.column_type(c.type_oid, c.typmod), c.type_oid, c.typmod, nullable.get(c.name, True))
+        for c in rel.columns
+    )
+    if rel.replica_identity == "f":
+        present = {c.name for c in rel.columns}
+        key = tuple(k for k in known.key if k in present) if known else ()
+        if known and len(key) != len(known.key):
+            key = ()
+    else:
+        key = tuple(c.name for c in rel.columns if c.is_key)
+    return TableSchema(rel.oid, rel.namespace, rel.name, columns, key, rel.replica_identity)
+
+
+def _setting(conn: Conn, name: str) -> str:
+    value = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+    return str(value[0]) if value else ""
+
+
+def _server_problems(conn: Conn) -> list[str]:
+    problems = []
+    if _setting(conn, "wal_level") != "logical":
+        problems.append(
+            f"wal_level is {_setting(conn, 'wal_level')}: set wal_level = logical in postgresql.conf and restart"
+        )
+    version = int(_setting(conn, "server_version_num"))
+    if version < 140000:
+        problems.append(
+            f"PostgreSQL {_setting(conn, 'server_version')} is too old: headrace needs 14 or newer"
+        )
+    encoding = _setting(conn, "server_encoding")
+    if encoding != "UTF8":
+        problems.append(
+            f"server_encoding is {encoding}: headrace needs a UTF8 database (create it with ENCODING 'UTF8')"
+        )
+    slots_max = int(_setting(conn, "max_replication_slots"))
+    senders_max = int(_setting(conn, "max_wal_senders"))
+    used = conn.execute(
+        "SELECT (SELECT count(*) FROM pg_replication_slots),"
+        " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')"
+    ).fetchone()
+    slots_used, senders_used = used if used else (0, 0)
+    if slots_max - slots_used < 1:
+        problems.append(
+            f"max_replication_slots = {slots_max} and all are in use: raise max_replication_slots in "
+            "postgresql.conf and restart, or drop an unused slot (pg_drop_replication_slot)"
+        )
+    if senders_max - senders_used < 1:
+        problems.append(
+            f"max_wal_senders = {senders_max} and all are in use: raise max_wal_senders in "
+            "postgresql.conf and restart"
+        )
+    role = conn.execute(
+        "SELECT rolname, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if role and not (role[1] or role[2]):
+        problems.append(
+            f"role {role[0]} lacks the REPLICATION attribute: run ALTER ROLE {role[0]} REPLICATION"
+        )
+    return problems
+
+
+def _table_problems(conn: Conn, table: str, published: set[int]) -> list[str]:
+    row = conn.execute(_RELATION, (table,)).fetchone()
+    if row is None:
+        return [f"table {table} does not exist: create it or remove it from the table list"]
+    oid, schema, name, kind, replident, owner = row
+    qualified = f"{schema}.{name}"
+    if kind not in ("r", "p"):
+        return [f"{qualified} is not a table (relkind {kind}): only tables can be replicated"]
+    problems = []
+    primary, replident_index = _keys(conn, oid)
+    if replident == "n":
+        problems.append(
+            f"table {qualified} has REPLICA IDENTITY NOTHING: updates and deletes cannot be replicated;"
+            f" run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT (with a primary key)"
+        )
+    elif replident == "d" and not primary:
+        problems.append(
+            f"table {qualified} has no primary key and REPLICA IDENTITY DEFAULT: add a primary key"
+            f" or run ALTER TABLE {qualified} REPLICA IDENTITY FULL"
+        )
+    elif replident == "f" and not primary:
+        problems.append(
+            f"table {qualified} has no primary key (REPLICA IDENTITY FULL): tables without a key are"
+            " not supported yet; add a primary key"
+        )
+    elif replident == "i" and not replident_index:
+        problems.append(
+            f"table {qualified} has REPLICA IDENTITY USING INDEX but the index is gone: run ALTER TABLE"
+            f" {qualified} REPLICA IDENTITY DEFAULT"
+        )
+    privileges = conn.execute(
+        "SELECT has_table_privilege(%s::oid, 'SELECT'), pg_has_role(%s::oid, 'USAGE')", (oid, owner)
+    ).fetchone()
+    can_select, is_owner = privileges if privileges else (False, False)
+    if not can_select:
+        problems.append(f"no SELECT privilege on {qualified}: run GRANT SELECT ON {qualified} TO <headrace role>")
+    if not is_owner and oid not in published:
+        problems.append(
+            f"not the owner of {qualified}, which is needed to add it to the publication: have its owner"
+            f" run ALTER TABLE {qualified} OWNER TO <headrace role>, or create the publication with it"
+            " beforehand"
+        )
+    return problems
+
+
+def check_source(conn: Conn, tables: list[str], publication: str) -> list[str]:
+    """Everything that stops replication of ``tables`` through ``publication``, as human sentences.
+
+    Each problem names the object and the fix; an empty list means the source is ready.
+    """
+    problems = _server_problems(conn)
+    published = {
+        oid
+        for (oid,) in conn.execute(
+            # pg_publication_tables also expands FOR ALL TABLES and FOR TABLES IN SCHEMA.
+            "SELECT format('%%I.%%I', schemaname, tablename)::regclass::oid::int8"
+            " FROM pg_publication_tables WHERE pubname = %s",
+            (publication,),
+        ).fetchall()
+    }
+    for table in tables:
+        problems.extend(_table_problems(conn, table, published))
+    return problems

@@ -1,0 +1,139 @@
+"""The initial copy, source side: split a table into ctid page ranges and COPY one range as Arrow.
+
+Each chunk is read by its own connection that imports the exported snapshot, so chunks copied in
+parallel (Spark tasks) see one consistent state. COPY's CSV output is drained by libpq in C
+(psycopg2 ``copy_expert`` into a buffer) and parsed by ``pyarrow.csv``, with no per-row Python;
+every value stays PostgreSQL's text output, cast later by ``headrace.materialize.types`` exactly as
+change-stream values are.
+
+Why psycopg2 here: COPY sends one protocol message per row, and psycopg 3 hands each one to Python
+(``for block in copy``). Measured on 1M narrow rows (62 MB of CSV, 2-core machine): psycopg 3
+iteration 3.6-5.2 s, psycopg 3 ``get_copy_data`` loop 4.1 s, psycopg2 ``copy_expert`` 1.0 s,
+``psql`` 0.9 s.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg2
+import psycopg2.errors
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg2 import sql
+
+from headrace.core.errors import SourceError, TransientError
+from headrace.core.schema import TableSchema
+
+# End page of the last chunk: no upper bound, so pages the table grows after planning are copied.
+OPEN_END = 0xFFFFFFFF
+
+# Bytes of CSV pyarrow parses per block (its unit of parallelism and of output batch size).
+PARSE_BLOCK_BYTES = 16 << 20
+
+# Settings that make the server print every value the way headrace's casts expect.
+SESSION_OPTIONS = (
+    "-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres -c bytea_output=hex -c extra_float_digits=1"
+)
+
+
+def plan_chunks(conn: psycopg.Connection[Any], table: TableSchema, chunk_pages: int) -> list[tuple[int, int]]:
+    """Page ranges ``[start, end)`` covering ``table``; the last one ends at ``OPEN_END``.
+
+    Even an empty table gets one chunk, so the copy always runs (and the table always exists in
+    the target afterwards).
+    """
+    if chunk_pages <= 0:
+        raise ValueError(f"chunk_pages must be positive, got {chunk_pages}")
+    row = conn.execute(
+        "SELECT pg_relation_size(%s::oid) / current_setting('block_size')::bigint", (table.oid,)
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise SourceError(
+            f"table {table.qualified_name} (oid {table.oid}) no longer exists in the source; "
+            "it was dropped after it was added to the pipeline"
+        )
+    pages = int(row[0])
+    starts = list(range(0, max(pages, 1), chunk_pages))
+    return [(s, s + chunk_pages) for s in starts[:-1]] + [(starts[-1], OPEN_END)]
+
+
+def copy_statement(table: TableSchema, start: int, end: int) -> sql.Composed:
+    """``COPY (SELECT cols FROM t WHERE ctid in [start, end)) TO STDOUT (FORMAT csv)``."""
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in table.column_names)
+    bounds = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({start},0)"))]
+    if end < OPEN_END:
+        bounds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({end},0)")))
+    # PostgreSQL 14+ turns these bounds into a TID range scan: each chunk reads only its pages.
+    return sql.SQL("COPY (SELECT {} FROM {}.{} WHERE {}) TO STDOUT (FORMAT csv)").format(
+        columns, sql.Identifier(table.schema), sql.Identifier(table.name), sql.SQL(" AND ").join(bounds)
+    )
+
+
+def arrow_schema(ncols: int) -> pa.Schema:
+    """Schema of the batches ``copy_chunk`` yields: ``c0 .. c{n-1}``, all strings.
+
+    Positional names, because source column names can be anything Arrow or Spark would trip on.
+    """
+    return pa.schema([pa.field(f"c{i}", pa.string()) for i in range(ncols)])
+
+
+def parse_csv_block(block: bytes | memoryview, schema: pa.Schema) -> pa.Table:
+    """Parse complete CSV rows as COPY prints them, every column a string.
+
+    COPY writes NULL as an unquoted empty field and the empty string as ``""``; pyarrow keeps
+    that distinction when only unquoted empties count as null.
+    """
+    return pacsv.read_csv(
+        pa.BufferReader(block),
+        read_options=pacsv.ReadOptions(column_names=schema.names, block_size=PARSE_BLOCK_BYTES),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True, double_quote=True, escape_char=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict(zip(schema.names, schema.types, strict=True)),
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+
+
+def copy_chunk(
+    dsn: str, snapshot_name: str | None, table: TableSchema, start: int, end: int
+) -> Iterator[pa.RecordBatch]:
+    """COPY one page range of ``table`` as Arrow record batches of strings (see ``arrow_schema``).
+
+    With ``snapshot_name`` the read sees the exported snapshot; without it, a fresh REPEATABLE
+    READ snapshot (tests, or a source that cannot export one). The chunk's CSV is held in memory
+    once, so ``chunk_pages`` bounds a task's memory.
+    """
+    schema = arrow_schema(len(table.columns))
+    buffer = io.BytesIO()
+    # psycopg2's copy_expert drains COPY in C straight into the buffer; psycopg 3 returns one
+    # Python object per row and measured 4x slower (module docstring).
+    try:
+        conn = psycopg2.connect(dsn, options=SESSION_OPTIONS, client_encoding="UTF8")
+    except psycopg2.OperationalError as exc:
+        raise TransientError(f"cannot connect to copy {table.qualified_name}: {exc}") from exc
+    try:
+        conn.autocommit = True  # explicit BEGIN below: SET TRANSACTION SNAPSHOT must come first
+        with conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if snapshot_name is not None:
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            cur.copy_expert(copy_statement(table, start, end).as_string(conn), buffer)
+            cur.execute("ROLLBACK")
+    except psycopg2.errors.UndefinedObject as exc:
+        # The exporting transaction ended (crash or timeout): the snapshot is gone for good.
+        raise SourceError(
+            f"snapshot {snapshot_name} of {table.qualified_name} is no longer available: "
+            "the exporting transaction ended; restart the table's snapshot"
+        ) from exc
+    except psycopg2.OperationalError as exc:
+        raise TransientError(f"copy of {table.qualified_name} pages {start}..{end} failed: {exc}") from exc
+    finally:
+        conn.close()
+    if buffer.tell():
+        yield from parse_csv_block(buffer.getbuffer(), schema).to_batches()

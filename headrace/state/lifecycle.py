@@ -1,0 +1,34 @@
+"""Table lifecycle: PENDING → SNAPSHOT → CATCHUP → STREAMING, ERRORED from anywhere, PAUSED by hand."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+
+
+class TableState(str, Enum):
+    PENDING = "PENDING"  # tracked, not copied yet
+    SNAPSHOT = "SNAPSHOT"  # initial copy under way
+    CATCHUP = "CATCHUP"  # copied; applying changes staged since the copy's position
+    STREAMING = "STREAMING"  # caught up; applying changes as they arrive
+    ERRORED = "ERRORED"  # failed; retried with backoff, others go on
+    PAUSED = "PAUSED"  # set and cleared by the operator
+
+    @property
+    def applies_changes(self) -> bool:
+        return self in (TableState.CATCHUP, TableState.STREAMING)
+
+    @property
+    def needs_copy(self) -> bool:
+        return self in (TableState.PENDING, TableState.SNAPSHOT)
+
+
+BACKOFF_BASE_SECONDS = 2.0
+BACKOFF_MAX_SECONDS = 300.0
+
+
+def next_retry(error_count: int, now: datetime | None = None) -> datetime:
+    """When to retry after the ``error_count``-th consecutive failure (exponential, capped)."""
+    now = now or datetime.now(timezone.utc)
+    delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * (2 ** max(0, error_count - 1)))
+    return now + timedelta(seconds=delay)

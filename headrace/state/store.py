@@ -1,0 +1,294 @@
+"""The state store: coordination tables in the ``_headrace`` schema of a PostgreSQL database.
+
+Everything a restart needs lives here: the pipeline's identity and captured position, each table's
+lifecycle state, the staged log's index, and each table's materializer cursor. All writes that
+must agree with each other happen in one transaction (e.g. registering staged files together with
+the captured position).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from headrace.core.schema import TableSchema, schema_from_dict, schema_to_dict
+from headrace.state.lifecycle import TableState
+
+DDL = """
+CREATE SCHEMA IF NOT EXISTS _headrace;
+CREATE TABLE IF NOT EXISTS _headrace.pipeline_meta (
+    pipeline          text PRIMARY KEY,
+    system_identifier text NOT NULL,
+    slot_name         text NOT NULL,
+    publication       text NOT NULL,
+    captured_lsn      bigint NOT NULL DEFAULT 0,  -- end LSN of the last transaction in the log
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS _headrace.tables (
+    pipeline      text NOT NULL,
+    table_oid     bigint NOT NULL,
+    schema_name   text NOT NULL,
+    table_name    text NOT NULL,
+    state         text NOT NULL,
+    resume_state  text,               -- state to return to after ERRORED or PAUSED
+    snapshot_lsn  bigint,
+    applied_lsn   bigint,
+    rows_copied   bigint NOT NULL DEFAULT 0,
+    rows_applied  bigint NOT NULL DEFAULT 0,
+    error         text,
+    error_count   integer NOT NULL DEFAULT 0,
+    retry_at      timestamptz,
+    table_schema  jsonb NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, table_oid)
+);
+CREATE SEQUENCE IF NOT EXISTS _headrace.log_seq;
+CREATE TABLE IF NOT EXISTS _headrace.log_index (
+    pipeline     text NOT NULL,
+    log_offset   bigint NOT NULL DEFAULT nextval('_headrace.log_seq'),
+    table_oid    bigint NOT NULL,
+    path         text NOT NULL,
+    rows         integer NOT NULL,
+    bytes        bigint NOT NULL,
+    min_lsn      bigint NOT NULL,
+    max_lsn      bigint NOT NULL,
+    table_schema jsonb NOT NULL,     -- the table's columns as the rows in the file were written
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, log_offset)
+);
+CREATE INDEX IF NOT EXISTS log_index_table ON _headrace.log_index (pipeline, table_oid, log_offset);
+CREATE TABLE IF NOT EXISTS _headrace.mat_cursor (
+    pipeline    text NOT NULL,
+    table_oid   bigint NOT NULL,
+    log_offset  bigint NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, table_oid)
+);
+"""
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One replicated table's row in ``_headrace.tables``."""
+
+    oid: int
+    schema: TableSchema
+    state: TableState
+    resume_state: TableState | None
+    snapshot_lsn: int | None
+    applied_lsn: int | None
+    rows_copied: int
+    rows_applied: int
+    error: str | None
+    error_count: int
+    retry_at: datetime | None
+
+    @property
+    def qualified_name(self) -> str:
+        return self.schema.qualified_name
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """A staged file registered in the log."""
+
+    offset: int
+    table_oid: int
+    path: str
+    rows: int
+    min_lsn: int
+    max_lsn: int
+    schema: TableSchema
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A staged file written by capture, about to be registered."""
+
+    table_oid: int
+    path: str
+    rows: int
+    bytes: int
+    min_lsn: int
+    max_lsn: int
+    schema: TableSchema
+
+
+class StateStore:
+    """Reads and writes the ``_headrace`` tables of one pipeline. Not thread-safe: one per thread."""
+
+    def __init__(self, dsn: str, pipeline: str) -> None:
+        self.pipeline = pipeline
+        self.conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def install(self) -> None:
+        """Create the state schema if missing (idempotent)."""
+        with self.conn.transaction():
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('_headrace.install'))")
+            self.conn.execute(DDL)
+
+    def installed(self) -> bool:
+        row = self.conn.execute("SELECT to_regclass('_headrace.pipeline_meta') AS r").fetchone()
+        return bool(row and row["r"])
+
+    # -- pipeline -------------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any] | None:
+        return self.conn.execute(
+            "SELECT * FROM _headrace.pipeline_meta WHERE pipeline = %s", (self.pipeline,)
+        ).fetchone()
+
+    def ensure_meta(self, system_identifier: str, slot: str, publication: str, captured_lsn: int) -> None:
+        self.conn.execute(
+            "INSERT INTO _headrace.pipeline_meta (pipeline, system_identifier, slot_name, publication,"
+            " captured_lsn) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO NOTHING",
+            (self.pipeline, system_identifier, slot, publication, captured_lsn),
+        )
+
+    def captured_lsn(self) -> int:
+        meta = self.meta()
+        return int(meta["captured_lsn"]) if meta else 0
+
+    def register(self, files: list[StagedFile], captured_lsn: int) -> list[int]:
+        """Register staged files and the captured position in one transaction; return offsets."""
+        offsets = []
+        with self.conn.transaction():
+            for f in files:
+                row = self.conn.execute(
+                    "INSERT INTO _headrace.log_index (pipeline, table_oid, path, rows, bytes, min_lsn,"
+                    " max_lsn, table_schema) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) RETURNING log_offset",
+                    (self.pipeline, f.table_oid, f.path, f.rows, f.bytes, f.min_lsn, f.max_lsn,
+                     json.dumps(schema_to_dict(f.schema))),
+                ).fetchone()
+                assert row is not None
+                offsets.append(int(row["log_offset"]))
+            self.conn.execute(
+                "UPDATE _headrace.pipeline_meta SET captured_lsn = greatest(captured_lsn, %s),"
+                " updated_at = now() WHERE pipeline = %s",
+                (captured_lsn, self.pipeline),
+            )
+        return offsets
+
+    # -- tables ---------------------------------------------------------------------------------
+    def tables(self) -> list[TableRow]:
+        rows = self.conn.execute(
+            "SELECT * FROM _headrace.tables WHERE pipeline = %s ORDER BY schema_name, table_name",
+            (self.pipeline,),
+        ).fetchall()
+        return [_table_row(r) for r in rows]
+
+    def table(self, oid: int) -> TableRow | None:
+        row = self.conn.execute(
+            "SELECT * FROM _headrace.tables WHERE pipeline = %s AND table_oid = %s", (self.pipeline, oid)
+        ).fetchone()
+        return _table_row(row) if row else None
+
+    def add_table(self, schema: TableSchema) -> None:
+        """Start tracking a table in PENDING (no-op if it is tracked already)."""
+        self.conn.execute(
+            "INSERT INTO _headrace.tables (pipeline, table_oid, schema_name, table_name, state, table_schema)"
+            " VALUES (%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING",
+            (self.pipeline, schema.oid, schema.schema, schema.name, TableState.PENDING.value,
+             json.dumps(schema_to_dict(schema))),
+        )
+
+    def set_schema(self, schema: TableSchema) -> None:
+        self.conn.execute(
+            "UPDATE _headrace.tables SET table_schema = %s, schema_name = %s, table_name = %s,"
+            " updated_at = now() WHERE pipeline = %s AND table_oid = %s",
+            (json.dumps(schema_to_dict(schema)), schema.schema, schema.name, self.pipeline, schema.oid),
+        )
+
+    def set_state(self, oid: int, state: TableState, **fields: Any) -> None:
+        """Move a table to ``state``, updating any other columns given (e.g. snapshot_lsn=...)."""
+        allowed = {"snapshot_lsn", "applied_lsn", "rows_copied", "error", "error_count", "retry_at",
+                   "resume_state"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"unknown table fields {unknown}")
+        sets = ["state = %s", "updated_at = now()"]
+        params: list[Any] = [state.value]
+        for name, value in fields.items():
+            sets.append(f"{name} = %s")
+            params.append(value.value if isinstance(value, TableState) else value)
+        params += [self.pipeline, oid]
+        self.conn.execute(
+            f"UPDATE _headrace.tables SET {', '.join(sets)} WHERE pipeline = %s AND table_oid = %s", params
+        )
+
+    # -- staged log and cursors -----------------------------------------------------------------
+    def cursor(self, oid: int) -> int:
+        row = self.conn.execute(
+            "SELECT log_offset FROM _headrace.mat_cursor WHERE pipeline = %s AND table_oid = %s",
+            (self.pipeline, oid),
+        ).fetchone()
+        return int(row["log_offset"]) if row else 0
+
+    def log_entries(self, oid: int, after: int, limit: int) -> list[LogEntry]:
+        rows = self.conn.execute(
+            "SELECT * FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s AND log_offset > %s"
+            " ORDER BY log_offset LIMIT %s",
+            (self.pipeline, oid, after, limit),
+        ).fetchall()
+        return [
+            LogEntry(int(r["log_offset"]), int(r["table_oid"]), r["path"], int(r["rows"]), int(r["min_lsn"]),
+                     int(r["max_lsn"]), schema_from_dict(r["table_schema"]))
+            for r in rows
+        ]
+
+    def last_offset(self, oid: int) -> int:
+        row = self.conn.execute(
+            "SELECT max(log_offset) AS m FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s",
+            (self.pipeline, oid),
+        ).fetchone()
+        return int(row["m"]) if row and row["m"] is not None else 0
+
+    def advance(self, oid: int, log_offset: int, applied_lsn: int, rows: int) -> None:
+        """Record that the table's target holds everything up to ``log_offset``."""
+        with self.conn.transaction():
+            self.conn.execute(
+                "INSERT INTO _headrace.mat_cursor (pipeline, table_oid, log_offset) VALUES (%s,%s,%s)"
+                " ON CONFLICT (pipeline, table_oid) DO UPDATE SET log_offset = greatest("
+                "_headrace.mat_cursor.log_offset, excluded.log_offset), updated_at = now()",
+                (self.pipeline, oid, log_offset),
+            )
+            self.conn.execute(
+                "UPDATE _headrace.tables SET applied_lsn = greatest(coalesce(applied_lsn, 0), %s),"
+                " rows_applied = rows_applied + %s, updated_at = now()"
+                " WHERE pipeline = %s AND table_oid = %s",
+                (applied_lsn, rows, self.pipeline, oid),
+            )
+
+    def pending_changes(self) -> dict[int, int]:
+        """Staged rows not yet applied, per table."""
+        rows = self.conn.execute(
+            "SELECT l.table_oid, sum(l.rows) AS n FROM _headrace.log_index l"
+            " LEFT JOIN _headrace.mat_cursor c ON c.pipeline = l.pipeline AND c.table_oid = l.table_oid"
+            " WHERE l.pipeline = %s AND l.log_offset > coalesce(c.log_offset, 0) GROUP BY l.table_oid",
+            (self.pipeline,),
+        ).fetchall()
+        return {int(r["table_oid"]): int(r["n"]) for r in rows}
+
+
+def _table_row(r: dict[str, Any]) -> TableRow:
+    return TableRow(
+        oid=int(r["table_oid"]),
+        schema=schema_from_dict(r["table_schema"]),
+        state=TableState(r["state"]),
+        resume_state=TableState(r["resume_state"]) if r["resume_state"] else None,
+        snapshot_lsn=r["snapshot_lsn"],
+        applied_lsn=r["applied_lsn"],
+        rows_copied=int(r["rows_copied"]),
+        rows_applied=int(r["rows_applied"]),
+        error=r["error"],
+        error_count=int(r["error_count"]),
+        retry_at=r["retry_at"],
+    )

@@ -1,0 +1,354 @@
+"""DuckLake target: Spark writes the initial copy as Parquet, change batches apply in DuckDB.
+
+Every write to a table and its cursor row (``_headrace.cursor`` in the lake) commits in one
+DuckLake transaction, so after a crash the data and the cursor always agree.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+
+from headrace.config import DuckLakeConfig
+from headrace.core.errors import TerminalError, TransientError
+from headrace.core.interfaces import Target
+from headrace.core.position import Position
+from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema, TypeKind
+from headrace.targets.ducklake import extension
+from headrace.targets.ducklake.types import (
+    cast_in,
+    cast_out,
+    duck_type,
+    interval_value_to_text,
+    quote_ident,
+    registers_directly,
+    spark_type,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+L = extension.LAKE_ALIAS
+CURSOR_TABLE = f"{L}._headrace.cursor"  # its own schema: cannot collide with replicated tables
+SNAPSHOT_FOLDER = "_headrace_snapshot"  # under the data path; Spark's files for initial copies
+_META = (f"{HR_LSN} BIGINT", f"{HR_SEQ} BIGINT", f"{HR_COMMIT_TS} TIMESTAMPTZ")
+
+
+class DuckLakeTarget(Target):
+    """Keeps tables of one DuckLake in sync; see the module docstring."""
+
+    name = "ducklake"
+    stores_cursor = True
+
+    def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.pipeline = pipeline
+        self._con = extension.connect(settings)
+        # One DuckDB connection, used by one apply at a time: DuckLake would turn concurrent
+        # commits of the cursor table into conflicts anyway.
+        self._lock = threading.Lock()
+        self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}._headrace")
+        self._con.execute(
+            f"CREATE TABLE IF NOT EXISTS {CURSOR_TABLE} (pipeline VARCHAR, table_oid BIGINT, "
+            "log_offset BIGINT, updated_at TIMESTAMPTZ)"
+        )
+
+    # -- names -------------------------------------------------------------------------------
+    def _schema(self, table: TableSchema) -> str:
+        return self.settings.schema_ or table.schema
+
+    def _qualified(self, table: TableSchema) -> str:
+        return f"{L}.{quote_ident(self._schema(table))}.{quote_ident(table.name)}"
+
+    def _key(self, table: TableSchema) -> tuple[str, ...]:
+        # REPLICA IDENTITY FULL: every column identifies the row.
+        return table.key or table.column_names
+
+    # -- Target ------------------------------------------------------------------------------
+    def ensure_table(self, table: TableSchema) -> str:
+        """Create the schema and table (source columns + position columns) if missing."""
+        cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
+        with self._lock:
+            self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
+            self._con.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._qualified(table)} ({', '.join(cols + list(_META))})"
+            )
+        return f"{self._schema(table)}.{table.name}"
+
+    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position) -> int:
+        """Spark writes Parquet under the data path; one DuckLake transaction swaps it in.
+
+        Tables whose types Spark writes as DuckLake stores them get the files registered with
+        ``ducklake_add_data_files`` (no rewrite). Tables with UUID/JSON/INTERVAL/TIME columns
+        (text in Spark) are copied by DuckDB itself with ``INSERT ... SELECT`` casts from the
+        same files (no rows through Python); the files are then deleted.
+        """
+        self.ensure_table(table)
+        root = self._snapshot_root(table)
+        self._remove_unregistered_attempts(root)
+        folder = f"{root}/{uuid.uuid4().hex}"
+        self._write_parquet(table, rows, folder)
+        direct = all(registers_directly(c.type) for c in table.columns)
+        with self._lock:
+            files = [
+                r[0]
+                for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()
+            ]
+            try:
+                self._con.execute("BEGIN")
+                # Replaces the previous (possibly partial) copy; DuckLake only marks its files deleted.
+                self._con.execute(f"DELETE FROM {self._qualified(table)}")
+                if files and direct:
+                    self._con.execute(
+                        "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",
+                        [L, table.name, files, self._schema(table)],
+                    )
+                elif files:
+                    self._con.execute(self._insert_from_parquet(table), [files])
+                count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
+                self._con.execute("COMMIT")
+            except duckdb.Error as exc:
+                self._con.execute("ROLLBACK")
+                raise _translate(exc, table) from exc
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+        if not direct:
+            _remove(folder)
+        return int(count)
+
+    def apply_batch(
+        self,
+        table: TableSchema,
+        changes: DataFrame,
+        truncate_before: Position | None,
+        log_offset: int,
+    ) -> None:
+        """Collect the (bounded) batch as Arrow and apply it in one DuckDB transaction.
+
+        Steps: optional truncate; join the batch to the target rows of its keys, which yields the
+        old values of unchanged TOAST columns and which changes are stale (target already at or
+        after the change: skipped, so replays are no-ops); delete the older rows by ``rowid``
+        (skipped entirely when the join found none, e.g. inserts of new keys); insert the new
+        versions; upsert the cursor; commit.
+        """
+        batch = _to_arrow(changes)
+        target = self._qualified(table)
+        key = self._key(table)
+        with self._lock:
+            self._con.register("hr_batch", batch)
+            try:
+                self._con.execute("BEGIN")
+                if truncate_before is not None:
+                    self._con.execute(
+                        f"DELETE FROM {target} WHERE {HR_LSN} < ? OR ({HR_LSN} = ? AND {HR_SEQ} < ?)",
+                        [truncate_before.lsn, truncate_before.lsn, truncate_before.seq],
+                    )
+                if batch.num_rows:
+                    planned = self._con.execute(self._plan_sql(table, key)).arrow()
+                    if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
+                        planned = planned.read_all()
+                    self._con.register("hr_planned", planned)
+                    if self._scalar("SELECT count(*) FROM hr_planned WHERE hr_older"):
+                        self._con.execute(
+                            f"DELETE FROM {target} WHERE rowid IN "
+                            "(SELECT hr_old_rowid FROM hr_planned WHERE hr_older)"
+                        )
+                    cols = [quote_ident(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+                    values = [f"CAST({quote_ident(c.name)} AS {duck_type(c.type)})" for c in table.columns]
+                    values += [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+                    self._con.execute(
+                        f"INSERT INTO {target} ({', '.join(cols)}) SELECT {', '.join(values)} "
+                        f"FROM hr_planned WHERE {HR_OP} <> 'D' AND NOT hr_stale"
+                    )
+                self._write_cursor(table, log_offset)
+                self._con.execute("COMMIT")
+            except duckdb.Error as exc:
+                self._con.execute("ROLLBACK")
+                raise _translate(exc, table) from exc
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            finally:
+                self._con.unregister("hr_batch")
+                self._con.unregister("hr_planned")
+
+    def drop_table(self, table: TableSchema) -> None:
+        """Drop the table and its cursor row together."""
+        with self._lock:
+            self._con.execute("BEGIN")
+            try:
+                self._con.execute(f"DROP TABLE IF EXISTS {self._qualified(table)}")
+                self._con.execute(
+                    f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
+                    [self.pipeline, table.oid],
+                )
+                self._con.execute("COMMIT")
+            except duckdb.Error as exc:
+                self._con.execute("ROLLBACK")
+                raise _translate(exc, table) from exc
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+
+    def read_table(self, table: TableSchema) -> DataFrame:
+        """The whole table as a Spark DataFrame in the row shape (small tables: via the driver)."""
+        from pyspark.sql import types as T
+
+        exprs = [f"{cast_out(quote_ident(c.name), c.type)} AS {quote_ident(c.name)}" for c in table.columns]
+        with self._lock:
+            data = self._con.execute(
+                f"SELECT {', '.join(exprs)}, {HR_LSN}, {HR_SEQ}, {HR_COMMIT_TS} FROM {self._qualified(table)}"
+            ).arrow()
+        if not isinstance(data, pa.Table):
+            data = data.read_all()
+        columns = data.to_pydict()
+        for col in table.columns:
+            kind = (
+                col.type.element.kind
+                if col.type.kind is TypeKind.LIST and col.type.element
+                else col.type.kind
+            )
+            if kind is TypeKind.INTERVAL:
+                columns[col.name] = [interval_value_to_text(v) for v in columns[col.name]]
+        fields = [T.StructField(c.name, spark_type(c.type)) for c in table.columns]
+        fields += [
+            T.StructField(HR_LSN, T.LongType()),
+            T.StructField(HR_SEQ, T.LongType()),
+            T.StructField(HR_COMMIT_TS, T.TimestampType()),
+        ]
+        rows = list(zip(*columns.values(), strict=True)) if columns else []
+        return self.spark.createDataFrame(rows, T.StructType(fields))
+
+    def read_cursor(self, table: TableSchema) -> int | None:
+        """The staged-log offset committed with this table's data, or None before the first batch."""
+        with self._lock:
+            row = self._con.execute(
+                f"SELECT log_offset FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
+                [self.pipeline, table.oid],
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def close(self) -> None:
+        """Close the DuckDB connection (detaches the lake)."""
+        self._con.close()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _scalar(self, sql: str) -> Any:
+        row = self._con.execute(sql).fetchone()
+        return None if row is None else row[0]
+
+    def _write_cursor(self, table: TableSchema, log_offset: int) -> None:
+        # DuckLake has no primary keys or ON CONFLICT; delete + insert in the same transaction.
+        self._con.execute(
+            f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?", [self.pipeline, table.oid]
+        )
+        self._con.execute(
+            f"INSERT INTO {CURSOR_TABLE} VALUES (?, ?, ?, now())", [self.pipeline, table.oid, log_offset]
+        )
+
+    def _plan_sql(self, table: TableSchema, key: tuple[str, ...]) -> str:
+        """Batch rows cast to target types, joined to the current target row of the same key."""
+        eq = "=" if table.key else "IS NOT DISTINCT FROM"
+        join = " AND ".join(
+            f"o.{quote_ident(k)} {eq} {cast_in('b.' + quote_ident(k), table.column(k).type)}" for k in key
+        )
+        select = []
+        for col in table.columns:
+            new = cast_in(f"b.{quote_ident(col.name)}", col.type)
+            if col.name not in key:
+                # A TOAST column the update did not send keeps the value already in the target.
+                unchanged = f"list_contains(string_split(coalesce(b.{HR_UNCHANGED}, ''), ','), '{col.name}')"
+                new = f"CASE WHEN {unchanged} THEN o.{quote_ident(col.name)} ELSE {new} END"
+            select.append(f"{new} AS {quote_ident(col.name)}")
+        older = f"(o.{HR_LSN} < b.{HR_LSN} OR (o.{HR_LSN} = b.{HR_LSN} AND o.{HR_SEQ} < b.{HR_SEQ}))"
+        return (
+            f"SELECT {', '.join(select)}, b.{HR_LSN}, b.{HR_SEQ}, b.{HR_COMMIT_TS}, b.{HR_OP}, "
+            f"o.rowid AS hr_old_rowid, coalesce(o.rowid IS NOT NULL AND {older}, false) AS hr_older, "
+            f"coalesce(o.rowid IS NOT NULL AND NOT {older}, false) AS hr_stale "
+            f"FROM hr_batch b LEFT JOIN {self._qualified(table)} o ON {join}"
+        )
+
+    def _insert_from_parquet(self, table: TableSchema) -> str:
+        values = [cast_in(quote_ident(c.name), c.type) for c in table.columns] + [
+            HR_LSN,
+            HR_SEQ,
+            HR_COMMIT_TS,
+        ]
+        return f"INSERT INTO {self._qualified(table)} SELECT {', '.join(values)} FROM read_parquet(?)"
+
+    def _snapshot_root(self, table: TableSchema) -> str:
+        base = self.settings.data_path.rstrip("/")
+        return f"{base}/{SNAPSHOT_FOLDER}/{self._schema(table)}/{table.name}"
+
+    def _write_parquet(self, table: TableSchema, rows: DataFrame, folder: str) -> None:
+        """Spark writes the rows in target column order with microsecond timestamps."""
+        from pyspark.sql import functions as F
+
+        names = [*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS]
+        conf = self.spark.conf
+        key = "spark.sql.parquet.outputTimestampType"
+        previous = conf.get(key, None)
+        # Spark's default INT96 timestamps are not a DuckLake type; micros are (with/without zone).
+        conf.set(key, "TIMESTAMP_MICROS")
+        try:
+            rows.select(*[F.col(f"`{n}`") for n in names]).write.mode("errorifexists").parquet(folder)
+        finally:
+            if previous is None:
+                conf.unset(key)
+            else:
+                conf.set(key, previous)
+
+    def _remove_unregistered_attempts(self, root: str) -> None:
+        """Delete folders of earlier copies that crashed before registering their files.
+
+        Folders that any snapshot of the lake still references stay (time travel needs them).
+        Only local data paths are cleaned; on object stores the files stay until DuckLake's
+        orphan-file cleanup runs.
+        """
+        if "://" in root or not Path(root).is_dir():
+            return
+        for attempt in Path(root).iterdir():
+            # Attempt folders are uuid-named, so matching the name also covers paths the catalog
+            # stores relative to the data path.
+            with self._lock:
+                row = self._con.execute(
+                    f"SELECT count(*) FROM __ducklake_metadata_{L}.ducklake_data_file WHERE contains(path, ?)",
+                    [attempt.name + "/"],
+                ).fetchone()
+            used = row is not None and row[0] > 0
+            if not used:
+                _remove(str(attempt))
+
+
+def _remove(folder: str) -> None:
+    if "://" not in folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _to_arrow(changes: DataFrame) -> pa.Table:
+    """The batch on the driver as one Arrow table (Spark 3.5 has no public ``toArrow``)."""
+    to_arrow = getattr(changes, "toArrow", None)
+    if to_arrow is not None:
+        table: pa.Table = to_arrow()
+        return table
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    batches = changes._collect_as_arrow()
+    schema = to_arrow_schema(changes.schema)
+    return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+
+
+def _translate(exc: duckdb.Error, table: TableSchema) -> Exception:
+    """DuckDB errors as headrace errors: conflicts and I/O retry, the rest needs an operator."""
+    first = str(exc).splitlines()[0]
+    if isinstance(exc, duckdb.TransactionException | duckdb.IOException):
+        return TransientError(f"DuckLake commit for {table.qualified_name} failed: {first}; will retry")
+    return TerminalError(f"DuckLake write for {table.qualified_name} failed: {first}")

@@ -1,0 +1,136 @@
+"""Logical types as DuckDB types, and the casts from the Spark row shape into them.
+
+DuckDB has closer matches than Spark for several PostgreSQL types (UUID, JSON, INTERVAL, TIME),
+which arrive as PostgreSQL's text output and are cast inside DuckDB. Spark writes the other types
+to Parquet exactly as DuckLake stores them, so those files can be registered without a rewrite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headrace.core.errors import UnsupportedError
+from headrace.core.schema import ColumnType, TypeKind
+
+_SIMPLE: dict[TypeKind, str] = {
+    TypeKind.INT: "INTEGER",
+    TypeKind.LONG: "BIGINT",
+    TypeKind.FLOAT: "REAL",
+    TypeKind.DOUBLE: "DOUBLE",
+    TypeKind.BOOLEAN: "BOOLEAN",
+    TypeKind.STRING: "VARCHAR",
+    TypeKind.DATE: "DATE",
+    TypeKind.TIME: "TIME",
+    TypeKind.TIMESTAMP: "TIMESTAMP",
+    TypeKind.TIMESTAMPTZ: "TIMESTAMPTZ",
+    TypeKind.BINARY: "BLOB",
+    TypeKind.UUID: "UUID",
+    TypeKind.JSON: "JSON",
+    TypeKind.INTERVAL: "INTERVAL",
+}
+
+# Kinds that travel as text in Spark and so cannot be registered from Spark's Parquet as they are.
+TEXT_KINDS = frozenset({TypeKind.UUID, TypeKind.JSON, TypeKind.INTERVAL, TypeKind.TIME})
+
+
+def quote_ident(name: str) -> str:
+    """A DuckDB identifier, quoted so any source column name works."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def duck_type(col_type: ColumnType) -> str:
+    """The DuckDB type that stores ``col_type``."""
+    if col_type.kind is TypeKind.DECIMAL:
+        if col_type.precision is None or col_type.precision > 38:
+            raise UnsupportedError(
+                f"{col_type.pg_type}: DuckDB decimals hold at most 38 digits; "
+                "map this column to STRING in the source type mapping"
+            )
+        return f"DECIMAL({col_type.precision},{col_type.scale or 0})"
+    if col_type.kind is TypeKind.LIST:
+        if col_type.element is None:
+            raise UnsupportedError(f"{col_type.pg_type}: array type without an element type")
+        return duck_type(col_type.element) + "[]"
+    return _SIMPLE[col_type.kind]
+
+
+def registers_directly(col_type: ColumnType) -> bool:
+    """True when Spark's Parquet for this type is exactly what DuckLake stores (no cast needed)."""
+    if col_type.kind is TypeKind.LIST:
+        return col_type.element is not None and registers_directly(col_type.element)
+    return col_type.kind not in TEXT_KINDS
+
+
+def cast_in(expr: str, col_type: ColumnType) -> str:
+    """SQL turning a value of the incoming Spark shape into the DuckDB type of ``col_type``."""
+    if col_type.kind is TypeKind.INTERVAL:
+        # PostgreSQL writes '+' before a positive part that follows a negative one
+        # ('-2 days +01:00:00'); DuckDB's parser rejects '+', and dropping it keeps the value.
+        return f"CAST(replace({expr}, '+', '') AS INTERVAL)"
+    if col_type.kind is TypeKind.LIST and col_type.element and col_type.element.kind is TypeKind.INTERVAL:
+        return f"list_transform({expr}, x -> {cast_in('x', col_type.element)})"
+    return f"CAST({expr} AS {duck_type(col_type)})"
+
+
+def cast_out(expr: str, col_type: ColumnType) -> str:
+    """SQL reading a stored value back in the Spark row shape (text kinds as text)."""
+    if col_type.kind in (TypeKind.UUID, TypeKind.JSON, TypeKind.TIME):
+        return f"CAST({expr} AS VARCHAR)"
+    if (
+        col_type.kind is TypeKind.LIST
+        and col_type.element
+        and col_type.element.kind in TEXT_KINDS - {TypeKind.INTERVAL}
+    ):
+        return f"CAST({expr} AS VARCHAR[])"
+    return expr
+
+
+def pg_interval_text(months: int, days: int, micros: int) -> str:
+    """An interval as PostgreSQL prints it (IntervalStyle 'postgres'), e.g. ``1 year 2 mons``."""
+    parts: list[str] = []
+    before_negative = False
+    years, mons = int(months / 12), int(months - int(months / 12) * 12)  # truncate toward zero
+    for value, unit in ((years, "year"), (mons, "mon"), (days, "day")):
+        if value:
+            sign = "+" if before_negative and value > 0 else ""
+            parts.append(f"{sign}{value} {unit}{'' if value == 1 else 's'}")
+            before_negative = value < 0
+    if not parts or micros:
+        sign = "-" if micros < 0 else ("+" if before_negative else "")
+        whole, frac = divmod(abs(micros), 1_000_000)
+        text = f"{sign}{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+        if frac:
+            text += f".{frac:06d}".rstrip("0")
+        parts.append(text)
+    return " ".join(parts)
+
+
+def interval_value_to_text(value: Any) -> Any:
+    """Arrow's month-day-nano value (or a list of them) as PostgreSQL interval text."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [interval_value_to_text(v) for v in value]
+    return pg_interval_text(value.months, value.days, value.nanoseconds // 1000)
+
+
+def spark_type(col_type: ColumnType) -> Any:
+    """The Spark type of this column in the row shape (see ``Target``)."""
+    from pyspark.sql import types as T
+
+    simple: dict[TypeKind, Any] = {
+        TypeKind.INT: T.IntegerType(),
+        TypeKind.LONG: T.LongType(),
+        TypeKind.FLOAT: T.FloatType(),
+        TypeKind.DOUBLE: T.DoubleType(),
+        TypeKind.BOOLEAN: T.BooleanType(),
+        TypeKind.DATE: T.DateType(),
+        TypeKind.TIMESTAMP: T.TimestampNTZType(),
+        TypeKind.TIMESTAMPTZ: T.TimestampType(),
+        TypeKind.BINARY: T.BinaryType(),
+    }
+    if col_type.kind is TypeKind.DECIMAL:
+        return T.DecimalType(col_type.precision or 38, col_type.scale or 0)
+    if col_type.kind is TypeKind.LIST and col_type.element is not None:
+        return T.ArrayType(spark_type(col_type.element))
+    return simple.get(col_type.kind, T.StringType())

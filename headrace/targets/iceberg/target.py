@@ -1,0 +1,164 @@
+"""Apache Iceberg target: a Hadoop catalog in the running Spark session, written with Spark SQL.
+
+Every target row carries the position of the change that wrote it (``_hr_lsn``, ``_hr_seq``);
+``apply_batch`` is a single MERGE that only touches rows whose position is before the change's,
+so replaying a batch after a crash changes nothing.
+
+Write mode: merge-on-read. Measured on a 2-core machine (local[2]), MERGE of a 1k-row batch (500
+updates spread over the table, 500 inserts), median after warm-up: 100k-row table (4 files)
+0.76 s merge-on-read vs 0.82-1.13 s copy-on-write; 1M-row table (8 files) 1.98 s vs 2.43 s.
+Copy-on-write rewrites every data file a batch touches, so its cost grows with the table;
+merge-on-read writes position-delete files instead, which makes reads a little slower (count of
+1M rows 0.47 s vs 0.12 s) and calls for periodic compaction (Iceberg's ``rewrite_data_files`` and
+``rewrite_position_delete_files`` procedures).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from headrace.config import IcebergConfig
+from headrace.core.errors import ConfigError
+from headrace.core.interfaces import Target
+from headrace.core.position import Position
+from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
+from headrace.materialize.types import spark_type
+
+WRITE_MODE = "merge-on-read"
+
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.delete.mode": WRITE_MODE,
+    "write.update.mode": WRITE_MODE,
+    "write.merge.mode": WRITE_MODE,
+}
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier for any name: backticks, with backticks inside doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _string_literal(text: str) -> str:
+    """A Spark SQL string literal (backslash escapes are on by default)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class IcebergTarget(Target):
+    """Keeps one Iceberg table per source table in a Hadoop-catalog warehouse."""
+
+    name = "iceberg"
+
+    def __init__(self, spark: SparkSession, settings: IcebergConfig, pipeline: str) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.pipeline = pipeline
+        prefix = f"spark.sql.catalog.{settings.catalog_name}"
+        registered = spark.conf.get(f"{prefix}.warehouse", None)
+        if registered is not None and registered != settings.warehouse:
+            # Spark caches a catalog on first use, so a second warehouse under the same name would
+            # silently keep writing to the first one.
+            raise ConfigError(
+                f"Spark catalog {settings.catalog_name!r} already points at warehouse {registered}; "
+                f"set target.iceberg.catalog_name to another name for {settings.warehouse}"
+            )
+        spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
+        spark.conf.set(f"{prefix}.type", "hadoop")
+        spark.conf.set(f"{prefix}.warehouse", settings.warehouse)
+
+    def table_name(self, table: TableSchema) -> str:
+        """``catalog.namespace.table``, quoted for Spark SQL."""
+        namespace = self.settings.namespace or table.schema
+        return ".".join(quote(part) for part in (self.settings.catalog_name, namespace, table.name))
+
+    def ensure_table(self, table: TableSchema) -> str:
+        """Create the namespace and the table (format version 2) if missing; return the name."""
+        name = self.table_name(table)
+        namespace = name.rsplit(".", 1)[0]
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+        columns = [f"{quote(c.name)} {spark_type(c.type).simpleString()}" for c in table.columns]
+        columns += [f"{HR_LSN} bigint", f"{HR_SEQ} bigint", f"{HR_COMMIT_TS} timestamp"]
+        properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {name} ({', '.join(columns)}) USING iceberg "
+            f"TBLPROPERTIES ({properties})"
+        )
+        return name
+
+    def _shaped(self, table: TableSchema, rows: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
+        """``rows`` reduced to the target's columns, in order, with the target's types."""
+        columns = [F.col(quote(c.name)).cast(spark_type(c.type)).alias(c.name) for c in table.columns]
+        columns += [
+            F.col(HR_LSN).cast("bigint"),
+            F.col(HR_SEQ).cast("bigint"),
+            F.col(HR_COMMIT_TS).cast("timestamp"),
+        ]
+        return rows.select(*columns, *extra)
+
+    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position) -> int:
+        """Replace the table's contents with ``rows`` in one Iceberg commit.
+
+        Overwriting (not appending) makes a retry after a crash mid-copy start from scratch; a
+        crashed attempt never committed, so it left at most orphan files.
+        """
+        name = self.ensure_table(table)
+        self._shaped(table, rows).writeTo(name).overwrite(F.lit(True))
+        # Iceberg answers count(*) from its manifests, without reading data files again.
+        return int(self.spark.table(name).count())
+
+    def apply_batch(
+        self,
+        table: TableSchema,
+        changes: DataFrame,
+        truncate_before: Position | None,
+        log_offset: int,
+    ) -> None:
+        """Apply a deduplicated batch with one MERGE, after the TRUNCATE it may carry."""
+        name = self.table_name(table)
+        if truncate_before is not None:
+            lsn, seq = truncate_before.lsn, truncate_before.seq
+            self.spark.sql(
+                f"DELETE FROM {name} WHERE {HR_LSN} < {lsn} OR ({HR_LSN} = {lsn} AND {HR_SEQ} < {seq})"
+            )
+        view = f"hr_batch_{uuid.uuid4().hex}"
+        self._shaped(table, changes, (HR_OP, HR_UNCHANGED)).createOrReplaceTempView(view)
+        try:
+            self.spark.sql(self._merge_statement(table, name, view))
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+    def _merge_statement(self, table: TableSchema, name: str, view: str) -> str:
+        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in table.key)
+        newer = f"(t.{HR_LSN} < s.{HR_LSN} OR (t.{HR_LSN} = s.{HR_LSN} AND t.{HR_SEQ} < s.{HR_SEQ}))"
+        sets = []
+        for c in table.columns:
+            col = quote(c.name)
+            if c.name in table.key:
+                sets.append(f"t.{col} = s.{col}")
+                continue
+            # A TOAST column the update did not send keeps the value already in the target.
+            untouched = (
+                f"s.{HR_UNCHANGED} IS NOT NULL AND "
+                f"array_contains(split(s.{HR_UNCHANGED}, ','), {_string_literal(c.name)})"
+            )
+            sets.append(f"t.{col} = CASE WHEN {untouched} THEN t.{col} ELSE s.{col} END")
+        sets += [f"t.{m} = s.{m}" for m in (HR_LSN, HR_SEQ, HR_COMMIT_TS)]
+        targets = [quote(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+        return (
+            f"MERGE INTO {name} t USING {view} s ON {on} "
+            f"WHEN MATCHED AND s.{HR_OP} = 'D' AND {newer} THEN DELETE "
+            f"WHEN MATCHED AND s.{HR_OP} <> 'D' AND {newer} THEN UPDATE SET {', '.join(sets)} "
+            f"WHEN NOT MATCHED AND s.{HR_OP} <> 'D' THEN INSERT ({', '.join(targets)}) "
+            f"VALUES ({', '.join('s.' + t for t in targets)})"
+        )
+
+    def drop_table(self, table: TableSchema) -> None:
+        """Drop the table and its files."""
+        self.spark.sql(f"DROP TABLE IF EXISTS {self.table_name(table)} PURGE")
+
+    def read_table(self, table: TableSchema) -> DataFrame:
+        """The table as a DataFrame (target columns and ``_hr_*`` metadata)."""
+        return self.spark.table(self.table_name(table))

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what headrace needs on a fresh Debian machine: Java 17 and the PostgreSQL server when
+# missing (Debian packages), then a virtualenv in .venv with headrace and its dev tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  need_apt+=(postgresql)
+fi
+command -v pg_recvlogical >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_recvlogical >/dev/null 2>&1 \
+  || need_apt+=(postgresql-client)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${need_apt[*]} (Debian packages)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.headrace-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
