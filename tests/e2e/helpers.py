@@ -65,7 +65,8 @@ def source_rows(dsn: str, table: str) -> tuple[TableSchema, list[tuple[Any, ...]
             kind = col.type.kind
             elem = col.type.element.kind if col.type.element else None
             if kind in TEXT_KINDS:
-                exprs.append(f"format('%s', {quoted})")  # the output function: char(n) keeps its padding
+                # format() calls the output function, so char(n) keeps its padding (::text drops it)
+                exprs.append(f"CASE WHEN {quoted} IS NOT NULL THEN format('%s', {quoted}) END")
             elif kind is TypeKind.LIST and elem in TEXT_KINDS:
                 exprs.append(f"{quoted}::text[]")
             else:
