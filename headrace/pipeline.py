@@ -149,6 +149,7 @@ class Pipeline:
             thread.join(timeout=60)
             if self._target is not None:
                 self._target.close()
+                self._target = None  # reopened on next use (DuckLake allows one attach per process)
             state.close()
             event(log, "run.stop", pipeline=self.config.name)
         return code

@@ -40,7 +40,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                   env=env, stdout=worker_log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 60
-            while "Registered worker" not in (logs / "master.log").read_text():
+            while "Registering worker" not in (logs / "master.log").read_text():
                 assert time.monotonic() < deadline, (logs / "master.log").read_text()[-2000:]
                 time.sleep(0.5)
             yield url
