@@ -27,18 +27,28 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _fanout_command(args: argparse.Namespace) -> int | None:
+    """check|run|status of a fan-out file (one with routing/destinations); None for other files."""
+    from headrace.fanout.config import is_fanout_file
+
+    if args.command not in ("check", "run", "status") or not is_fanout_file(args.config):
+        return None
+    from headrace.fanout import commands
+
+    if args.command == "check":
+        return commands.check(args.config)
+    if args.command == "run":
+        return commands.run(args.config, _stop_on_signals(), args.until_caught_up)
+    return commands.status(args.config, args.json)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    from headrace.pipeline import Pipeline
+    from headrace.control.assess import assess_config, format_assessment
 
     config = load_config(args.config)
-    problems = Pipeline(config).check()
-    if problems:
-        print(f"{len(problems)} problem(s) with pipeline {config.name}:")
-        for p in problems:
-            print(f"  - {p}")
-        return 1
-    print(f"pipeline {config.name}: config and source OK ({len(config.source.tables)} tables)")
-    return 0
+    assessment = assess_config(config)  # the same assessment as the API's /api/check
+    print(json.dumps(assessment, indent=2) if args.json else format_assessment(config.name, assessment))
+    return 1 if assessment["problems"] else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -55,6 +65,50 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = pipeline_status(load_config(args.config))
     print(json.dumps(status, indent=2) if args.json else format_status(status))
     return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """pause|resume|resync|add-table|remove-table|tables, sent to the running pipeline's API."""
+    from headrace.control.client import ApiClient
+
+    client = ApiClient(load_config(args.config))
+    table: str = getattr(args, "table", None) or ""
+    match args.command:
+        case "pause" | "resume":
+            path = client.table_path(table, args.command) if table else f"/api/{args.command}"
+            result = client.request("POST", path)
+        case "resync":
+            result = client.request("POST", client.table_path(table, "resync"))
+        case "add-table":
+            result = client.request("POST", "/api/tables", {"table": table})
+        case "remove-table":
+            suffix = "?drop_target=true" if args.drop_target else ""
+            result = client.request("DELETE", client.table_path(table) + suffix)
+        case _:  # tables
+            result = client.request("GET", "/api/source/tables" if args.source else "/api/tables")
+            if not args.json:
+                print(_format_tables(result["tables"], source=args.source))
+                return 0
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _format_tables(tables: list[dict[str, object]], source: bool) -> str:
+    if source:
+        lines = [f"{'table':36} {'tracked':8} {'ready':6} problems"]
+        for t in tables:
+            problems = "; ".join(str(p) for p in t["problems"]) if isinstance(t["problems"], list) else ""
+            lines.append(f"{t['table']!s:36} {'yes' if t.get('tracked') else 'no':8} "
+                         f"{'yes' if t['ready'] else 'no':6} {problems}")
+        return "\n".join(lines)
+    lines = [f"{'table':36} {'state':10} {'lag_bytes':>10} {'lag_s':>7} {'pending':>8} {'per_s':>7}  error"]
+    for t in tables:
+        lag_s = "-" if t["lag_seconds"] is None else f"{t['lag_seconds']:.1f}"
+        rate = "-" if t["changes_per_s"] is None else f"{t['changes_per_s']:.1f}"
+        lag_b = "-" if t["lag_bytes"] is None else str(t["lag_bytes"])
+        lines.append(f"{t['table']!s:36} {t['state']!s:10} {lag_b:>10} {lag_s:>7} {t['pending_changes']!s:>8} "
+                     f"{rate:>7}  {t['error'] or ''}")
+    return "\n".join(lines)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -78,8 +132,26 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--until-caught-up", action="store_true",
                            help="exit 0 once everything committed before the start is applied")
-        if name == "status":
+        if name in ("status", "check"):
             p.add_argument("--json", action="store_true", help="print one JSON object")
+    for name, text, table in [
+        ("pause", "pause the running pipeline, or one table (copy and apply stop; capture goes on)", "?"),
+        ("resume", "resume the running pipeline, or one paused table", "?"),
+        ("resync", "copy a table again (the copy replaces the target's rows), then stream", "1"),
+        ("add-table", "check a source table, publish it, copy it and stream it (no restart)", "1"),
+        ("remove-table", "stop replicating a table (also remove it from the config file)", "1"),
+        ("tables", "list replicated tables with state and lag (--source: assess every source table)", "0"),
+    ]:
+        p = sub.add_parser(name, help=text)
+        p.add_argument("-c", "--config", required=True, help="pipeline YAML file (api.listen, api.token_env)")
+        if table != "0":
+            p.add_argument("table", nargs=None if table == "1" else "?", help="schema.table")
+        if name == "remove-table":
+            p.add_argument("--drop-target", action="store_true", help="drop the target table too")
+        if name == "tables":
+            p.add_argument("--source", action="store_true", help="every source table, assessed for adding")
+            p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.set_defaults(func=cmd_control)
     demo = sub.add_parser("demo", help="throwaway Postgres → local lakehouse, with live changes")
     demo.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg")
     demo.add_argument("--output", default="demo-output", help="folder for the warehouse and staging files")
@@ -92,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
-        code: int = args.func(args)
+        fanout = _fanout_command(args)
+        code: int = fanout if fanout is not None else args.func(args)
         return code
     except HeadraceError as exc:
         print(f"error: {exc}", file=sys.stderr)

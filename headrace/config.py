@@ -6,6 +6,7 @@ value (``dsn_env: SHOP_DSN``). ``redacted_dsn`` is what logs and status show.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -146,6 +147,60 @@ class SparkConfig(_Frozen):
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration")
 
 
+class ApiConfig(_Frozen):
+    """The HTTP control plane of ``headrace run``: REST API, /metrics, health checks, status page."""
+
+    listen: str = Field(
+        "127.0.0.1:8765", description="host:port to serve on; port 0 picks a free port (tests)"
+    )
+    token_env: str | None = Field(
+        "HEADRACE_API_TOKEN",
+        description="environment variable holding the bearer token that mutating requests must send;"
+        " required when listen is not a loopback address (on loopback the token is optional)",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, listen: str) -> str:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"listen must be host:port, got {listen!r}")
+        return listen
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> ApiConfig:
+        if not self.loopback and not self.token_env:
+            raise ValueError(f"api.listen {self.listen} is not a loopback address: set api.token_env")
+        return self
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve anywhere
+
+    def resolved_token(self) -> str | None:
+        """The bearer token, or None when none is configured (allowed on loopback only)."""
+        token = os.environ.get(self.token_env) if self.token_env else None
+        if not token and not self.loopback:
+            raise ConfigError(
+                f"api.listen {self.listen} is not a loopback address and environment variable "
+                f"{self.token_env} is not set: export a token, or listen on 127.0.0.1"
+            )
+        return token or None
+
+
 class PipelineConfig(_Frozen):
     """A whole pipeline, as read from the YAML file."""
 
@@ -156,6 +211,7 @@ class PipelineConfig(_Frozen):
     snapshot: SnapshotConfig = SnapshotConfig()
     apply: ApplyConfig = ApplyConfig()
     spark: SparkConfig = SparkConfig()
+    api: ApiConfig = ApiConfig()
 
     @field_validator("name")
     @classmethod

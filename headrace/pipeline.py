@@ -17,6 +17,8 @@ import psycopg
 
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, redacted_dsn
+from headrace.control.metrics import PipelineMetrics
+from headrace.control.operations import Operations
 from headrace.core.errors import SourceError, TerminalError, TransientError
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target, load_target
@@ -57,6 +59,9 @@ class Pipeline:
         self._target: Target | None = None
         self.capture: Capture | None = None
         self.stats = RunStats()
+        self.metrics = PipelineMetrics(self)
+        self.operations = Operations(self)  # API commands, run by the loop between steps
+        self.api_address: str | None = None  # host:port the control API serves on, while running
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -86,7 +91,10 @@ class Pipeline:
                     "name, or drop the _headrace rows of this pipeline to start over"
                 )
             schemas = [read_table_schema(conn, name) for name in self.config.source.tables]
-            ensure_publication(conn, self.config.publication_name, list(self.config.source.tables))
+            # Tables added through the API stay published across restarts (if they still exist).
+            added = [r.qualified_name for r in state.tables() if r.qualified_name not in self.config.source.tables
+                     and conn.execute("SELECT to_regclass(%s)", (r.qualified_name,)).fetchone()[0]]  # type: ignore[index]
+            ensure_publication(conn, self.config.publication_name, list(self.config.source.tables) + added)
             slot_lsn = ensure_slot(conn, self.config.slot_name)
         state.ensure_meta(sysid, self.config.slot_name, self.config.publication_name, slot_lsn)
         tracked = {row.oid: row for row in state.tables()}
@@ -124,13 +132,20 @@ class Pipeline:
         capture_stop = threading.Event()
         thread = threading.Thread(target=self.capture.run, args=(capture_stop,), name="capture", daemon=True)
         thread.start()
+        from headrace.control.api import start_api
+
+        server = start_api(self)
+        self.api_address = server.address if server else None
         event(log, "run.start", pipeline=self.config.name, source=redacted_dsn(self.dsn),
               target=self.config.target.kind, tables=len(rows), until_lsn=format_lsn(start_lsn))
         code = 0
         try:
             while not stop.is_set():
-                did_work = self._copy_pending(state)
-                did_work |= self._apply_all(state)
+                self.operations.run_pending(state)
+                did_work = False
+                if not self.operations.paused:
+                    did_work = self._copy_pending(state)
+                    did_work |= self._apply_all(state)
                 if until_caught_up:
                     done, failed = self._caught_up(state, start_lsn)
                     if failed:
@@ -143,8 +158,11 @@ class Pipeline:
                 if not thread.is_alive():
                     raise TerminalError(f"capture stopped: {self.capture.last_error}")
                 if not did_work:
-                    stop.wait(self.config.apply.idle_sleep_seconds)
+                    self.operations.wait(self.config.apply.idle_sleep_seconds)
         finally:
+            if server is not None:
+                server.stop()
+            self.operations.close()
             capture_stop.set()
             thread.join(timeout=60)
             if self._target is not None:
@@ -201,6 +219,7 @@ class Pipeline:
             if applied is not None:
                 did_work = True
                 self.stats.batches += 1
+                self.metrics.batch_applied(state, row, applied)
                 self.stats.rows_applied[row.qualified_name] = (
                     self.stats.rows_applied.get(row.qualified_name, 0) + applied.rows_in
                 )
@@ -223,6 +242,7 @@ class Pipeline:
         message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         state.set_state(row.oid, TableState.ERRORED, error=message[:2000], error_count=count, retry_at=retry_at,
                         resume_state=resume)
+        self.metrics.table_failed(row.qualified_name, kind)
         event(log, "table.errored", logging.ERROR, table=row.qualified_name, kind=kind, error=message,
               attempt=count, retry_at=retry_at.isoformat())
         log.debug("traceback", exc_info=exc)

@@ -17,7 +17,8 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         current = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
         slot = conn.execute(
-            "SELECT confirmed_flush_lsn::text, (pg_current_wal_lsn() - restart_lsn)::bigint, active"
+            "SELECT confirmed_flush_lsn::text, (pg_current_wal_lsn() - restart_lsn)::bigint, active,"
+            " (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint"
             " FROM pg_replication_slots WHERE slot_name = %s",
             (config.slot_name,),
         ).fetchone()
@@ -42,6 +43,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "rows_copied": row.rows_copied,
                 "rows_applied": row.rows_applied,
                 "error": row.error,
+                "error_count": row.error_count,
                 "retry_at": row.retry_at.isoformat() if row.retry_at else None,
             })
         return {
@@ -51,8 +53,10 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "confirmed_flush_lsn": slot[0] if slot else None,
                 "retained_wal_bytes": int(slot[1]) if slot and slot[1] is not None else None,
                 "active": bool(slot[2]) if slot else False,
+                "capture_lag_bytes": max(0, int(slot[3])) if slot and slot[3] is not None else None,
             },
             "captured_lsn": format_lsn(captured),
+            "current_wal_lsn": format_lsn(int(current)),
             "tables": tables,
         }
     finally:

@@ -244,6 +244,27 @@ class StateStore:
             for r in rows
         ]
 
+    def log_entries_through(self, oid: int, through: int, count: int) -> list[LogEntry]:
+        """The last ``count`` entries of the table at or below offset ``through``, oldest first."""
+        rows = self.conn.execute(
+            "SELECT * FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s AND log_offset <= %s"
+            " ORDER BY log_offset DESC LIMIT %s",
+            (self.pipeline, oid, through, count),
+        ).fetchall()
+        return [
+            LogEntry(int(r["log_offset"]), int(r["table_oid"]), r["path"], int(r["rows"]), int(r["min_lsn"]),
+                     int(r["max_lsn"]), schema_from_dict(r["table_schema"]))
+            for r in reversed(rows)
+        ]
+
+    def remove_table(self, oid: int) -> None:
+        """Stop tracking a table: its state row, cursor and staged-log entries go (files stay)."""
+        with self.conn.transaction():
+            for table in ("tables", "mat_cursor", "log_index"):
+                self.conn.execute(
+                    f"DELETE FROM _headrace.{table} WHERE pipeline = %s AND table_oid = %s", (self.pipeline, oid)
+                )
+
     def last_offset(self, oid: int) -> int:
         row = self.conn.execute(
             "SELECT max(log_offset) AS m FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s",

@@ -1,0 +1,137 @@
+"""Can a source table be replicated? One assessment, shared by the API and `headrace check`.
+
+For each table: its key (primary key or replica identity index), replica identity, columns whose
+types headrace keeps as text, privileges (SELECT, and ownership to add it to the publication),
+and every problem as a sentence that names the table and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from headrace.config import PipelineConfig, redacted_dsn
+from headrace.core.schema import TypeKind
+from headrace.source.postgres.catalog import (
+    _RELATION,
+    _keys,
+    _server_problems,
+    _table_problems,
+    read_table_schema,
+)
+
+Conn = psycopg.Connection[Any]
+
+REPLICA_IDENTITY = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
+_PLAIN_TEXT = ("text", "character varying", "character", "name", "citext", "bpchar", "varchar")
+
+_CANDIDATES = """
+SELECT format('%I.%I', n.nspname, c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema', '_headrace') AND n.nspname NOT LIKE 'pg_toast%'
+  AND n.nspname NOT LIKE 'pg_temp%'
+ORDER BY 1
+"""
+
+
+def _published(conn: Conn, publication: str) -> set[int]:
+    return {
+        oid
+        for (oid,) in conn.execute(
+            "SELECT format('%%I.%%I', schemaname, tablename)::regclass::oid::int8"
+            " FROM pg_publication_tables WHERE pubname = %s",
+            (publication,),
+        ).fetchall()
+    }
+
+
+def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
+    """What replicating ``table`` would meet; ``ready`` is True when nothing stands in the way."""
+    problems = _table_problems(conn, table, published)
+    row = conn.execute(_RELATION, (table,)).fetchone()
+    if row is None:
+        return {"table": table, "oid": None, "exists": False, "ready": False, "problems": problems}
+    oid, schema_name, name, kind, replident, owner = row
+    out: dict[str, Any] = {"table": f"{schema_name}.{name}", "oid": int(oid), "exists": True}
+    if kind not in ("r", "p"):
+        return {**out, "ready": False, "problems": problems}
+    primary, _ = _keys(conn, oid)
+    schema = read_table_schema(conn, table)
+    as_text = [
+        {"column": c.name, "pg_type": c.type.pg_type}
+        for c in schema.columns
+        if c.type.kind is TypeKind.STRING and not c.type.pg_type.startswith(_PLAIN_TEXT)
+    ]
+    privileges = conn.execute(
+        "SELECT has_table_privilege(%s::oid, 'SELECT'), pg_has_role(%s::oid, 'USAGE')", (oid, owner)
+    ).fetchone()
+    can_select, is_owner = privileges if privileges else (False, False)
+    return {
+        **out,
+        "primary_key": list(primary),
+        "replica_identity": REPLICA_IDENTITY.get(replident, replident),
+        "key": list(schema.key),
+        "columns": len(schema.columns),
+        "kept_as_text": as_text,  # no loss: their PostgreSQL text form is stored as a string
+        "unsupported_columns": [c["column"] for c in as_text if c["pg_type"].startswith("unknown type")],
+        "can_select": bool(can_select),
+        "can_publish": bool(is_owner) or int(oid) in published,
+        "ready": not problems,
+        "problems": problems,
+    }
+
+
+def assess(conn: Conn, tables: list[str], publication: str) -> dict[str, Any]:
+    """The server's readiness and each table's assessment; ``problems`` lists all of them."""
+    server = _server_problems(conn)
+    published = _published(conn, publication)
+    assessed = [assess_table(conn, t, published) for t in tables]
+    return {
+        "server_problems": server,
+        "tables": assessed,
+        "problems": server + [p for t in assessed for p in t["problems"]],
+    }
+
+
+def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None) -> dict[str, Any]:
+    """``assess`` for the config's tables (plus ``extra_tables``), connecting to its source."""
+    dsn = config.source.resolved_dsn()
+    tables = list(config.source.tables) + [t for t in extra_tables or [] if t not in config.source.tables]
+    try:
+        with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+            return assess(conn, tables, config.publication_name)
+    except psycopg.OperationalError as exc:
+        problem = f"cannot connect to the source {redacted_dsn(dsn)}: {str(exc).strip()}"
+        return {"server_problems": [problem], "tables": [], "problems": [problem]}
+
+
+def candidates(conn: Conn, publication: str, tracked: set[str]) -> list[dict[str, Any]]:
+    """Every ordinary table of the source database, assessed, with whether it is replicated now."""
+    published = _published(conn, publication)
+    out = []
+    for (name,) in conn.execute(_CANDIDATES).fetchall():
+        item = assess_table(conn, name, published)
+        item["tracked"] = item["table"] in tracked
+        out.append(item)
+    return out
+
+
+def format_assessment(pipeline: str, assessment: dict[str, Any]) -> str:
+    """The assessment for people: every problem, or a line per table when all is well."""
+    problems = assessment["problems"]
+    if problems:
+        lines = [f"{len(problems)} problem(s) with pipeline {pipeline}:"]
+        lines += [f"  - {p}" for p in problems]
+        ready = sum(1 for t in assessment["tables"] if t["ready"])
+        if ready:
+            lines.append(f"{ready} other table(s) ready")
+        return "\n".join(lines)
+    lines = [f"pipeline {pipeline}: config and source OK ({len(assessment['tables'])} tables)"]
+    for t in assessment["tables"]:
+        note = f"key ({', '.join(t['key'])}), replica identity {t['replica_identity']}, {t['columns']} columns"
+        if t["kept_as_text"]:
+            note += "; kept as text: " + ", ".join(f"{c['column']} ({c['pg_type']})" for c in t["kept_as_text"])
+        lines.append(f"  {t['table']}: {note}")
+    return "\n".join(lines)

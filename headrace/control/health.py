@@ -1,0 +1,60 @@
+"""Liveness and readiness, each with a body that says why."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from headrace.state.lifecycle import TableState
+from headrace.state.store import StateStore
+
+if TYPE_CHECKING:
+    from headrace.pipeline import Pipeline
+
+# Consecutive failures after which an ERRORED table counts against readiness (as in
+# ``Pipeline._caught_up``); before that it is retrying within its budget.
+RETRY_BUDGET = 5
+
+STARTED = time.time()
+
+
+def liveness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
+    """The process is up and serving; says whether capture is alive too."""
+    capture = pipeline.capture
+    return True, {
+        "status": "alive",
+        "pipeline": pipeline.config.name,
+        "uptime_seconds": round(time.time() - STARTED, 1),
+        "capture_connected": bool(capture and capture.connected),
+    }
+
+
+def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
+    """Ready when capture is connected and no table is ERRORED beyond its retry budget."""
+    reasons = []
+    capture = pipeline.capture
+    if capture is None or not capture.connected:
+        why = f": {capture.last_error}" if capture and capture.last_error else ""
+        reasons.append(f"capture is not connected to slot {pipeline.config.slot_name}{why}")
+    failed: list[dict[str, Any]] = []
+    try:
+        state = StateStore(pipeline.state_dsn, pipeline.config.name)
+        try:
+            rows = state.tables()
+        finally:
+            state.close()
+    except Exception as exc:
+        reasons.append(f"cannot read the state tables: {str(exc).strip()}")
+        rows = []
+    for row in rows:
+        if row.state is TableState.ERRORED and row.error_count >= RETRY_BUDGET:
+            failed.append({"table": row.qualified_name, "error_count": row.error_count, "error": row.error})
+            reasons.append(f"table {row.qualified_name} failed {row.error_count} times: {row.error}")
+    ready = not reasons
+    return ready, {
+        "ready": ready,
+        "reasons": reasons,
+        "capture_connected": bool(capture and capture.connected),
+        "tables_over_retry_budget": failed,
+        "retry_budget": RETRY_BUDGET,
+    }

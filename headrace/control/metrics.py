@@ -1,0 +1,258 @@
+"""Prometheus metrics of a running pipeline, in its own registry (one per ``Pipeline``).
+
+Event counts (changes applied, errors, DDL, batch durations) are counted as they happen, by hooks
+the run loop calls. Positions and backlogs (capture lag, slot retention, per-table lag, state,
+staged-but-unapplied changes) are read from the source and the state tables at scrape time, so
+they are never stale. A small ring of samples of the applied counters gives the status page its
+throughput over the last minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from headrace.control.status import pipeline_status
+from headrace.core.schema import TableSchema
+from headrace.state.lifecycle import TableState
+
+if TYPE_CHECKING:
+    from headrace.materialize.apply import Applied
+    from headrace.pipeline import Pipeline
+    from headrace.state.store import StateStore, TableRow
+
+log = logging.getLogger("headrace.control")
+
+OPS = {"I": "insert", "U": "update", "D": "delete", "T": "truncate"}
+DDL_KINDS = ("add_column", "drop_column", "alter_column_type", "rename_table")
+SAMPLE_SECONDS = 5.0
+SAMPLES_KEPT = 120  # ten minutes at one sample per 5 s
+
+
+class PipelineMetrics:
+    """Counters the run loop feeds, plus the live view read at scrape time."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.applied = Counter("headrace_changes_applied", "Staged changes applied to the target",
+                               ["table", "op"], registry=r)
+        self.batch_seconds = Histogram(
+            "headrace_apply_batch_duration_seconds", "Time to apply one batch to the target", ["table"],
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)
+        self.errors = Counter("headrace_errors", "Table failures, by kind (transient, terminal, error)",
+                              ["table", "kind"], registry=r)
+        self.ddl = Counter("headrace_ddl_events", "Schema changes applied to target tables, by kind",
+                           ["kind"], registry=r)
+        for kind in DDL_KINDS:
+            self.ddl.labels(kind)
+        self.last_commit: dict[str, datetime] = {}  # table -> source commit time of last applied change
+        self.samples: deque[tuple[float, dict[str, float]]] = deque(maxlen=SAMPLES_KEPT)
+        self._lock = threading.Lock()
+        r.register(_LiveCollector(self))
+
+    # -- hooks (called from the run loop) ---------------------------------------------------------
+    def batch_applied(self, state: StateStore, row: TableRow, applied: Applied) -> None:
+        """Count one applied batch by operation, note its last commit time and any schema change."""
+        try:
+            entries = state.log_entries_through(row.oid, applied.log_offset, applied.entries)
+            ops, last_ts = _count_ops([e.path for e in entries], row.snapshot_lsn)
+            if not ops and applied.rows_in:
+                ops = {"unknown": applied.rows_in}  # staged files not readable from the driver
+            for op, n in ops.items():
+                self.applied.labels(row.qualified_name, op).inc(n)
+            self.batch_seconds.labels(row.qualified_name).observe(applied.seconds)
+            if last_ts is not None:
+                prev = self.last_commit.get(row.qualified_name)
+                self.last_commit[row.qualified_name] = max(prev, last_ts) if prev else last_ts
+            if entries and entries[-1].schema != row.schema:
+                for kind in schema_changes(row.schema, entries[-1].schema):
+                    self.ddl.labels(kind).inc()
+        except Exception as exc:  # metrics must never stop replication
+            log.debug("metrics: batch hook failed", exc_info=exc)
+
+    def table_failed(self, table: str, kind: str) -> None:
+        self.errors.labels(table, kind).inc()
+
+    # -- reading -------------------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)
+
+    def applied_totals(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for metric in self.applied.collect():
+            for s in metric.samples:
+                if s.name.endswith("_total"):
+                    totals[s.labels["table"]] = totals.get(s.labels["table"], 0.0) + s.value
+        return totals
+
+    def sample(self) -> None:
+        """Record the applied counters now (the status page's throughput comes from these)."""
+        with self._lock:
+            self.samples.append((time.time(), self.applied_totals()))
+
+    def throughput(self, table: str, window: float = 60.0) -> float | None:
+        """Changes applied per second to ``table`` over the last ``window`` seconds."""
+        with self._lock:
+            samples = list(self.samples)
+        if not samples:
+            return None
+        now, latest = time.time(), self.applied_totals()
+        older = [s for s in samples if now - s[0] >= window * 0.9] or samples[:1]
+        then, totals = older[-1]
+        return (latest.get(table, 0.0) - totals.get(table, 0.0)) / max(now - then, 1.0)
+
+    def history(self, table: str) -> list[float]:
+        """Changes/s to ``table`` between consecutive samples, oldest first."""
+        with self._lock:
+            samples = list(self.samples)
+        out = []
+        for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
+            out.append(max(0.0, b.get(table, 0.0) - a.get(table, 0.0)) / max(t1 - t0, 1e-3))
+        return out
+
+    def lag_seconds(self, table: str, pending: int, applies: bool) -> float | None:
+        """Now minus the commit time of the last applied change; 0 when nothing waits for the table."""
+        if not applies:
+            return None
+        if pending == 0:
+            return 0.0
+        last = self.last_commit.get(table)
+        return max(0.0, (datetime.now(timezone.utc) - last).total_seconds()) if last else None
+
+    def live_status(self) -> dict[str, Any]:
+        """``pipeline_status`` plus what only the running process knows (lag seconds, throughput)."""
+        p = self.pipeline
+        status = pipeline_status(p.config)
+        capture = p.capture
+        status["paused"] = p.operations.paused
+        status["capture"] = {
+            "connected": bool(capture and capture.connected),
+            "last_error": capture.last_error if capture else None,
+        }
+        for t in status["tables"]:
+            applies = TableState(t["state"]).applies_changes
+            t["lag_seconds"] = self.lag_seconds(t["table"], t["pending_changes"], applies)
+            rate = self.throughput(t["table"])
+            t["changes_per_s"] = round(rate, 3) if rate is not None else None
+        return status
+
+
+def _count_ops(paths: list[str], snapshot_lsn: int | None) -> tuple[dict[str, int], datetime | None]:
+    """Changes per operation in staged files (those after the copy position) and the latest commit time."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    ops: dict[str, int] = {}
+    last: datetime | None = None
+    for path in paths:
+        try:
+            t = pq.read_table(path, columns=["_op", "_lsn", "_seq", "_ts"])
+        except Exception:
+            return {}, None
+        if snapshot_lsn is not None:
+            lsn = t.column("_lsn")
+            after = pc.or_(pc.greater(lsn, snapshot_lsn),
+                           pc.and_(pc.equal(lsn, snapshot_lsn), pc.greater(t.column("_seq"), 0)))
+            t = t.filter(after)
+        if not t.num_rows:
+            continue
+        for item in pc.value_counts(t.column("_op")).to_pylist():
+            op = OPS.get(item["values"], str(item["values"]))
+            ops[op] = ops.get(op, 0) + int(item["counts"])
+        ts = pc.max(t.column("_ts")).as_py()
+        if ts is not None:
+            ts = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+            last = max(last, ts) if last else ts
+    return ops, last
+
+
+def schema_changes(old: TableSchema, new: TableSchema) -> list[str]:
+    """The DDL event kinds that turn ``old`` into ``new``."""
+    kinds = []
+    before = {c.name: c.type for c in old.columns}
+    after = {c.name: c.type for c in new.columns}
+    kinds += ["add_column"] * len(after.keys() - before.keys())
+    kinds += ["drop_column"] * len(before.keys() - after.keys())
+    kinds += ["alter_column_type"] * sum(1 for n in before.keys() & after.keys() if before[n] != after[n])
+    if old.qualified_name != new.qualified_name:
+        kinds.append("rename_table")
+    return kinds
+
+
+class _LiveCollector(Collector):
+    """Positions, backlogs and states, read from the source and the state tables at scrape time."""
+
+    def __init__(self, metrics: PipelineMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # collected live; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.metrics.pipeline
+        capture = p.capture
+        up = GaugeMetricFamily("headrace_source_up", "1 when the source and state tables answered the scrape")
+        connected = GaugeMetricFamily("headrace_capture_connected", "1 while capture streams from the slot")
+        connected.add_metric([], 1.0 if capture and capture.connected else 0.0)
+        paused = GaugeMetricFamily("headrace_pipeline_paused", "1 while the operator has paused the pipeline")
+        paused.add_metric([], 1.0 if p.operations.paused else 0.0)
+        yield connected
+        yield paused
+        try:
+            status = self.metrics.live_status()
+        except Exception as exc:
+            log.warning("metrics: cannot read the source or state: %s", exc)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        names = {t["oid"]: t["table"] for t in status["tables"]}
+        captured = CounterMetricFamily("headrace_changes_captured", "Changes staged by capture",
+                                       labels=["table", "op"])
+        for (oid, op), n in sorted(dict(capture.changes_captured).items() if capture else []):
+            captured.add_metric([names.get(oid, str(oid)), OPS.get(op, op)], float(n))
+        yield captured
+        slot = status.get("slot") or {}
+        for name, text, value in [
+            ("headrace_capture_lag_bytes", "Source current WAL LSN minus the slot's confirmed flush LSN",
+             slot.get("capture_lag_bytes")),
+            ("headrace_slot_retained_wal_bytes", "WAL the slot holds on the source (current minus restart LSN)",
+             slot.get("retained_wal_bytes")),
+        ]:
+            g = GaugeMetricFamily(name, text)
+            if value is not None:
+                g.add_metric([], float(value))
+            yield g
+        per_table = {
+            "headrace_table_state": ("Table lifecycle state (1 for the current one)", ["table", "state"]),
+            "headrace_staged_changes_pending": ("Staged changes not yet applied", ["table"]),
+            "headrace_rows_copied": ("Rows written by the table's last initial copy", ["table"]),
+            "headrace_apply_lag_bytes": ("Source current WAL LSN minus the table's applied position", ["table"]),
+            "headrace_apply_lag_seconds": ("Now minus the source commit time of the last applied change"
+                                           " (0 when nothing waits)", ["table"]),
+        }
+        fams = {n: GaugeMetricFamily(n, text, labels=labels) for n, (text, labels) in per_table.items()}
+        for t in status["tables"]:
+            name = t["table"]
+            for s in TableState:
+                fams["headrace_table_state"].add_metric([name, s.value], 1.0 if t["state"] == s.value else 0.0)
+            fams["headrace_staged_changes_pending"].add_metric([name], float(t["pending_changes"]))
+            fams["headrace_rows_copied"].add_metric([name], float(t["rows_copied"]))
+            if t["lag_bytes"] is not None:
+                fams["headrace_apply_lag_bytes"].add_metric([name], float(t["lag_bytes"]))
+            if t["lag_seconds"] is not None:
+                fams["headrace_apply_lag_seconds"].add_metric([name], float(t["lag_seconds"]))
+        yield from fams.values()

@@ -1,0 +1,117 @@
+"""The status page at ``/``: server-rendered HTML, inline CSS and a little JS, no external assets."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from headrace.pipeline import Pipeline
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#1d2430;background:#f7f8fa}
+h1{font-size:1.3rem;margin:0 0 .2rem} .sub{color:#5b6475;margin-bottom:1rem}
+table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0002;width:100%}
+th,td{padding:.45rem .7rem;border-bottom:1px solid #e6e8ee;text-align:left;vertical-align:middle}
+th{background:#eef0f4;font-weight:600} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.st{padding:.1rem .45rem;border-radius:.6rem;font-size:12px;font-weight:600;color:#fff}
+.STREAMING{background:#2e8540}.CATCHUP{background:#3a6fd8}.SNAPSHOT,.PENDING{background:#8a63d2}
+.PAUSED{background:#9a9a9a}.ERRORED{background:#c62828}
+.err{color:#c62828;max-width:28rem;font-size:12px;word-break:break-word}
+button{margin:0 .15rem;padding:.2rem .55rem;border:1px solid #b8bfcc;border-radius:4px;background:#fff;cursor:pointer}
+button:hover{background:#eef0f4} .bar{display:flex;gap:1.5rem;align-items:center;margin:.6rem 0 1rem}
+.ok{color:#2e8540;font-weight:600}.bad{color:#c62828;font-weight:600} #msg{color:#c62828;margin:.5rem 0}
+svg{vertical-align:middle}
+"""
+
+_JS = """
+const AUTH = %s;
+function token(){ let t = sessionStorage.getItem('headraceToken');
+  if (AUTH && !t) { t = prompt('API token'); if (t) sessionStorage.setItem('headraceToken', t); } return t; }
+async function act(method, url, body){
+  const headers = {'Content-Type': 'application/json'}; const t = token();
+  if (t) headers['Authorization'] = 'Bearer ' + t;
+  const r = await fetch(url, {method, headers, body: body ? JSON.stringify(body) : undefined});
+  if (r.status === 401) sessionStorage.removeItem('headraceToken');
+  if (!r.ok) { const j = await r.json().catch(() => ({})); document.getElementById('msg').textContent =
+      method + ' ' + url + ': ' + (j.error || r.status); return; }
+  location.reload();
+}
+function tableAct(name, what){ act('POST', '/api/tables/' + encodeURIComponent(name) + '/' + what); }
+function addTable(){ const v = document.getElementById('add').value.trim(); if (v) act('POST', '/api/tables', {table: v}); }
+setInterval(() => { if (!document.activeElement || document.activeElement.tagName !== 'INPUT') location.reload(); }, 5000);
+"""
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n = int(n / 1024)
+    return f"{n:.1f} TiB"
+
+
+def _sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
+    if len(values) < 2:
+        return '<span class="sub">collecting…</span>'
+    top = max(values) or 1.0
+    step = width / (len(values) - 1)
+    points = " ".join(f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values))
+    return (f'<svg width="{width}" height="{height}" role="img" aria-label="throughput">'
+            f'<polyline fill="none" stroke="#3a6fd8" stroke-width="1.5" points="{points}"/></svg>')
+
+
+def _row(t: dict[str, Any], history: list[float]) -> str:
+    name = escape(t["table"])
+    js_name = escape(repr(t["table"]))
+    if t["state"] == "PAUSED":
+        actions = f'<button onclick="tableAct({js_name}, \'resume\')">Resume</button>'
+    else:
+        actions = f'<button onclick="tableAct({js_name}, \'pause\')">Pause</button>'
+    actions += f'<button onclick="tableAct({js_name}, \'resync\')">Resync</button>'
+    lag_s = "–" if t.get("lag_seconds") is None else f"{t['lag_seconds']:.1f} s"
+    rate = "–" if t.get("changes_per_s") is None else f"{t['changes_per_s']:.1f}/s"
+    error = escape(t["error"] or "")
+    if t["error"] and t.get("retry_at"):
+        error += f'<br><span class="sub">attempt {t.get("error_count", "?")}, retry at {escape(t["retry_at"])}</span>'
+    return (f'<tr data-table="{name}"><td>{name}</td><td><span class="st {escape(t["state"])}">'
+            f'{escape(t["state"])}</span></td><td class="n">{_fmt_bytes(t["lag_bytes"])}</td>'
+            f'<td class="n">{lag_s}</td><td class="n">{t["pending_changes"]}</td>'
+            f'<td class="n">{t["rows_copied"]}</td><td class="n">{t["rows_applied"]}</td>'
+            f'<td class="n">{rate}</td><td>{_sparkline(history)}</td>'
+            f'<td class="err">{error}</td><td>{actions}</td></tr>')
+
+
+def render_page(pipeline: Pipeline, auth: bool) -> str:
+    """The whole page for the pipeline as it is now."""
+    status = pipeline.metrics.live_status()
+    slot = status.get("slot") or {}
+    capture = status["capture"]
+    conn = ('<span class="ok">connected</span>' if capture["connected"]
+            else f'<span class="bad">not connected</span> {escape(capture["last_error"] or "")}')
+    paused = status["paused"]
+    pipe_btn = (f'<button id="pipeline-{"resume" if paused else "pause"}" '
+                f'onclick="act(\'POST\', \'/api/{"resume" if paused else "pause"}\')">'
+                f'{"Resume pipeline" if paused else "Pause pipeline"}</button>')
+    rows = "".join(_row(t, pipeline.metrics.history(t["table"])[-60:]) for t in status["tables"])
+    if not rows:
+        rows = '<tr><td colspan="11" class="sub">no tables yet</td></tr>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>headrace · {escape(status['pipeline'])}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>
+<body>
+<h1>headrace · {escape(status['pipeline'])}{' <span class="st PAUSED">PAUSED</span>' if paused else ''}</h1>
+<div class="sub">target {escape(pipeline.config.target.kind)} · slot {escape(str(slot.get('name')))} ·
+ captured {escape(str(status.get('captured_lsn')))} · current WAL {escape(str(status.get('current_wal_lsn')))}</div>
+<div class="bar"><span>capture: {conn}</span><span>capture lag: {_fmt_bytes(slot.get('capture_lag_bytes'))}</span>
+<span>slot retains: {_fmt_bytes(slot.get('retained_wal_bytes'))}</span>{pipe_btn}
+<span><input id="add" placeholder="schema.table" size="18"><button id="add-btn" onclick="addTable()">Add table</button></span>
+<a href="/metrics">metrics</a><a href="/openapi.json">API</a></div>
+<div id="msg"></div>
+<table id="tables"><thead><tr><th>table</th><th>state</th><th>lag</th><th>lag (time)</th><th>pending</th>
+<th>copied</th><th>applied</th><th>throughput (1 min)</th><th>last 5 min</th><th>last error</th><th></th></tr></thead>
+<tbody>{rows}</tbody></table>
+<script>{_JS % ('true' if auth else 'false')}</script>
+</body></html>"""

@@ -1,0 +1,282 @@
+"""Typed configuration of a fan-out pipeline: one DuckLake table routed to many tenant DuckLakes.
+
+A fan-out file is told apart from a replication file by its ``routing`` / ``destinations`` keys
+(``is_fanout_file``). ``defaults`` are merged under every destination before validation; string
+values in ``defaults`` may use ``{id}`` and ``{routing_value}``, so hundreds of destinations can be
+listed as ``{id: acme, routing_value: acme}`` only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from headrace.config import DuckLakeConfig
+from headrace.core.errors import ConfigError
+from headrace.targets.ducklake.extension import Catalog, parse_catalog
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LakeTable(_Frozen):
+    """One table in one DuckLake (catalog database + data path)."""
+
+    catalog: str | None = Field(
+        None, description="DuckDB file path, sqlite:/path/meta.sqlite, or postgres:<libpq conninfo>"
+    )
+    catalog_env: str | None = Field(None, description="environment variable holding the catalog string")
+    data_path: str = Field(description="folder the DuckLake writes its Parquet files to")
+    table: str = Field(description="table as schema.table, or table (schema main)")
+
+    @model_validator(mode="after")
+    def _one_catalog(self) -> LakeTable:
+        if (self.catalog is None) == (self.catalog_env is None):
+            raise ValueError("ducklake needs exactly one of: catalog, catalog_env")
+        return self
+
+    @field_validator("table")
+    @classmethod
+    def _table_name(cls, table: str) -> str:
+        parts = table.split(".")
+        if len(parts) > 2 or not all(_IDENT_RE.match(p) for p in parts):
+            raise ValueError(f"table {table!r} must be schema.table or table (letters, digits, _)")
+        return table if len(parts) == 2 else f"main.{table}"
+
+    @property
+    def schema_name(self) -> str:
+        return self.table.split(".")[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".")[1]
+
+    def resolved_catalog(self, what: str) -> Catalog:
+        """The catalog, read from ``catalog_env`` when given; ``what`` names the lake in errors."""
+        text = self.catalog
+        if self.catalog_env is not None:
+            text = os.environ.get(self.catalog_env)
+            if not text:
+                raise ConfigError(
+                    f"{what}: environment variable {self.catalog_env} (catalog_env) is not set; "
+                    "export it before running"
+                )
+        assert text is not None
+        return parse_catalog(text)
+
+    def lake_config(self) -> DuckLakeConfig:
+        """The same lake as the replication target's config model (for ``extension.connect``)."""
+        return DuckLakeConfig(catalog=self.catalog, catalog_env=self.catalog_env, data_path=self.data_path)
+
+
+class SourceSettings(_Frozen):
+    """Where the shared table lives."""
+
+    ducklake: LakeTable
+
+
+class RoutingConfig(_Frozen):
+    """How a change row finds its destination."""
+
+    field: str = Field(description="routing column (string or integer) of the source table")
+    key_columns: list[str] = Field(
+        default_factory=list, description="row identity; empty: append-only mode (inserts are appended)"
+    )
+    seed_mode: Literal["scan", "cdc_replay"] = Field(
+        "scan", description="new destinations: scan pinned to one snapshot, or replay every change"
+    )
+
+    @property
+    def append_only(self) -> bool:
+        return not self.key_columns
+
+
+class DestinationConfig(_Frozen):
+    """One tenant lake and the routing value whose rows it receives."""
+
+    id: str = Field(description="stable name of the destination; keys its cursor")
+    routing_value: str | int = Field(description="rows whose routing field equals this go here")
+    ducklake: LakeTable
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        if not value or len(value) > 200:
+            raise ValueError("destination id must be 1-200 characters")
+        return value
+
+
+class PartitionConfig(_Frozen):
+    """Which destinations this instance handles (horizontal scaling)."""
+
+    mode: Literal["all", "explicit", "hash"] = "all"
+    include: list[str] = Field(default_factory=list, description="explicit mode: destination ids")
+    total: int = Field(1, gt=0, description="hash mode: number of instances")
+    ordinal: int = Field(0, ge=0, description="hash mode: this instance's number, 0..total-1")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PartitionConfig:
+        if self.mode == "hash" and self.ordinal >= self.total:
+            raise ValueError(f"partition.ordinal {self.ordinal} must be below partition.total {self.total}")
+        if self.mode == "explicit" and not self.include:
+            raise ValueError("partition mode explicit needs include: [destination ids]")
+        return self
+
+    def owns(self, destination_id: str) -> bool:
+        """True when this instance handles the destination (hash: crc32, stable across runs)."""
+        if self.mode == "all":
+            return True
+        if self.mode == "explicit":
+            return destination_id in self.include
+        return zlib.crc32(destination_id.encode()) % self.total == self.ordinal
+
+
+class InstanceConfig(_Frozen):
+    """This process among the instances sharing the pipeline."""
+
+    id: str = Field("fanout-0", description="instance name, recorded with every cursor it advances")
+    partition: PartitionConfig = PartitionConfig()
+
+
+class PollConfig(_Frozen):
+    """The loop over source snapshots."""
+
+    interval_seconds: float = Field(1.0, gt=0, description="pause when every destination is caught up")
+    max_snapshots_per_read: int = Field(
+        10_000, gt=0, description="largest snapshot range one change read covers"
+    )
+
+
+class PoolConfig(_Frozen):
+    """Open destination lakes."""
+
+    max_open: int = Field(64, gt=0, description="lakes attached at once; the least recently used is detached")
+
+
+class RetryConfig(_Frozen):
+    """Backoff of a failing destination (the others carry on)."""
+
+    initial_seconds: float = Field(1.0, gt=0)
+    max_seconds: float = Field(300.0, gt=0)
+    give_up_after: int = Field(
+        5, gt=0, description="run --until-caught-up exits 1 after this many failures in a row"
+    )
+
+
+class FanoutConfig(_Frozen):
+    """A whole fan-out pipeline, as read from the YAML file."""
+
+    name: str = Field(description="names the pipeline's cursor rows")
+    source: SourceSettings
+    routing: RoutingConfig
+    destinations: list[DestinationConfig]
+    instance: InstanceConfig = InstanceConfig()
+    poll: PollConfig = PollConfig()
+    pool: PoolConfig = PoolConfig()
+    retry: RetryConfig = RetryConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if not _NAME_RE.match(name):
+            raise ValueError("name must be lowercase letters, digits, _ and -, starting with a letter")
+        return name
+
+    @model_validator(mode="after")
+    def _unique(self) -> FanoutConfig:
+        ids = [d.id for d in self.destinations]
+        dup_ids = sorted({i for i in ids if ids.count(i) > 1})
+        if dup_ids:
+            raise ValueError(f"destination ids listed twice: {dup_ids}")
+        values = [str(d.routing_value) for d in self.destinations]
+        dup_values = sorted({v for v in values if values.count(v) > 1})
+        if dup_values:
+            raise ValueError(f"routing values listed twice: {dup_values}; give each tenant one destination")
+        lakes = [(d.ducklake.catalog or d.ducklake.catalog_env, d.ducklake.table) for d in self.destinations]
+        if len(set(lakes)) != len(lakes):
+            raise ValueError("two destinations write the same table of the same catalog")
+        unknown = set(self.instance.partition.include) - set(ids)
+        if unknown:
+            raise ValueError(f"instance.partition.include names unknown destinations: {sorted(unknown)}")
+        return self
+
+    def owned_destinations(self) -> list[DestinationConfig]:
+        """The destinations this instance handles."""
+        return [d for d in self.destinations if self.instance.partition.owns(d.id)]
+
+
+def is_fanout_file(path: str | Path) -> bool:
+    """True when the YAML file describes a fan-out pipeline (has routing or destinations)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the normal loader reports the problem
+    return isinstance(raw, dict) and ("routing" in raw or "destinations" in raw)
+
+
+def load_fanout_config(path: str | Path) -> FanoutConfig:
+    """Read and validate a fan-out file; every problem is reported in one ConfigError."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return parse_fanout_config(raw, str(path))
+
+
+def parse_fanout_config(raw: Any, origin: str = "config") -> FanoutConfig:
+    """Validate an already-parsed mapping, after merging ``defaults`` under every destination."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: expected a mapping at the top level")
+    raw = dict(raw)
+    defaults = raw.pop("defaults", None) or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{origin}: defaults must be a mapping (e.g. defaults: {{ducklake: {{table: events}}}})")
+    destinations = raw.get("destinations")
+    if isinstance(destinations, list):
+        raw["destinations"] = [
+            _merge(_expand(defaults, d), d) if isinstance(d, dict) else d for d in destinations
+        ]
+    try:
+        return FanoutConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
+        raise ConfigError(f"{origin} is invalid:\n" + "\n".join(lines)) from None
+
+
+def _expand(value: Any, destination: dict[str, Any]) -> Any:
+    """Fill ``{id}`` / ``{routing_value}`` in the defaults' strings for one destination."""
+    if isinstance(value, dict):
+        return {k: _expand(v, destination) for k, v in value.items()}
+    if isinstance(value, str):
+        return value.replace("{id}", str(destination.get("id", ""))).replace(
+            "{routing_value}", str(destination.get("routing_value", ""))
+        )
+    return value
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Nested merge: the destination's own keys win; catalog and catalog_env replace each other."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            inner = dict(out[key])
+            if "catalog" in value or "catalog_env" in value:
+                inner.pop("catalog", None)
+                inner.pop("catalog_env", None)
+            out[key] = _merge(inner, value)
+        else:
+            out[key] = value
+    return out
