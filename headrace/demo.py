@@ -134,11 +134,18 @@ def run_demo(output: str = "demo-output", target: str = "iceberg", seconds: floa
         return _report(pipeline, pg.dsn, out, target)
 
 
+_last_progress: list[str] = [""]
+
+
 def _progress(config: object) -> None:
+    """Print one line per table state change (not the same line again and again)."""
     status = pipeline_status(config)  # type: ignore[arg-type]
     parts = [f"{t['table']}: {t['state']} copied={t['rows_copied']} applied={t['rows_applied']} "
              f"pending={t['pending_changes']}" for t in status["tables"]]
-    print("  " + " | ".join(parts) if parts else "  setting up ...", flush=True)
+    line = "  " + " | ".join(parts) if parts else "  setting up ..."
+    if line != _last_progress[0]:
+        print(line, flush=True)
+        _last_progress[0] = line
 
 
 def _report(pipeline: object, dsn: str, out: Path, target: str) -> int:

@@ -79,6 +79,7 @@ def build_session(
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",  # headrace logs its own progress
         "spark.sql.shuffle.partitions": "4",
         "spark.driver.memory": "2g",
         "spark.sql.adaptive.enabled": "true",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what headrace needs on a fresh Debian machine: Java 17 and the PostgreSQL server when
-# missing (Debian packages), then a virtualenv in .venv with headrace and its dev tools.
+# Installs what headrace needs on a fresh Debian machine: Java 17, the PostgreSQL server and chromium
+# (the status page's browser test) when missing (Debian packages), then a virtualenv in .venv with
+# headrace and its dev tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,8 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
 fi
 command -v pg_recvlogical >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_recvlogical >/dev/null 2>&1 \
   || need_apt+=(postgresql-client)
+# The status page's browser test drives Debian's chromium through Playwright (no browser download).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} (Debian packages)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
