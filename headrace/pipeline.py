@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -20,16 +19,13 @@ from headrace.config import PipelineConfig, redacted_dsn
 from headrace.control.metrics import PipelineMetrics
 from headrace.control.operations import Operations
 from headrace.core.errors import SourceError, TerminalError, TransientError
-from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target, load_target
-from headrace.core.position import Position, format_lsn, parse_lsn
-from headrace.core.schema import TableSchema
+from headrace.core.position import format_lsn, parse_lsn
 from headrace.logs import event
 from headrace.materialize.apply import apply_next, current_cursor
-from headrace.materialize.snapshot_job import snapshot_dataframe
+from headrace.materialize.initial_copy import InitialCopy
 from headrace.source.postgres.catalog import check_source, read_table_schema
-from headrace.source.postgres.copy import plan_chunks
-from headrace.source.postgres.replication import ExportedSnapshot, ensure_publication, ensure_slot
+from headrace.source.postgres.replication import ensure_publication, ensure_slot
 from headrace.state.lifecycle import TableState, next_retry
 from headrace.state.store import StateStore, TableRow
 
@@ -59,6 +55,8 @@ class Pipeline:
         self._target: Target | None = None
         self.capture: Capture | None = None
         self.stats = RunStats()
+        self._copier: threading.Thread | None = None
+        self._copy_stop = threading.Event()
         self.metrics = PipelineMetrics(self)
         self.operations = Operations(self)  # API commands, run by the loop between steps
         self.api_address: str | None = None  # host:port the control API serves on, while running
@@ -124,6 +122,7 @@ class Pipeline:
     def run(self, stop: threading.Event | None = None, until_caught_up: bool = False) -> int:
         """Copy, then stream until ``stop`` is set (or until caught up); return an exit code."""
         stop = stop or threading.Event()
+        self.config.api.resolved_token()  # an API off loopback without its token stops here, before set-up
         state = self.setup()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
@@ -163,6 +162,7 @@ class Pipeline:
             if server is not None:
                 server.stop()
             self.operations.close()
+            self._stop_copier()
             capture_stop.set()
             thread.join(timeout=60)
             if self._target is not None:
@@ -173,37 +173,29 @@ class Pipeline:
         return code
 
     def _copy_pending(self, state: StateStore) -> bool:
-        """Run the initial copy of every table that needs one, under one exported snapshot."""
+        """Start a copy round, in its own thread, for the tables that need one.
+
+        Copies run beside the apply loop, so the other tables keep streaming meanwhile.
+        """
+        if self._copier is not None and self._copier.is_alive():
+            return False
         now = datetime.now(timezone.utc)
-        todo = [r for r in state.tables() if r.state.needs_copy or _retry_copy(r, now)]
+        todo = [r.oid for r in state.tables() if r.state.needs_copy or _retry_copy(r, now)]
         if not todo:
             return False
-        slot = f"{self.config.slot_name}_copy"[:63]
-        with ExportedSnapshot(self.dsn, slot) as snap:
-            position = Position(snap.lsn, 0)
-            for row in todo:
-                try:
-                    self._copy_table(state, row.schema, snap.snapshot_name, position)
-                except Exception as exc:  # one table's failure must not stop the others
-                    self._fail(state, row, exc, resume=TableState.PENDING)
+        copy = InitialCopy(self.config, self.dsn, self.state_dsn, self.spark, self.target, self._fail,
+                           self._copy_stop)
+        self._copier = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
+        self._copier.start()
         return True
 
-    def _copy_table(self, state: StateStore, schema: TableSchema, snapshot_name: str, position: Position) -> None:
-        name = schema.qualified_name
-        state.set_state(schema.oid, TableState.SNAPSHOT, snapshot_lsn=position.lsn, error=None)
-        started = time.monotonic()
-        self.target.ensure_table(schema)
-        with psycopg.connect(self.dsn) as conn:
-            chunks = plan_chunks(conn, schema, self.config.snapshot.chunk_pages)
-        event(log, "snapshot.start", table=name, chunks=len(chunks), snapshot_lsn=format_lsn(position.lsn))
-        df = snapshot_dataframe(self.spark, self.dsn, snapshot_name, schema, chunks, position)
-        copied = self.target.write_snapshot(schema, df, position)
-        crash_point("snapshot.after_write")
-        state.set_state(schema.oid, TableState.CATCHUP, rows_copied=copied, error_count=0, retry_at=None)
-        self.stats.rows_copied[name] = copied
-        secs = time.monotonic() - started
-        event(log, "snapshot.done", table=name, rows=copied, chunks=len(chunks), seconds=round(secs, 2),
-              rows_per_s=int(copied / secs) if secs else 0)
+    def _stop_copier(self) -> None:
+        """Let a running copy finish its current chunk group; what is left resumes next run."""
+        self._copy_stop.set()
+        if self._copier is not None:
+            self._copier.join()
+            self._copier = None
+        self._copy_stop = threading.Event()
 
     def _apply_all(self, state: StateStore) -> bool:
         did_work = False

@@ -8,6 +8,7 @@ import psycopg
 
 from headrace.config import PipelineConfig
 from headrace.core.position import format_lsn
+from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore
 
 
@@ -28,6 +29,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
             return {"pipeline": config.name, "slot": None, "tables": [], "note": "not started yet: run `headrace run`"}
         captured = state.captured_lsn()
         pending = state.pending_changes()
+        progress = _copy_progress(config.source.state_dsn or dsn, config.name)
         tables = []
         for row in state.tables():
             caught_up = pending.get(row.oid, 0) == 0 and row.state.applies_changes
@@ -45,6 +47,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "error": row.error,
                 "error_count": row.error_count,
                 "retry_at": row.retry_at.isoformat() if row.retry_at else None,
+                "snapshot": progress.get(row.oid),
             })
         return {
             "pipeline": config.name,
@@ -61,6 +64,16 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
         }
     finally:
         state.close()
+
+
+def _copy_progress(dsn: str, pipeline: str) -> dict[int, dict[str, int]]:
+    """Chunks and rows copied per table, from the initial copies' progress rows."""
+    store = ProgressStore(dsn, pipeline)
+    try:
+        return {oid: {"chunks_total": p.chunks_total, "chunks_done": p.chunks_done, "rows": p.rows}
+                for oid, p in store.progress().items()}
+    finally:
+        store.close()
 
 
 def format_status(status: dict[str, Any]) -> str:

@@ -37,10 +37,12 @@ class Target(ABC):
         """Create the target table for ``table`` if it is missing; return its name in the target."""
 
     @abstractmethod
-    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position) -> int:
-        """Replace the table's contents with ``rows`` (the initial copy); return the row count.
+    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
+        """Write initial-copy ``rows`` in one commit; return the rows the table then holds.
 
-        Called again after a crash mid-copy, so it must not append to a previous partial copy.
+        ``replace=True`` swaps the table's whole contents for ``rows`` (the first part of a copy,
+        so a previous partial copy is dropped in the same commit); ``replace=False`` appends the
+        next part of the same consistent copy.
         """
 
     @abstractmethod

@@ -189,3 +189,16 @@ def test_target_converges_while_paused(running: Running) -> None:
         assert assert_same(running.pipeline, running.dsn, "public.extra") == 55
     finally:
         assert running.call("POST", "/api/resume")[1] == {"paused": False}
+
+
+def test_grafana_dashboard_uses_exported_metrics(running: Running) -> None:
+    import re
+    from pathlib import Path
+
+    dashboard = (Path(__file__).resolve().parents[2] / "docs" / "grafana" / "headrace.json").read_text()
+    used = set(re.findall(r"headrace_[a-z_]+", dashboard))
+    with urllib.request.urlopen(running.base + "/metrics", timeout=30) as resp:
+        families = list(text_string_to_metric_families(resp.read().decode()))
+    exported = {s.name for f in families for s in f.samples}
+    exported |= {f.name + "_total" for f in families if f.type == "counter"}  # no samples before the first error
+    assert used and used <= exported, used - exported

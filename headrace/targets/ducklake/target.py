@@ -82,8 +82,8 @@ class DuckLakeTarget(Target):
             )
         return f"{self._schema(table)}.{table.name}"
 
-    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position) -> int:
-        """Spark writes Parquet under the data path; one DuckLake transaction swaps it in.
+    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
+        """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in.
 
         Tables whose types Spark writes as DuckLake stores them get the files registered with
         ``ducklake_add_data_files`` (no rewrite). Tables with UUID/JSON/INTERVAL/TIME columns
@@ -103,8 +103,9 @@ class DuckLakeTarget(Target):
             ]
             try:
                 self._con.execute("BEGIN")
-                # Replaces the previous (possibly partial) copy; DuckLake only marks its files deleted.
-                self._con.execute(f"DELETE FROM {self._qualified(table)}")
+                if replace:
+                    # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
+                    self._con.execute(f"DELETE FROM {self._qualified(table)}")
                 if files and direct:
                     self._con.execute(
                         "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",

@@ -98,14 +98,18 @@ class IcebergTarget(Target):
         ]
         return rows.select(*columns, *extra)
 
-    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position) -> int:
-        """Replace the table's contents with ``rows`` in one Iceberg commit.
+    def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
+        """Replace the table's contents with ``rows`` (or append them) in one Iceberg commit.
 
-        Overwriting (not appending) makes a retry after a crash mid-copy start from scratch; a
-        crashed attempt never committed, so it left at most orphan files.
+        Overwriting makes a copy that starts again after a crash drop the previous attempt in the
+        same commit; a crashed write never committed, so it left at most orphan files.
         """
         name = self.ensure_table(table)
-        self._shaped(table, rows).writeTo(name).overwrite(F.lit(True))
+        writer = self._shaped(table, rows).writeTo(name)
+        if replace:
+            writer.overwrite(F.lit(True))
+        else:
+            writer.append()
         # Iceberg answers count(*) from its manifests, without reading data files again.
         return int(self.spark.table(name).count())
 

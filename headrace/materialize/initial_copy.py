@@ -1,0 +1,149 @@
+"""Initial copies: consistent, chunked, parallel, resumable, and beside the stream (not before it).
+
+A copy round exports one snapshot (a temporary slot), splits each table into ctid page ranges and
+copies groups of chunks as Spark jobs (tasks import the snapshot), recording each finished group in
+``_headrace.snapshot_progress``. It runs in its own thread, so the other tables keep streaming.
+
+Resuming after a crash or stop: the exported snapshot died with the session that held it, so the
+chunks still to do are copied under a new snapshot (LSN L2) and merged into the target by key with
+the position rule, instead of appended. The table keeps the oldest finished chunk's LSN (L1) as its
+snapshot LSN, so every change after L1 is applied afterwards: a row copied at L1 takes the changes
+after L1; a row copied at L2 has them already and skips them (its position is later). Rows that
+moved between chunks while no snapshot held them still end right, because the merge keeps one row
+per key and the log holds every change after L1.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import psycopg
+from pyspark.sql import functions as F
+
+from headrace.config import PipelineConfig
+from headrace.core.faults import crash_point
+from headrace.core.interfaces import Target
+from headrace.core.position import Position, format_lsn
+from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
+from headrace.logs import event
+from headrace.materialize.apply import current_cursor
+from headrace.materialize.snapshot_job import snapshot_dataframe
+from headrace.source.postgres.copy import plan_chunks
+from headrace.source.postgres.replication import ExportedSnapshot
+from headrace.state.lifecycle import TableState
+from headrace.state.progress import ProgressStore
+from headrace.state.store import StateStore, TableRow
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("headrace.snapshot")
+
+FailHandler = Callable[[StateStore, TableRow, Exception, TableState], None]
+
+
+class InitialCopy:
+    """Copies the tables that need it, one round per call of ``run``."""
+
+    def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkSession, target: Target,
+                 on_error: FailHandler, stop: threading.Event) -> None:
+        self.config = config
+        self.dsn = dsn
+        self.state_dsn = state_dsn
+        self.spark = spark
+        self.target = target
+        self.on_error = on_error
+        self.stop = stop
+        self.rows_copied: dict[str, int] = {}
+
+    def run(self, oids: list[int]) -> None:
+        """Copy the given tables under one exported snapshot."""
+        state = StateStore(self.state_dsn, self.config.name)
+        progress = ProgressStore(self.state_dsn, self.config.name)
+        try:
+            slot = f"{self.config.slot_name}_copy"[:63]
+            with ExportedSnapshot(self.dsn, slot) as snap:
+                for oid in oids:
+                    row = state.table(oid)
+                    if row is None or self.stop.is_set():
+                        continue
+                    try:
+                        self._copy(state, progress, row, snap.snapshot_name, snap.lsn)
+                    except Exception as exc:  # one table's failure must not stop the others
+                        self.on_error(state, row, exc, TableState.SNAPSHOT)
+        finally:
+            progress.close()
+            state.close()
+
+    def _copy(self, state: StateStore, progress: ProgressStore, row: TableRow, snapshot_name: str,
+              snapshot_lsn: int) -> None:
+        schema = row.schema
+        name = schema.qualified_name
+        chunks = progress.chunks(row.oid)
+        resume = row.state is not TableState.PENDING and any(c.done for c in chunks)
+        if resume:
+            table_lsn = min(c.snapshot_lsn for c in chunks if c.done and c.snapshot_lsn is not None)
+        else:
+            with psycopg.connect(self.dsn) as conn:
+                chunks = progress.plan(row.oid, plan_chunks(conn, schema, self.config.snapshot.chunk_pages))
+            table_lsn = snapshot_lsn
+        state.set_state(row.oid, TableState.SNAPSHOT, snapshot_lsn=table_lsn, error=None)
+        self.target.ensure_table(schema)
+        todo = [c for c in chunks if not c.done]
+        done_rows = sum(c.rows or 0 for c in chunks if c.done)
+        event(log, "snapshot.start", table=name, chunks=len(chunks), chunks_todo=len(todo), resume=resume,
+              snapshot_lsn=format_lsn(snapshot_lsn))
+        started = time.monotonic()
+        position = Position(snapshot_lsn, 0)
+        table_rows = 0
+        group_size = self.config.snapshot.max_connections
+        for start in range(0, len(todo), group_size):
+            if self.stop.is_set():
+                event(log, "snapshot.paused", table=name, chunks_done=len(chunks) - len(todo) + start)
+                return  # progress is kept; the next run resumes here
+            group = todo[start:start + group_size]
+            df = snapshot_dataframe(self.spark, self.dsn, snapshot_name, schema,
+                                    [(c.start_page, c.end_page) for c in group], position)
+            if resume:
+                rows = self._merge(state, row, schema, df)
+            else:
+                after = self.target.write_snapshot(schema, df, position, replace=start == 0)
+                rows, table_rows = after - table_rows, after
+            crash_point("snapshot.after_chunk")
+            progress.mark_done(row.oid, group, snapshot_lsn, rows)
+            done_rows += rows
+            self._report(name, len(chunks) - len(todo) + start + len(group), len(chunks), done_rows, started)
+        crash_point("snapshot.after_write")
+        state.set_state(row.oid, TableState.CATCHUP, rows_copied=done_rows, error_count=0, retry_at=None)
+        self.rows_copied[name] = done_rows
+        secs = time.monotonic() - started
+        event(log, "snapshot.done", table=name, rows=done_rows, chunks=len(chunks), seconds=round(secs, 2),
+              rows_per_s=int(done_rows / secs) if secs else 0)
+
+    def _merge(self, state: StateStore, row: TableRow, schema: TableSchema, df: DataFrame) -> int:
+        """Merge re-copied chunks by key with the position rule (they may overlap copied rows)."""
+        df = df.withColumn(HR_OP, F.lit("U")).withColumn(HR_UNCHANGED, F.lit(None).cast("string")).persist()
+        try:
+            rows = df.count()
+            self.target.apply_batch(schema, df, None, current_cursor(state, self.target, row))
+        finally:
+            df.unpersist()
+        return rows
+
+    @staticmethod
+    def _report(name: str, done: int, total: int, rows: int, started: float) -> None:
+        secs = time.monotonic() - started
+        event(log, "snapshot.progress", table=name, chunks_done=done, chunks_total=total, rows=rows,
+              rows_per_s=int(rows / secs) if secs else 0)
+        if sys.stderr.isatty():
+            width = 30
+            filled = int(width * done / max(total, 1))
+            sys.stderr.write(f"\r{name} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks "
+                             f"{rows:,} rows" + ("\n" if done == total else ""))
+            sys.stderr.flush()
+
