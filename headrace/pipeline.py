@@ -26,7 +26,7 @@ from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.initial_copy import InitialCopy
 from headrace.source.postgres.catalog import check_source, read_table_schema
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
-from headrace.state.lifecycle import TableState, next_retry
+from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
 from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:
@@ -217,7 +217,8 @@ class Pipeline:
                 )
                 if row.state is TableState.ERRORED:
                     state.set_state(row.oid, row.resume_state or TableState.CATCHUP, error=None, error_count=0)
-            elif row.state in (TableState.CATCHUP, TableState.ERRORED) and self._past_snapshot(row):
+            if (applied is None or applied.drained) and row.state in (TableState.CATCHUP, TableState.ERRORED) \
+                    and self._past_snapshot(row):
                 state.set_state(row.oid, TableState.STREAMING, error=None, error_count=0, retry_at=None)
                 event(log, "table.streaming", table=row.qualified_name)
         return did_work
@@ -243,7 +244,7 @@ class Pipeline:
         assert self.capture is not None
         rows = state.tables()
         failed = [r.qualified_name for r in rows
-                  if r.state is TableState.ERRORED and r.error_count >= 5]
+                  if r.state is TableState.ERRORED and r.error_count >= RETRY_BUDGET]
         if failed:
             return False, failed
         if self.capture.captured_lsn < start_lsn:
@@ -251,7 +252,8 @@ class Pipeline:
         for row in rows:
             if row.state is not TableState.STREAMING:
                 return False, []
-            if current_cursor(state, self.target, row) < state.last_offset(row.oid):
+            # Caught up = every change committed before the start is applied; later ones may wait.
+            if current_cursor(state, self.target, row) < state.last_offset(row.oid, before_lsn=start_lsn):
                 return False, []
         return True, []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from headrace.state.lifecycle import TableState
+from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore
 
 if TYPE_CHECKING:
@@ -13,7 +13,6 @@ if TYPE_CHECKING:
 
 # Consecutive failures after which an ERRORED table counts against readiness (as in
 # ``Pipeline._caught_up``); before that it is retrying within its budget.
-RETRY_BUDGET = 5
 
 STARTED = time.time()
 

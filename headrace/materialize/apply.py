@@ -36,6 +36,7 @@ class Applied:
     log_offset: int
     applied_lsn: int
     seconds: float
+    drained: bool  # the batch reached the end of the table's log as it stood when planned
 
 
 def current_cursor(state: StateStore, target: Target, row: TableRow) -> int:
@@ -64,6 +65,7 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
                max_files: int) -> Applied | None:
     """Apply the table's next batch; None when the table is caught up with the staged log."""
     cursor = current_cursor(state, target, row)
+    tail = state.last_offset(row.oid)
     entries = next_batch(state, row, cursor, max_files)
     if not entries:
         return None
@@ -82,7 +84,7 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
     crash_point("apply.after_target_commit")
     state.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
     applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
-                      time.monotonic() - started)
+                      time.monotonic() - started, drained=last.offset >= tail)
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
           seconds=round(applied.seconds, 3))

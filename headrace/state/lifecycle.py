@@ -24,6 +24,7 @@ class TableState(str, Enum):
 
 
 BACKOFF_BASE_SECONDS = 2.0
+RETRY_BUDGET = 5  # consecutive failures after which a table counts as failed (readyz, --until-caught-up)
 BACKOFF_MAX_SECONDS = 300.0
 
 

@@ -265,10 +265,12 @@ class StateStore:
                     f"DELETE FROM _headrace.{table} WHERE pipeline = %s AND table_oid = %s", (self.pipeline, oid)
                 )
 
-    def last_offset(self, oid: int) -> int:
+    def last_offset(self, oid: int, before_lsn: int | None = None) -> int:
+        """The table's newest log offset (only entries holding changes before ``before_lsn``, if given)."""
         row = self.conn.execute(
-            "SELECT max(log_offset) AS m FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s",
-            (self.pipeline, oid),
+            "SELECT max(log_offset) AS m FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s"
+            " AND (%s::bigint IS NULL OR min_lsn < %s::bigint)",
+            (self.pipeline, oid, before_lsn, before_lsn),
         ).fetchone()
         return int(row["m"]) if row and row["m"] is not None else 0
 

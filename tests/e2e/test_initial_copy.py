@@ -107,7 +107,7 @@ def test_added_table_copies_while_another_keeps_streaming(source_dsn: str, tmp_p
     # The user adds a table to the config and restarts; the copy is slow (many 1-chunk jobs).
     catalog = first.target.iceberg.catalog_name  # type: ignore[union-attr]
     second = make_config(source_dsn, tmp_path, ["public.small", "public.big"],
-                         snapshot={"chunk_pages": 4, "max_connections": 1})
+                         snapshot={"chunk_pages": 32, "max_connections": 1})
     second = second.model_copy(update={"target": first.target})
     assert second.target.iceberg.catalog_name == catalog  # type: ignore[union-attr]
     pipeline = Pipeline(second, spark=spark)
