@@ -18,6 +18,7 @@ from headrace.source.postgres.catalog import (
     _keys,
     _server_problems,
     _table_problems,
+    published_oids,
     read_table_schema,
 )
 
@@ -34,17 +35,6 @@ WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND n.nspname NOT LIKE 'pg_temp%'
 ORDER BY 1
 """
-
-
-def _published(conn: Conn, publication: str) -> set[int]:
-    return {
-        oid
-        for (oid,) in conn.execute(
-            "SELECT format('%%I.%%I', schemaname, tablename)::regclass::oid::int8"
-            " FROM pg_publication_tables WHERE pubname = %s",
-            (publication,),
-        ).fetchall()
-    }
 
 
 def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
@@ -86,7 +76,7 @@ def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
 def assess(conn: Conn, tables: list[str], publication: str) -> dict[str, Any]:
     """The server's readiness and each table's assessment; ``problems`` lists all of them."""
     server = _server_problems(conn)
-    published = _published(conn, publication)
+    published = published_oids(conn, publication)
     assessed = [assess_table(conn, t, published) for t in tables]
     return {
         "server_problems": server,
@@ -109,7 +99,7 @@ def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None)
 
 def candidates(conn: Conn, publication: str, tracked: set[str]) -> list[dict[str, Any]]:
     """Every ordinary table of the source database, assessed, with whether it is replicated now."""
-    published = _published(conn, publication)
+    published = published_oids(conn, publication)
     out = []
     for (name,) in conn.execute(_CANDIDATES).fetchall():
         item = assess_table(conn, name, published)

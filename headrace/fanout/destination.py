@@ -2,7 +2,7 @@
 
 The transaction deletes keys, inserts rows, and records the source snapshot it brings the table to
 in ``_headrace.fanout_applied`` inside the same lake. That row makes the apply idempotent: a range
-whose end the lake already holds is skipped, and a lake whose recorded snapshot is not the range's
+whose end the lake already holds is skipped, and a lake whose recorded snapshot is past the range's
 start is refused (``CursorMismatch``) so the caller re-reads from the right place. The cursor in the
 source catalog is advanced only afterwards and may lag; the lake's own row wins.
 """
@@ -96,7 +96,10 @@ class DestinationLake:
             if applied is not None and applied >= end:
                 self._run("ROLLBACK")
                 return None
-            if applied != start:
+            # Behind ``start`` is fine: the cursor skips ranges with nothing for this lake without
+            # a commit here. Ahead of it (or unseeded while the cursor says seeded) is not.
+            if (applied is None) != (start is None) or (applied is not None and start is not None
+                                                         and applied > start):
                 raise CursorMismatch(self.destination.id, applied, start)
             if replace_all:
                 self._run(f"DELETE FROM {self.table}")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from headrace.cli import main
+from headrace.fanout import commands
 from headrace.fanout.runner import FanoutRunner
 from tests.fanout.helpers import Setup, lake, run_caught_up
 
@@ -78,7 +80,9 @@ def test_status_json_and_check_through_the_cli(tmp_path: Path, capsys: pytest.Ca
     path = tmp_path / "fanout.yaml"
     path.write_text(json.dumps(setup.config(TENANTS).model_dump(mode="json")))
     assert main(["check", "-c", str(path)]) == 0
-    assert main(["run", "-c", str(path), "--until-caught-up"]) == 0
+    # In-process `main(["run", ...])` would install signal handlers in pytest; the CLI's run is
+    # covered by the crash tests' subprocesses.
+    assert commands.run(str(path), threading.Event(), until_caught_up=True) == 0
     capsys.readouterr()
     assert main(["status", "-c", str(path), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)

@@ -191,13 +191,9 @@ def _table_problems(conn: Conn, table: str, published: set[int]) -> list[str]:
     return problems
 
 
-def check_source(conn: Conn, tables: list[str], publication: str) -> list[str]:
-    """Everything that stops replication of ``tables`` through ``publication``, as human sentences.
-
-    Each problem names the object and the fix; an empty list means the source is ready.
-    """
-    problems = _server_problems(conn)
-    published = {
+def published_oids(conn: Conn, publication: str) -> set[int]:
+    """OIDs of the tables ``publication`` publishes (empty when it does not exist)."""
+    return {
         oid
         for (oid,) in conn.execute(
             # pg_publication_tables also expands FOR ALL TABLES and FOR TABLES IN SCHEMA.
@@ -206,6 +202,15 @@ def check_source(conn: Conn, tables: list[str], publication: str) -> list[str]:
             (publication,),
         ).fetchall()
     }
+
+
+def check_source(conn: Conn, tables: list[str], publication: str) -> list[str]:
+    """Everything that stops replication of ``tables`` through ``publication``, as human sentences.
+
+    Each problem names the object and the fix; an empty list means the source is ready.
+    """
+    problems = _server_problems(conn)
+    published = published_oids(conn, publication)
     for table in tables:
         problems.extend(_table_problems(conn, table, published))
     return problems

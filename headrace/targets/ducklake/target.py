@@ -9,6 +9,8 @@ from __future__ import annotations
 import shutil
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,8 +103,7 @@ class DuckLakeTarget(Target):
                 r[0]
                 for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()
             ]
-            try:
-                self._con.execute("BEGIN")
+            with self._transaction(table):
                 if replace:
                     # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
                     self._con.execute(f"DELETE FROM {self._qualified(table)}")
@@ -114,13 +115,6 @@ class DuckLakeTarget(Target):
                 elif files:
                     self._con.execute(self._insert_from_parquet(table), [files])
                 count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
-                self._con.execute("COMMIT")
-            except duckdb.Error as exc:
-                self._con.execute("ROLLBACK")
-                raise _translate(exc, table) from exc
-            except BaseException:
-                self._con.execute("ROLLBACK")
-                raise
         if not direct:
             _remove(folder)
         return int(count)
@@ -146,58 +140,56 @@ class DuckLakeTarget(Target):
         with self._lock:
             self._con.register("hr_batch", batch)
             try:
-                self._con.execute("BEGIN")
-                if truncate_before is not None:
-                    self._con.execute(
-                        f"DELETE FROM {target} WHERE {HR_LSN} < ? OR ({HR_LSN} = ? AND {HR_SEQ} < ?)",
-                        [truncate_before.lsn, truncate_before.lsn, truncate_before.seq],
-                    )
-                if batch.num_rows:
-                    planned = self._con.execute(self._plan_sql(table, key)).arrow()
-                    if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
-                        planned = planned.read_all()
-                    self._con.register("hr_planned", planned)
-                    if self._scalar("SELECT count(*) FROM hr_planned WHERE hr_older"):
+                with self._transaction(table):
+                    if truncate_before is not None:
                         self._con.execute(
-                            f"DELETE FROM {target} WHERE rowid IN "
-                            "(SELECT hr_old_rowid FROM hr_planned WHERE hr_older)"
+                            f"DELETE FROM {target} WHERE {HR_LSN} < ? OR ({HR_LSN} = ? AND {HR_SEQ} < ?)",
+                            [truncate_before.lsn, truncate_before.lsn, truncate_before.seq],
                         )
-                    cols = [quote_ident(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
-                    values = [f"CAST({quote_ident(c.name)} AS {duck_type(c.type)})" for c in table.columns]
-                    values += [HR_LSN, HR_SEQ, HR_COMMIT_TS]
-                    self._con.execute(
-                        f"INSERT INTO {target} ({', '.join(cols)}) SELECT {', '.join(values)} "
-                        f"FROM hr_planned WHERE {HR_OP} <> 'D' AND NOT hr_stale"
-                    )
-                self._write_cursor(table, log_offset)
-                self._con.execute("COMMIT")
-            except duckdb.Error as exc:
-                self._con.execute("ROLLBACK")
-                raise _translate(exc, table) from exc
-            except BaseException:
-                self._con.execute("ROLLBACK")
-                raise
+                    if batch.num_rows:
+                        planned = self._con.execute(self._plan_sql(table, key)).arrow()
+                        if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
+                            planned = planned.read_all()
+                        self._con.register("hr_planned", planned)
+                        if self._scalar("SELECT count(*) FROM hr_planned WHERE hr_older"):
+                            self._con.execute(
+                                f"DELETE FROM {target} WHERE rowid IN "
+                                "(SELECT hr_old_rowid FROM hr_planned WHERE hr_older)"
+                            )
+                        cols = [quote_ident(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+                        values = [f"CAST({quote_ident(c.name)} AS {duck_type(c.type)})" for c in table.columns]
+                        values += [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+                        self._con.execute(
+                            f"INSERT INTO {target} ({', '.join(cols)}) SELECT {', '.join(values)} "
+                            f"FROM hr_planned WHERE {HR_OP} <> 'D' AND NOT hr_stale"
+                        )
+                    self._write_cursor(table, log_offset)
             finally:
                 self._con.unregister("hr_batch")
                 self._con.unregister("hr_planned")
 
+    @contextmanager
+    def _transaction(self, table: TableSchema) -> Iterator[None]:
+        """One DuckDB transaction: committed when the block ends, rolled back on any error."""
+        self._con.execute("BEGIN")
+        try:
+            yield
+            self._con.execute("COMMIT")
+        except duckdb.Error as exc:
+            self._con.execute("ROLLBACK")
+            raise _translate(exc, table) from exc
+        except BaseException:
+            self._con.execute("ROLLBACK")
+            raise
+
     def drop_table(self, table: TableSchema) -> None:
         """Drop the table and its cursor row together."""
-        with self._lock:
-            self._con.execute("BEGIN")
-            try:
-                self._con.execute(f"DROP TABLE IF EXISTS {self._qualified(table)}")
-                self._con.execute(
-                    f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
-                    [self.pipeline, table.oid],
-                )
-                self._con.execute("COMMIT")
-            except duckdb.Error as exc:
-                self._con.execute("ROLLBACK")
-                raise _translate(exc, table) from exc
-            except BaseException:
-                self._con.execute("ROLLBACK")
-                raise
+        with self._lock, self._transaction(table):
+            self._con.execute(f"DROP TABLE IF EXISTS {self._qualified(table)}")
+            self._con.execute(
+                f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
+                [self.pipeline, table.oid],
+            )
 
     def read_table(self, table: TableSchema) -> DataFrame:
         """The whole table as a Spark DataFrame in the row shape (small tables: via the driver)."""
