@@ -7,7 +7,8 @@ bootstrap:
 demo: bootstrap
 	.venv/bin/headrace demo
 
-lint: bootstrap
+lint:
+	@bash scripts/bootstrap.sh --with-browser
 	.venv/bin/ruff check headrace tests bench
 	.venv/bin/mypy
 

@@ -109,8 +109,12 @@ def run_demo(output: str = "demo-output", target: str = "iceberg", seconds: floa
         writes: list[int] = []
         writer = threading.Thread(target=lambda: writes.append(make_changes(pg.dsn, seconds, writer_stop)))
         writer.start()
+        shown_api = False
         try:
             while writer.is_alive():
+                if not shown_api and pipeline.api_address:
+                    print(f"status page: http://{pipeline.api_address}/  (metrics at /metrics)", flush=True)
+                    shown_api = True
                 _progress(config)
                 writer.join(timeout=3)
             with psycopg.connect(pg.dsn) as conn:

@@ -12,8 +12,11 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
 fi
 command -v pg_recvlogical >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_recvlogical >/dev/null 2>&1 \
   || need_apt+=(postgresql-client)
-# The status page's browser test drives Debian's chromium through Playwright (no browser download).
-command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# The status page's browser test drives Debian's chromium through Playwright (no browser download);
+# only the test set-up (--with-browser) needs it.
+if [ "${1:-}" = "--with-browser" ]; then
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} (Debian packages)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
