@@ -229,16 +229,20 @@ class PipelineConfig(_Frozen):
         return self.source.publication or f"headrace_{self.name}"
 
 
-def load_config(path: str | Path) -> PipelineConfig:
-    """Read and validate a pipeline file; every problem is reported in one ConfigError."""
+def read_yaml(path: str | Path) -> Any:
+    """A config file's parsed YAML; a missing file or bad YAML is a ConfigError naming the file."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    return parse_config(raw, str(path))
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a pipeline file; every problem is reported in one ConfigError."""
+    return parse_config(read_yaml(path), str(path))
 
 
 def parse_config(raw: Any, origin: str = "config") -> PipelineConfig:

@@ -26,6 +26,7 @@ from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.initial_copy import InitialCopy
 from headrace.source.postgres.catalog import check_source, read_table_schema
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
+from headrace.state.invariants import check_slot, check_staged_files, check_tables
 from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
 from headrace.state.store import StateStore, TableRow
 
@@ -89,6 +90,10 @@ class Pipeline:
                     "name, or drop the _headrace rows of this pipeline to start over"
                 )
             schemas = [read_table_schema(conn, name) for name in self.config.source.tables]
+            # Refuse to run on state the source or the staging store no longer matches.
+            check_slot(conn, state, self.config.slot_name)
+            check_tables(state, schemas)
+            check_staged_files(state)
             # Tables added through the API stay published across restarts (if they still exist).
             added = [r.qualified_name for r in state.tables() if r.qualified_name not in self.config.source.tables
                      and conn.execute("SELECT to_regclass(%s)", (r.qualified_name,)).fetchone()[0]]  # type: ignore[index]

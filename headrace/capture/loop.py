@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -44,6 +46,7 @@ from headrace.state.store import StagedFile, StateStore
 log = logging.getLogger("headrace.capture")
 
 HEARTBEAT_PREFIX = "headrace"
+STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Capture:
         self.changes_captured: dict[tuple[int, str], int] = {}
         self._heartbeat_due = True
         self._lock = threading.Lock()
+        self._source: psycopg.Connection[Any] | None = None
 
     # -- public ---------------------------------------------------------------------------------
     def request_heartbeat(self) -> None:
@@ -97,10 +101,15 @@ class Capture:
     def _run_once(self, stop: threading.Event) -> None:
         state = StateStore(self.state_dsn, self.config.name)
         source = psycopg.connect(self.dsn, autocommit=True)
+        self._source = source
         types = TypeCatalog(source)
         self.captured_lsn = state.captured_lsn()
+        self._remove_orphans(state)
+        # No periodic status updates from psycopg2: it forwards the confirmed position to the
+        # keepalives' wal_end on its own, and each confirmation must be bounded in state first
+        # (acked_lsn) so start-up can tell our advances from someone else's. ``_flush`` confirms.
         stream = ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name,
-                                   self.captured_lsn)
+                                   self.captured_lsn, status_interval=STATUS_INTERVAL_S)
         self.connected = True
         self.last_error = None
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
@@ -238,12 +247,32 @@ class Capture:
         size = write_staging_file(path, tb.buffer)
         return StagedFile(oid, str(path), len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
 
+    def _remove_orphans(self, state: StateStore) -> None:
+        """Delete staged files written but never registered (a crash between write and register).
+
+        Runs before this capture writes anything, so every unregistered file is a leftover; its
+        changes are read from the slot again.
+        """
+        if not self.staging_root.exists():
+            return
+        registered = {os.path.abspath(p) for p in state.registered_paths()}
+        removed = 0
+        for path in self.staging_root.rglob("*"):
+            if path.is_file() and path.suffix in (".parquet", ".tmp") and os.path.abspath(path) not in registered:
+                path.unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            event(log, "capture.orphans_removed", files=removed)
+
     def _flush(self, state: StateStore, stream: ReplicationStream, buffers: dict[int, _TableBuffer],
                spilled: list[StagedFile], end_lsn: int) -> None:
         files = spilled + [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
         if files:
             crash_point("capture.after_write")
-        state.register(files, end_lsn)  # durable and registered: now the slot may move
+        # Anything psycopg2 forwarded the confirmation to came from a keepalive already read, so
+        # it is at most the server's flushed WAL now.
+        bound = _wal_flush_lsn(self._source) if self._source is not None else end_lsn
+        state.register(files, end_lsn, bound)  # durable and registered: now the slot may move
         if files:
             crash_point("capture.after_register")
         self.captured_lsn = max(self.captured_lsn, end_lsn)
@@ -251,6 +280,12 @@ class Capture:
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
                   captured_lsn=_fmt(self.captured_lsn))
+
+
+def _wal_flush_lsn(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _key_values(schema: TableSchema, values: tuple[Value, ...]) -> dict[str, Value]:

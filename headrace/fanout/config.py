@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from headrace.config import DuckLakeConfig
+from headrace.config import DuckLakeConfig, read_yaml
 from headrace.core.errors import ConfigError
 from headrace.targets.ducklake.extension import Catalog, parse_catalog
 
@@ -226,14 +226,7 @@ def is_fanout_file(path: str | Path) -> bool:
 
 def load_fanout_config(path: str | Path) -> FanoutConfig:
     """Read and validate a fan-out file; every problem is reported in one ConfigError."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    return parse_fanout_config(raw, str(path))
+    return parse_fanout_config(read_yaml(path), str(path))
 
 
 def parse_fanout_config(raw: Any, origin: str = "config") -> FanoutConfig:

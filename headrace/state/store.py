@@ -63,6 +63,10 @@ CREATE TABLE IF NOT EXISTS _headrace.log_index (
     PRIMARY KEY (pipeline, log_offset)
 );
 CREATE INDEX IF NOT EXISTS log_index_table ON _headrace.log_index (pipeline, table_oid, log_offset);
+-- Highest position this pipeline may have confirmed to its slot: at least captured_lsn, and the
+-- stream's wal_end when psycopg2 forwarded the confirmation past idle WAL. A slot beyond it was
+-- advanced by someone else.
+ALTER TABLE _headrace.pipeline_meta ADD COLUMN IF NOT EXISTS acked_lsn bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS _headrace.mat_cursor (
     pipeline    text NOT NULL,
     table_oid   bigint NOT NULL,
@@ -149,16 +153,19 @@ class StateStore:
     def ensure_meta(self, system_identifier: str, slot: str, publication: str, captured_lsn: int) -> None:
         self.conn.execute(
             "INSERT INTO _headrace.pipeline_meta (pipeline, system_identifier, slot_name, publication,"
-            " captured_lsn) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO NOTHING",
-            (self.pipeline, system_identifier, slot, publication, captured_lsn),
+            " captured_lsn, acked_lsn) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO NOTHING",
+            (self.pipeline, system_identifier, slot, publication, captured_lsn, captured_lsn),
         )
 
     def captured_lsn(self) -> int:
         meta = self.meta()
         return int(meta["captured_lsn"]) if meta else 0
 
-    def register(self, files: list[StagedFile], captured_lsn: int) -> list[int]:
-        """Register staged files and the captured position in one transaction; return offsets."""
+    def register(self, files: list[StagedFile], captured_lsn: int, acked_lsn: int = 0) -> list[int]:
+        """Register staged files and the captured position in one transaction; return offsets.
+
+        ``acked_lsn`` is the most the slot is about to be confirmed to (recorded before it is).
+        """
         offsets = []
         with self.conn.transaction():
             for f in files:
@@ -172,8 +179,8 @@ class StateStore:
                 offsets.append(int(row["log_offset"]))
             self.conn.execute(
                 "UPDATE _headrace.pipeline_meta SET captured_lsn = greatest(captured_lsn, %s),"
-                " updated_at = now() WHERE pipeline = %s",
-                (captured_lsn, self.pipeline),
+                " acked_lsn = greatest(acked_lsn, %s, %s), updated_at = now() WHERE pipeline = %s",
+                (captured_lsn, captured_lsn, acked_lsn, self.pipeline),
             )
         return offsets
 
@@ -289,6 +296,24 @@ class StateStore:
                 " WHERE pipeline = %s AND table_oid = %s",
                 (applied_lsn, rows, self.pipeline, oid),
             )
+
+    def registered_paths(self) -> set[str]:
+        """Paths of every staged file in the pipeline's log."""
+        rows = self.conn.execute("SELECT path FROM _headrace.log_index WHERE pipeline = %s", (self.pipeline,))
+        return {r["path"] for r in rows.fetchall()}
+
+    def collect_entries(self, oid: int, through: int) -> list[str]:
+        """Drop the table's log entries at or below offset ``through``; return their file paths.
+
+        The rows go first (committed here), the files after, by the caller: a crash in between
+        leaves unregistered files, which the orphan sweep at capture start removes.
+        """
+        rows = self.conn.execute(
+            "DELETE FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s AND log_offset <= %s"
+            " RETURNING path",
+            (self.pipeline, oid, through),
+        ).fetchall()
+        return [r["path"] for r in rows]
 
     def pending_changes(self) -> dict[int, int]:
         """Staged rows not yet applied, per table."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pytest
 
@@ -26,7 +28,7 @@ CHANGES = [
 ]
 
 
-def changes(rows: list[tuple[object, ...]] = CHANGES) -> pa.Table:
+def changes(rows: Sequence[tuple[object, ...]] = CHANGES) -> pa.Table:
     names = ["snapshot_id", "rowid", "change_type", "event_id", "company", "payload"]
     cols = list(zip(*rows, strict=True))
     types = [pa.int64(), pa.int64(), pa.string(), pa.int64(), pa.string(), pa.string()]
