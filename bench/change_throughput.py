@@ -1,8 +1,8 @@
 """Change throughput and freshness, end to end, against pg_recvlogical on the same WAL.
 
 Phase 1 (freshness): a steady mixed insert/update/delete load; a probe row is updated every
-second and a poller reads the target until it shows each probe value: freshness = first seen in
-the target - source commit (p50/p99).
+second in its own transaction; freshness = the target commit of the batch that holds it - the
+source commit (p50/p99), taken from the materializer's apply.batch events (nothing polls the target).
 Phase 2 (throughput): a burst of set-based changes is committed while the pipeline streams; the
 time until the target has applied all of it gives changes/s end to end. The reference is
 pg_recvlogical draining the same WAL (pgoutput, same publication) to /dev/null, timed in the same run.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import subprocess
 import sys
@@ -31,7 +32,6 @@ from headrace.config import parse_config  # noqa: E402
 from headrace.control.status import pipeline_status  # noqa: E402
 from headrace.core.position import parse_lsn  # noqa: E402
 from headrace.pipeline import Pipeline  # noqa: E402
-from headrace.source.postgres.catalog import read_table_schema  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres, find_server_bin  # noqa: E402
 
 SEED_ROWS = 100_000
@@ -48,7 +48,7 @@ def wait_for(predicate: Any, timeout: float, what: str) -> float:
 
 def caught_up(config: Any, lsn: int) -> bool:
     status = pipeline_status(config)
-    return parse_lsn(status["captured_lsn"]) >= lsn and all(
+    return "captured_lsn" in status and parse_lsn(status["captured_lsn"]) >= lsn and all(
         t["state"] == "STREAMING" and t["pending_changes"] == 0 for t in status["tables"])
 
 
@@ -80,36 +80,46 @@ def steady_load(dsn: str, seconds: float, rate: int, counter: list[int]) -> None
             time.sleep(max(0.0, 50 / rate - (time.monotonic() - tick)))
 
 
-def probe_freshness(dsn: str, pipeline: Pipeline, seconds: float) -> list[float]:
-    """Update the probe once a second; poll the target; return commit→visible delays in seconds."""
-    with psycopg.connect(dsn) as conn:
-        schema = read_table_schema(conn, "public.bench_probe")
-    committed: dict[int, float] = {}
-    seen: dict[int, float] = {}
-    done = threading.Event()
+class AppliedLog(logging.Handler):
+    """Collects the materializer's ``apply.batch`` events: (monotonic time, table, applied LSN)."""
 
-    def poll() -> None:
-        while not done.is_set() or len(seen) < len(committed):
-            rows = pipeline.target.read_table(schema).collect()
-            now = time.monotonic()
-            top = max((r["seq"] for r in rows), default=0)
-            for k in committed:
-                if k <= top and k not in seen:
-                    seen[k] = now
-            if done.is_set() and now - max(committed.values(), default=now) > 120:
-                break
-            time.sleep(0.2)
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[float, str, int]] = []
 
-    poller = threading.Thread(target=poll)
-    poller.start()
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == "apply.batch":
+            fields = record.__dict__
+            self.batches.append((time.monotonic(), fields["table"], parse_lsn(fields["applied_lsn"])))
+
+
+def probe_freshness(dsn: str, applied: AppliedLog, seconds: float) -> list[float]:
+    """Update the probe once a second; freshness = its batch's target commit - the source commit.
+
+    Each probe update is its own transaction; the WAL insert position read just before its COMMIT
+    is above every earlier probe commit and at or below its own, so the first probe batch whose
+    applied LSN reaches it is the one that made the update visible. Nothing polls the target.
+    """
+    committed: list[tuple[float, int]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         for k in range(1, int(seconds) + 1):
-            conn.execute("UPDATE bench_probe SET seq = %s WHERE id = 1", (k,))
-            committed[k] = time.monotonic()
+            with conn.transaction():
+                conn.execute("UPDATE bench_probe SET seq = %s WHERE id = 1", (k,))
+                before = parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+            committed.append((time.monotonic(), before))
             time.sleep(1.0)
-    done.set()
-    poller.join()
-    return sorted(seen[k] - committed[k] for k in seen)
+    deadline = time.monotonic() + 120
+    delays = []
+    for at, lsn in committed:
+        while True:
+            seen = [t for t, table, applied_lsn in applied.batches
+                    if table == "public.bench_probe" and applied_lsn >= lsn]
+            if seen or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if seen:
+            delays.append(min(seen) - at)
+    return sorted(delays)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -147,6 +157,9 @@ def main() -> int:
             "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[2]"},
         })
         pipeline = Pipeline(config)
+        applied = AppliedLog()
+        logging.getLogger("headrace.materialize").addHandler(applied)
+        logging.getLogger("headrace.materialize").setLevel(logging.INFO)
         stop = threading.Event()
         runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop})
         runner.start()
@@ -157,7 +170,7 @@ def main() -> int:
         counter = [0]
         loader = threading.Thread(target=steady_load, args=(dsn, args.seconds, args.rate, counter))
         loader.start()
-        delays = probe_freshness(dsn, pipeline, args.seconds)
+        delays = probe_freshness(dsn, applied, args.seconds)
         loader.join()
         results["steady_changes"] = counter[0]
         results["steady_rate_offered"] = round(counter[0] / args.seconds)

@@ -125,7 +125,7 @@ def run_demo(output: str = "demo-output", target: str = "iceberg", seconds: floa
                 status = pipeline_status(config)
                 from headrace.core.position import parse_lsn
 
-                caught = parse_lsn(status["captured_lsn"]) >= end and all(
+                caught = "captured_lsn" in status and parse_lsn(status["captured_lsn"]) >= end and all(
                     t["state"] == "STREAMING" and t["pending_changes"] == 0 for t in status["tables"])
                 if caught:
                     break
