@@ -124,6 +124,16 @@ class StagingConfig(_Frozen):
     heartbeat_seconds: float = Field(
         10.0, gt=0, description="when idle, emit a heartbeat so the slot advances past others' WAL"
     )
+    gc_seconds: float = Field(
+        30.0, gt=0, description="how often staged files every table has applied are deleted"
+    )
+    max_pending_rows: int | None = Field(
+        None, gt=0, description="backpressure: capture stops reading WAL while more staged changes than"
+        " this wait to be applied (the slot then retains WAL on the source); unset = no bound"
+    )
+    max_pending_bytes: int | None = Field(
+        None, gt=0, description="backpressure: the same bound in staged-file bytes; unset = no bound"
+    )
 
 
 class SnapshotConfig(_Frozen):

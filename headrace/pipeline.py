@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -24,10 +25,12 @@ from headrace.core.position import format_lsn, parse_lsn
 from headrace.logs import event
 from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.initial_copy import InitialCopy
+from headrace.materialize.retention import collect_applied
 from headrace.source.postgres.catalog import check_source, read_table_schema
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
 from headrace.state.invariants import check_slot, check_staged_files, check_tables
 from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
+from headrace.state.progress import DDL as PROGRESS_DDL
 from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:
@@ -80,6 +83,7 @@ class Pipeline:
             raise SourceError("source.tables is empty: list the tables to replicate as schema.table")
         state = StateStore(self.state_dsn, self.config.name)
         state.install()
+        state.conn.execute(PROGRESS_DDL)  # start-up checks and their remedies name it
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             sysid = str(conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0])  # type: ignore[index]
             meta = state.meta()
@@ -143,6 +147,7 @@ class Pipeline:
         event(log, "run.start", pipeline=self.config.name, source=redacted_dsn(self.dsn),
               target=self.config.target.kind, tables=len(rows), until_lsn=format_lsn(start_lsn))
         code = 0
+        next_gc = time.monotonic() + self.config.staging.gc_seconds
         try:
             while not stop.is_set():
                 self.operations.run_pending(state)
@@ -150,6 +155,9 @@ class Pipeline:
                 if not self.operations.paused:
                     did_work = self._copy_pending(state)
                     did_work |= self._apply_all(state)
+                if time.monotonic() >= next_gc:
+                    collect_applied(state, self.target)
+                    next_gc = time.monotonic() + self.config.staging.gc_seconds
                 if until_caught_up:
                     done, failed = self._caught_up(state, start_lsn)
                     if failed:

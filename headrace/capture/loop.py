@@ -47,6 +47,7 @@ log = logging.getLogger("headrace.capture")
 
 HEARTBEAT_PREFIX = "headrace"
 STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
+PAUSED_STATUS_S = 1.0  # while paused by backpressure, confirm this often (keeps the walsender alive)
 
 
 @dataclass
@@ -72,6 +73,10 @@ class Capture:
         self._heartbeat_due = True
         self._lock = threading.Lock()
         self._source: psycopg.Connection[Any] | None = None
+        self.paused = False  # backpressure: not reading WAL until the backlog shrinks
+        self.pending_rows = 0
+        self.pending_bytes = 0
+        self._bound_checked_at = float("-inf")
 
     # -- public ---------------------------------------------------------------------------------
     def request_heartbeat(self) -> None:
@@ -125,6 +130,14 @@ class Capture:
         policy = self.config.staging
         try:
             while not stop.is_set():
+                if txn is None and self._over_bound(state):
+                    # Backpressure: make what is buffered durable, then stop reading WAL (the slot
+                    # keeps it) until the materializer has applied enough.
+                    if buffers or spilled or pending_end > self.captured_lsn:
+                        self._flush(state, stream, buffers, spilled, pending_end)
+                        spilled, buffers, first_change_at = [], {}, None
+                    self._wait_for_room(state, stream, stop)
+                    last_ack_at = time.monotonic()
                 if self._heartbeat_due or time.monotonic() - last_message_at > policy.heartbeat_seconds:
                     emit_heartbeat(source, HEARTBEAT_PREFIX)
                     self._heartbeat_due = False
@@ -246,6 +259,42 @@ class Capture:
         path = self.staging_root / str(oid) / name
         size = write_staging_file(path, tb.buffer)
         return StagedFile(oid, str(path), len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
+
+    def _over_bound(self, state: StateStore) -> bool:
+        """Staged-but-unapplied changes exceed the configured bound (checked at most twice a second)."""
+        policy = self.config.staging
+        if policy.max_pending_rows is None and policy.max_pending_bytes is None:
+            return False
+        now = time.monotonic()
+        if now - self._bound_checked_at < 0.5:
+            return False
+        self._bound_checked_at = now
+        return self._backlog_exceeds(state)
+
+    def _backlog_exceeds(self, state: StateStore) -> bool:
+        policy = self.config.staging
+        rows, nbytes = state.pending_totals()
+        self.pending_rows, self.pending_bytes = rows, nbytes
+        return ((policy.max_pending_rows is not None and rows > policy.max_pending_rows)
+                or (policy.max_pending_bytes is not None and nbytes > policy.max_pending_bytes))
+
+    def _wait_for_room(self, state: StateStore, stream: ReplicationStream, stop: threading.Event) -> None:
+        """Read no WAL until the backlog is back under the bound, confirming the position
+        regularly so the server does not time the connection out (wal_sender_timeout)."""
+        self.paused = True
+        event(log, "capture.paused", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
+        last_status = time.monotonic()
+        try:
+            while not stop.wait(0.5) and self._backlog_exceeds(state):
+                if time.monotonic() - last_status >= PAUSED_STATUS_S:
+                    # The confirmation may carry psycopg2's forwarded position: bound it first.
+                    assert self._source is not None
+                    state.register([], self.captured_lsn, _wal_flush_lsn(self._source))
+                    stream.acknowledge(self.captured_lsn)
+                    last_status = time.monotonic()
+        finally:
+            self.paused = False
+        event(log, "capture.resumed", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
 
     def _remove_orphans(self, state: StateStore) -> None:
         """Delete staged files written but never registered (a crash between write and register).

@@ -315,6 +315,23 @@ class StateStore:
         ).fetchall()
         return [r["path"] for r in rows]
 
+    def pending_totals(self) -> tuple[int, int]:
+        """Staged rows and bytes not yet applied, over the tables that are applying changes.
+
+        ERRORED and PAUSED tables are left out: their backlog waits on disk and must not stop the
+        other tables' capture.
+        """
+        row = self.conn.execute(
+            "SELECT coalesce(sum(l.rows), 0) AS n, coalesce(sum(l.bytes), 0) AS b FROM _headrace.log_index l"
+            " JOIN _headrace.tables t ON t.pipeline = l.pipeline AND t.table_oid = l.table_oid"
+            " LEFT JOIN _headrace.mat_cursor c ON c.pipeline = l.pipeline AND c.table_oid = l.table_oid"
+            " WHERE l.pipeline = %s AND l.log_offset > coalesce(c.log_offset, 0)"
+            " AND t.state NOT IN ('ERRORED', 'PAUSED')",
+            (self.pipeline,),
+        ).fetchone()
+        assert row is not None
+        return int(row["n"]), int(row["b"])
+
     def pending_changes(self) -> dict[int, int]:
         """Staged rows not yet applied, per table."""
         rows = self.conn.execute(

@@ -1,0 +1,39 @@
+"""Garbage collection of the staged log: files every reader is past are deleted.
+
+The only reader of a table's entries is that table's materializer, so an entry at or below the
+table's applied cursor is never read again, whatever the table's state: a table being copied again
+(PENDING, SNAPSHOT) keeps its cursor and reads the entries above it once the copy is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+from headrace.core.interfaces import Target
+from headrace.logs import event
+from headrace.materialize.apply import current_cursor
+from headrace.state.store import StateStore
+
+log = logging.getLogger("headrace.materialize")
+
+
+def collect_applied(state: StateStore, target: Target) -> int:
+    """Delete the staged files (and log entries) every table has applied; return the file count.
+
+    The cursor is the target's when it keeps one (DuckLake commits it with the data, so it may be
+    a batch ahead of ``mat_cursor``), else the state's.
+    """
+    removed = 0
+    for row in state.tables():
+        cursor = current_cursor(state, target, row)
+        if cursor <= 0:
+            continue
+        for path in state.collect_entries(row.oid, cursor):  # rows are gone now; files next
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            removed += 1
+    if removed:
+        event(log, "staging.collected", files=removed)
+    return removed

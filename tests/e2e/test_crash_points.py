@@ -1,0 +1,124 @@
+"""Every crash point of ``headrace run``: die there under a mixed workload over two tables, run
+again until caught up, and the target equals the source row by row (no gap, no duplicate).
+
+One subprocess dies (``HEADRACE_CRASH_AT=<point>:<n>`` → ``os._exit(137)``), one recovers. The
+fan-out point belongs to ``headrace fanout`` and is covered by tests/fanout/test_crash.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+
+from headrace.config import parse_config
+from headrace.core.faults import CRASH_POINTS
+from headrace.pipeline import Pipeline
+from headrace.state.store import StateStore
+from tests.e2e.helpers import assert_same
+
+# point -> the pass to die on
+POINTS = {
+    "capture.after_write": 2,  # staged files written, not registered: they become orphans
+    "capture.after_register": 2,  # registered, slot not acknowledged: the stream repeats them
+    "apply.after_target_commit": 2,  # target committed, cursor not advanced: the batch is replayed
+    "snapshot.after_chunk": 2,  # mid-copy: the copy resumes with the chunks left
+    "snapshot.after_write": 1,  # copied, state not CATCHUP: copied again
+}
+OTHER_COMMANDS = {"fanout.after_destination_commit"}
+
+
+def test_every_crash_point_is_exercised() -> None:
+    assert set(POINTS) | OTHER_COMMANDS == set(CRASH_POINTS)
+
+
+def _workload(dsn: str, stop: threading.Event, seed: int) -> None:
+    """Small transactions of inserts, updates, deletes and key changes over both tables."""
+    rng = random.Random(seed)
+    next_id = 100_000
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stop.is_set():
+            with conn.transaction():
+                for _ in range(rng.randint(1, 8)):
+                    roll = rng.random()
+                    some = rng.randint(1, 1000)
+                    if roll < 0.25:
+                        conn.execute("INSERT INTO items VALUES (%s, 0, 'new')", (next_id,))
+                        conn.execute("INSERT INTO lines VALUES (%s, 1, 1)", (next_id,))
+                        next_id += 1
+                    elif roll < 0.6:
+                        conn.execute("UPDATE items SET v = v + 1, note = md5(random()::text) WHERE id = %s", (some,))
+                        conn.execute("UPDATE lines SET qty = qty + 1 WHERE order_id = %s", (some,))
+                    elif roll < 0.75:
+                        conn.execute("DELETE FROM items WHERE id = %s", (some,))
+                        conn.execute("DELETE FROM lines WHERE order_id = %s AND line = 2", (some,))
+                    else:  # key changes, on both tables
+                        conn.execute("UPDATE items SET id = %s WHERE id = %s", (next_id, some))
+                        conn.execute("UPDATE lines SET line = line + 10 WHERE order_id = %s", (some,))
+                        next_id += 1
+            time.sleep(0.03)
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_crash_point_then_converge(point: str, source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("""
+            CREATE TABLE items (id bigint PRIMARY KEY, v int, note text);
+            CREATE TABLE lines (order_id bigint, line int, qty int, PRIMARY KEY (order_id, line));
+            INSERT INTO items SELECT g, 0, repeat('x', 200) FROM generate_series(1, 1000) g;
+            INSERT INTO lines SELECT g, l, l FROM generate_series(1, 1000) g, generate_series(1, 2) l;
+        """)
+    raw = {"name": "cp", "source": {"dsn": source_dsn, "tables": ["public.items", "public.lines"]},
+           "target": {"ducklake": {"catalog": str(tmp_path / "lake.ducklake"), "data_path": str(tmp_path / "lake")}},
+           "staging": {"path": str(tmp_path / "staging"), "flush_seconds": 0.2, "heartbeat_seconds": 1.0},
+           "snapshot": {"chunk_pages": 16, "max_connections": 1},
+           "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[1]"}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, "-m", "headrace.cli", "run", "-c", str(path)]
+    env = {k: v for k, v in os.environ.items() if k != "HEADRACE_CRASH_AT"}
+    stop = threading.Event()
+    writer = threading.Thread(target=_workload, args=(source_dsn, stop, hash(point) & 0xFFFF))
+    writer.start()
+    try:
+        died = subprocess.run(cmd, env={**env, "HEADRACE_CRASH_AT": f"{point}:{POINTS[point]}"},
+                              capture_output=True, text=True, timeout=240)
+    finally:
+        stop.set()
+        writer.join()
+    assert died.returncode == 137, died.stderr[-3000:]
+    assert f"crash point {point} reached" in died.stderr
+    staging = tmp_path / "staging"
+    if point == "capture.after_write":
+        state = StateStore(source_dsn, "cp")
+        try:
+            registered = {os.path.abspath(p) for p in state.registered_paths()}
+        finally:
+            state.close()
+        on_disk = {os.path.abspath(p) for p in staging.rglob("*.parquet")}
+        assert on_disk - registered, "the crash left no unregistered staged file"
+
+    final = subprocess.run([*cmd, "--until-caught-up"], env=env, capture_output=True, text=True, timeout=240)
+    assert final.returncode == 0, final.stderr[-3000:]
+
+    state = StateStore(source_dsn, "cp")
+    try:
+        registered = {os.path.abspath(p) for p in state.registered_paths()}
+    finally:
+        state.close()
+    assert {os.path.abspath(p) for p in staging.rglob("*.parquet")} <= registered  # no orphan left
+    local = Pipeline(parse_config({**raw, "spark": {"master": "local[2]"}}), spark=spark)
+    try:
+        assert assert_same(local, source_dsn, "public.items") > 500
+        assert assert_same(local, source_dsn, "public.lines") > 500
+    finally:
+        local.target.close()
