@@ -19,6 +19,14 @@ from headrace.source.postgres.throwaway import ThrowawayPostgres
 _db_counter = itertools.count()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def headrace_logs() -> None:
+    """headrace's structured events on stderr, so a failing test shows what the pipeline did."""
+    from headrace.logs import setup_logging
+
+    setup_logging("INFO")
+
+
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThrowawayPostgres]:
     """A real PostgreSQL server (initdb in a temp dir, wal_level=logical, loopback port)."""
