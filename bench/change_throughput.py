@@ -54,7 +54,7 @@ def caught_up(config: Any, lsn: int) -> bool:
 
 def current_lsn(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
-        return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+        return parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
 
 
 def steady_load(dsn: str, seconds: float, rate: int, counter: list[int]) -> None:

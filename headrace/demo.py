@@ -118,7 +118,7 @@ def run_demo(output: str = "demo-output", target: str = "iceberg", seconds: floa
                 _progress(config)
                 writer.join(timeout=3)
             with psycopg.connect(pg.dsn) as conn:
-                end = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+                end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
             print(f"live changes done ({writes[0] if writes else 0} statements); waiting to catch up ...", flush=True)
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and runner.is_alive():

@@ -133,8 +133,10 @@ class Pipeline:
         stop = stop or threading.Event()
         self.config.api.resolved_token()  # an API off loopback without its token stops here, before set-up
         state = self.setup()
+        # The insert position, not pg_current_wal_lsn() (the write position): under asynchronous
+        # commit a committed transaction's record can still be past the write position.
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+            start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
         rows = state.tables()
         self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows})
         capture_stop = threading.Event()

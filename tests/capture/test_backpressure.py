@@ -53,7 +53,7 @@ def test_capture_pauses_over_the_bound_and_resumes(source_dsn: str, pg_server: T
                     for i in range(ROWS_PER_TXN):
                         conn.execute("INSERT INTO items VALUES (%s, repeat('x', 100))", (t * ROWS_PER_TXN + i,))
                 time.sleep(0.05)
-            end = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+            end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
         _wait(lambda: capture.paused, 20, "capture never paused")
         pid = _slot_pid(source_dsn, config.slot_name)
         time.sleep(6)  # three sender timeouts

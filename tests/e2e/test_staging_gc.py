@@ -41,7 +41,7 @@ def _capture_until_registered(config: PipelineConfig, dsn: str, statements: list
         with psycopg.connect(dsn, autocommit=True) as conn:
             for statement in statements:
                 conn.execute(statement)
-            end = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+            end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
         deadline = time.monotonic() + 30
         while capture.captured_lsn < end:
             assert time.monotonic() < deadline, "capture did not register the changes"

@@ -47,7 +47,7 @@ def _capture_while(config: PipelineConfig, dsn: str, work: list[str], pause: flo
             for statement in work:
                 conn.execute(statement)
                 time.sleep(pause)
-            end = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+            end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
         deadline = time.monotonic() + 30
         while wait and capture.captured_lsn < end and time.monotonic() < deadline:
             capture.request_heartbeat()
@@ -123,7 +123,7 @@ def test_refuses_a_slot_advanced_behind_our_back(items: str, tmp_path: Path) -> 
     _setup(config).close()  # as left by capture: fine
     with psycopg.connect(items, autocommit=True) as conn:
         conn.execute("INSERT INTO items VALUES (100, 100)")  # a change the pipeline never sees
-        end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        end = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
         deadline = time.monotonic() + 10
         while conn.execute("SELECT confirmed_flush_lsn < %s FROM pg_replication_slots WHERE slot_name = %s",
                            (end, config.slot_name)).fetchone()[0]:  # type: ignore[index]
