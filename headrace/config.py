@@ -150,6 +150,26 @@ class ApplyConfig(_Frozen):
     idle_sleep_seconds: float = Field(0.5, gt=0, description="pause when there is nothing to apply")
 
 
+class SchemaChangesConfig(_Frozen):
+    """What headrace does when the source's tables change shape or come and go."""
+
+    drop_column: Literal["keep", "drop"] = Field(
+        "keep", description="a dropped source column: keep it in the target (nullable, old rows keep their"
+        " values, new rows NULL) or drop it there too"
+    )
+    drop_table: Literal["keep", "drop"] = Field(
+        "keep", description="a dropped source table: keep its target table as it was, or drop it"
+    )
+    rename_table: Literal["keep", "follow"] = Field(
+        "keep", description="a renamed source table (followed by OID): keep the target name, or rename the"
+        " target table too"
+    )
+    recreated_table: Literal["resync", "refuse"] = Field(
+        "resync", description="a table dropped and created again under the same name (new OID): copy the"
+        " new table into the same target table, or stop and ask the operator"
+    )
+
+
 class SparkConfig(_Frozen):
     """Where the Spark jobs run."""
 
@@ -222,6 +242,7 @@ class PipelineConfig(_Frozen):
     apply: ApplyConfig = ApplyConfig()
     spark: SparkConfig = SparkConfig()
     api: ApiConfig = ApiConfig()
+    schema_changes: SchemaChangesConfig = SchemaChangesConfig()
 
     @field_validator("name")
     @classmethod

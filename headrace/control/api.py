@@ -119,8 +119,8 @@ def target_name(pipeline: Pipeline, schema: TableSchema) -> str:
     """The table's name in the target, as the target names it."""
     settings: Any = pipeline.config.target.settings
     if pipeline.config.target.kind == "iceberg":
-        return f"{settings.catalog_name}.{settings.namespace or schema.schema}.{schema.name}"
-    return f"{settings.schema_ or schema.schema}.{schema.name}"
+        return f"{settings.catalog_name}.{settings.namespace or schema.target_schema}.{schema.target_table}"
+    return f"{settings.schema_ or schema.target_schema}.{schema.target_table}"
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("headrace.control")
 
 OPS = {"I": "insert", "U": "update", "D": "delete", "T": "truncate"}
-DDL_KINDS = ("add_column", "drop_column", "alter_column_type", "rename_table")
+# Schema changes and table events, as counted in metrics and recorded in _headrace.ddl_events.
+DDL_KINDS = ("add_column", "drop_column", "rename_column", "alter_column_type", "rename_table", "truncate",
+             "create_table", "drop_table", "recreate_table")
 SAMPLE_SECONDS = 5.0
 SAMPLES_KEPT = 120  # ten minutes at one sample per 5 s
 
@@ -80,6 +82,10 @@ class PipelineMetrics:
                     self.ddl.labels(kind).inc()
         except Exception as exc:  # metrics must never stop replication
             log.debug("metrics: batch hook failed", exc_info=exc)
+
+    def ddl_applied(self, kind: str) -> None:
+        """Count one schema change or table event (a ``DDL_KINDS`` member) applied to the target."""
+        self.ddl.labels(kind).inc()
 
     def table_failed(self, table: str, kind: str) -> None:
         self.errors.labels(table, kind).inc()

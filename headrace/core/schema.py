@@ -53,6 +53,11 @@ class Column:
     type_oid: int
     typmod: int = -1
     nullable: bool = True
+    # pg_attribute.attnum: a column's identity across renames (None when not known, e.g. old state).
+    attnum: int | None = None
+    # The value rows that existed before an ``ADD COLUMN ... DEFAULT`` hold (PostgreSQL's
+    # attmissingval, as text); None when they hold NULL.
+    missing: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,9 @@ class TableSchema:
     key: tuple[str, ...]
     replica_identity: str = "d"  # pg_class.relreplident: d(efault), n(othing), f(ull), i(ndex)
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    # (schema, table) the target keeps using after the source table was renamed; None = follow the
+    # source name. Not part of the shape: the same table under either name compares equal.
+    target_as: tuple[str, str] | None = field(default=None, compare=False, hash=False)
 
     @property
     def qualified_name(self) -> str:
@@ -86,6 +94,16 @@ class TableSchema:
     @property
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
+
+    @property
+    def target_schema(self) -> str:
+        """The schema part of the target table's name (before any configured override)."""
+        return self.target_as[0] if self.target_as else self.schema
+
+    @property
+    def target_table(self) -> str:
+        """The target table's name: the source name, or the one kept across a rename."""
+        return self.target_as[1] if self.target_as else self.name
 
 
 # Metadata columns every target table carries beside the source columns.
@@ -120,7 +138,7 @@ def _type_from_dict(d: dict[str, object]) -> ColumnType:
 
 def schema_to_dict(table: TableSchema) -> dict[str, object]:
     """A JSON-able form of ``table`` (stored in the state tables and the staged log)."""
-    return {
+    out: dict[str, object] = {
         "oid": table.oid,
         "schema": table.schema,
         "name": table.name,
@@ -128,19 +146,23 @@ def schema_to_dict(table: TableSchema) -> dict[str, object]:
         "replica_identity": table.replica_identity,
         "columns": [
             {"name": c.name, "type": _type_to_dict(c.type), "type_oid": c.type_oid, "typmod": c.typmod,
-             "nullable": c.nullable}
+             "nullable": c.nullable, "attnum": c.attnum, "missing": c.missing}
             for c in table.columns
         ],
     }
+    if table.target_as is not None:
+        out["target_as"] = list(table.target_as)
+    return out
 
 
 def schema_from_dict(d: dict[str, object]) -> TableSchema:
     """Inverse of ``schema_to_dict``."""
     columns = tuple(
         Column(name=c["name"], type=_type_from_dict(c["type"]), type_oid=c["type_oid"], typmod=c["typmod"],
-               nullable=c["nullable"])
+               nullable=c["nullable"], attnum=c.get("attnum"), missing=c.get("missing"))
         for c in d["columns"]  # type: ignore[attr-defined]
     )
+    target_as = d.get("target_as")
     return TableSchema(
         oid=int(d["oid"]),  # type: ignore[call-overload]
         schema=str(d["schema"]),
@@ -148,4 +170,5 @@ def schema_from_dict(d: dict[str, object]) -> TableSchema:
         columns=columns,
         key=tuple(d["key"]),  # type: ignore[arg-type]
         replica_identity=str(d.get("replica_identity", "d")),
+        target_as=(str(target_as[0]), str(target_as[1])) if isinstance(target_as, list) else None,
     )

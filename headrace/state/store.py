@@ -67,6 +67,17 @@ CREATE INDEX IF NOT EXISTS log_index_table ON _headrace.log_index (pipeline, tab
 -- stream's wal_end when psycopg2 forwarded the confirmation past idle WAL. A slot beyond it was
 -- advanced by someone else.
 ALTER TABLE _headrace.pipeline_meta ADD COLUMN IF NOT EXISTS acked_lsn bigint NOT NULL DEFAULT 0;
+-- Schema changes and table events applied to targets (add_column, drop_table, ...): status and audit.
+CREATE TABLE IF NOT EXISTS _headrace.ddl_events (
+    pipeline    text NOT NULL,
+    table_oid   bigint NOT NULL,
+    table_name  text NOT NULL,
+    kind        text NOT NULL,
+    detail      text NOT NULL,
+    lsn         bigint,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS ddl_events_pipeline ON _headrace.ddl_events (pipeline, applied_at);
 CREATE TABLE IF NOT EXISTS _headrace.mat_cursor (
     pipeline    text NOT NULL,
     table_oid   bigint NOT NULL,
@@ -230,6 +241,31 @@ class StateStore:
         self.conn.execute(
             f"UPDATE _headrace.tables SET {', '.join(sets)} WHERE pipeline = %s AND table_oid = %s", params
         )
+
+    # -- schema change events -------------------------------------------------------------------
+    def record_ddl(self, oid: int, table: str, kind: str, detail: str, lsn: int | None = None) -> None:
+        """Note a schema change or table event applied to the target (``kind`` as in metrics)."""
+        self.conn.execute(
+            "INSERT INTO _headrace.ddl_events (pipeline, table_oid, table_name, kind, detail, lsn)"
+            " VALUES (%s,%s,%s,%s,%s,%s)",
+            (self.pipeline, oid, table, kind, detail, lsn),
+        )
+
+    def ddl_counts(self) -> dict[str, int]:
+        """How many schema change events of each kind this pipeline applied."""
+        rows = self.conn.execute(
+            "SELECT kind, count(*) AS n FROM _headrace.ddl_events WHERE pipeline = %s GROUP BY kind",
+            (self.pipeline,),
+        ).fetchall()
+        return {r["kind"]: int(r["n"]) for r in rows}
+
+    def recent_ddl(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The latest schema change events, newest first."""
+        return self.conn.execute(
+            "SELECT table_name, kind, detail, lsn, applied_at FROM _headrace.ddl_events WHERE pipeline = %s"
+            " ORDER BY applied_at DESC LIMIT %s",
+            (self.pipeline, limit),
+        ).fetchall()
 
     # -- staged log and cursors -----------------------------------------------------------------
     def cursor(self, oid: int) -> int:

@@ -64,10 +64,10 @@ class DuckLakeTarget(Target):
 
     # -- names -------------------------------------------------------------------------------
     def _schema(self, table: TableSchema) -> str:
-        return self.settings.schema_ or table.schema
+        return self.settings.schema_ or table.target_schema
 
     def _qualified(self, table: TableSchema) -> str:
-        return f"{L}.{quote_ident(self._schema(table))}.{quote_ident(table.name)}"
+        return f"{L}.{quote_ident(self._schema(table))}.{quote_ident(table.target_table)}"
 
     def _key(self, table: TableSchema) -> tuple[str, ...]:
         # REPLICA IDENTITY FULL: every column identifies the row.
@@ -82,7 +82,7 @@ class DuckLakeTarget(Target):
             self._con.execute(
                 f"CREATE TABLE IF NOT EXISTS {self._qualified(table)} ({', '.join(cols + list(_META))})"
             )
-        return f"{self._schema(table)}.{table.name}"
+        return f"{self._schema(table)}.{table.target_table}"
 
     def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
         """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in.
@@ -110,7 +110,7 @@ class DuckLakeTarget(Target):
                 if files and direct:
                     self._con.execute(
                         "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",
-                        [L, table.name, files, self._schema(table)],
+                        [L, table.target_table, files, self._schema(table)],
                     )
                 elif files:
                     self._con.execute(self._insert_from_parquet(table), [files])
@@ -279,7 +279,7 @@ class DuckLakeTarget(Target):
 
     def _snapshot_root(self, table: TableSchema) -> str:
         base = self.settings.data_path.rstrip("/")
-        return f"{base}/{SNAPSHOT_FOLDER}/{self._schema(table)}/{table.name}"
+        return f"{base}/{SNAPSHOT_FOLDER}/{self._schema(table)}/{table.target_table}"
 
     def _write_parquet(self, table: TableSchema, rows: DataFrame, folder: str) -> None:
         """Spark writes the rows in target column order with microsecond timestamps."""

@@ -71,8 +71,8 @@ class IcebergTarget(Target):
 
     def table_name(self, table: TableSchema) -> str:
         """``catalog.namespace.table``, quoted for Spark SQL."""
-        namespace = self.settings.namespace or table.schema
-        return ".".join(quote(part) for part in (self.settings.catalog_name, namespace, table.name))
+        namespace = self.settings.namespace or table.target_schema
+        return ".".join(quote(part) for part in (self.settings.catalog_name, namespace, table.target_table))
 
     def ensure_table(self, table: TableSchema) -> str:
         """Create the namespace and the table (format version 2) if missing; return the name."""
