@@ -4,6 +4,12 @@ Order of changes is (commit LSN, ordinal in transaction, sub-ordinal): an update
 key becomes a delete of the old key (sub 0) followed by the new row (sub 1) at the same position.
 Only the last change per key survives, except that a TOAST column the last update left unchanged
 takes its value from the latest earlier change in the batch that did send it.
+
+Tables without a key (REPLICA IDENTITY FULL) are not deduplicated: identical rows may exist, so a
+change can only be applied as a multiset delta. Their batch holds one row per row image a change
+adds or removes (``I``: one more copy of this row; ``D``: one copy fewer; an update is a ``D`` of
+the old row and an ``I`` of the new one at the same position). ``net_row_changes`` folds such a
+batch into counts per distinct row.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from headrace.core.errors import TerminalError
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
 from headrace.log.staging import STAGING_SPARK_DDL
@@ -25,7 +32,9 @@ _MAP = "map<string,string>"
 class ChangeBatch:
     """A batch ready for ``Target.apply_batch``."""
 
-    changes: DataFrame  # at most one row per key, Target row shape plus _hr_op and _hr_unchanged
+    # Keyed tables: at most one row per key, Target row shape plus _hr_op and _hr_unchanged.
+    # Keyless tables: one row per row image added (I) or removed (D); see the module docstring.
+    changes: DataFrame
     truncate_before: Position | None  # the latest TRUNCATE in the batch, if any
     rows_in: int  # staged rows read (before skipping and deduplication)
 
@@ -44,8 +53,6 @@ def read_change_batch(
     already holds them. Runs one small Spark job on the driver's behalf (row count and latest
     truncate); ``changes`` itself stays lazy.
     """
-    if not table.key:
-        raise ValueError(f"{table.qualified_name} has no key; read_change_batch needs one")
     if files:
         staged = spark.read.schema(STAGING_SPARK_DDL).parquet(*files)
     else:
@@ -55,16 +62,27 @@ def read_change_batch(
     after_skip = F.lit(True) if skip_through is None else _after(lsn, seq, skip_through)
     kept = staged.where(after_skip)
 
+    # A keyless table's update must carry its whole old row (REPLICA IDENTITY FULL sends it).
+    no_old_row = (op == "U") & F.col("_old_key").isNull() & after_skip if not table.key else F.lit(False)
     stats = staged.agg(
         F.count(F.lit(1)).alias("rows_in"),
         F.max(F.when((op == "T") & after_skip, F.struct(lsn, seq))).alias("trunc"),
         F.max(F.col("_unchanged_cols").isNotNull().cast("int")).alias("toast"),
+        F.max(no_old_row.cast("int")).alias("no_old_row"),
     ).collect()[0]
     truncate_before = Position(stats.trunc[0], stats.trunc[1]) if stats.trunc is not None else None
+    if stats.no_old_row:
+        raise TerminalError(
+            f"table {table.qualified_name} has no key and an update arrived without its old row: run "
+            f"ALTER TABLE {table.qualified_name} REPLICA IDENTITY FULL (or add a primary key), then resync it"
+        )
 
     changes = kept.where(op != "T")
     if truncate_before is not None:
         changes = changes.where(_after(lsn, seq, truncate_before))
+    if not table.key:
+        rows_in = int(stats.rows_in)
+        return ChangeBatch(changes=_row_images(changes, table), truncate_before=truncate_before, rows_in=rows_in)
     changes = _split_key_changes(changes)
     changes = _last_per_key(changes, table, has_unchanged=bool(stats.toast))
     return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in))
@@ -91,6 +109,64 @@ def _split_key_changes(changes: DataFrame) -> DataFrame:
         F.col("r.op").alias("_op"),
         F.col("r.values").alias("_values"),
     )
+
+
+def _row_images(changes: DataFrame, table: TableSchema) -> DataFrame:
+    """A keyless table's changes as row images added (``I``) or removed (``D``), cast, not deduplicated.
+
+    Capture stages a delete with the whole old row in ``_data`` and an update with the whole old
+    row in ``_old_key``; an update becomes the removal of its old row and the addition of its new
+    one at the change's position.
+    """
+    data = F.from_json(F.col("_data"), _MAP)
+    old_row = F.from_json(F.col("_old_key"), _MAP)
+    added = F.struct(F.lit("I").alias("op"), data.alias("values"))
+    removed_old = F.struct(F.lit("D").alias("op"), old_row.alias("values"))
+    removed = F.struct(F.lit("D").alias("op"), data.alias("values"))
+    images = (
+        F.when(F.col("_op") == "U", F.array(removed_old, added))
+        .when(F.col("_op") == "D", F.array(removed))
+        .otherwise(F.array(added))
+    )
+    exploded = changes.select("_lsn", "_seq", "_ts", F.explode(images).alias("r"))
+    return exploded.select(
+        *[cast_text(F.col("r.values")[c.name], c.type).alias(c.name) for c in table.columns],
+        F.col("_lsn").alias(HR_LSN),
+        F.col("_seq").alias(HR_SEQ),
+        F.col("_ts").alias(HR_COMMIT_TS),
+        F.col("r.op").alias(HR_OP),
+        F.lit(None).cast("string").alias(HR_UNCHANGED),
+    )
+
+
+HR_DELTA = "_hr_delta"  # in net row changes: copies to add (+1 per row) or to remove (-n)
+
+
+def net_row_changes(images: DataFrame, table: TableSchema) -> DataFrame:
+    """Fold a keyless batch (row images, see ``_row_images``) into the multiset delta it makes.
+
+    Per distinct row: one row with ``_hr_delta`` = -n when the batch removes n more copies than
+    it adds, or one row with ``_hr_delta`` = 1 for each copy it adds net, carrying the position
+    of the latest change that added that row. Rows the batch adds and removes equally vanish.
+    """
+    cols = [F.col(quote_spark(c.name)) for c in table.columns]
+    sign = F.when(F.col(HR_OP) == "I", F.lit(1)).otherwise(F.lit(-1))
+    added_at = F.when(F.col(HR_OP) == "I", F.struct(F.col(HR_LSN), F.col(HR_SEQ), F.col(HR_COMMIT_TS)))
+    net = images.groupBy(*cols).agg(F.sum(sign).alias("_n"), F.max(added_at).alias("_at")).where(F.col("_n") != 0)
+    copies = F.when(F.col("_n") > 0, F.sequence(F.lit(1), F.col("_n"))).otherwise(F.array(F.lit(1)))
+    return net.select(
+        *cols,
+        F.col("_at")[HR_LSN].alias(HR_LSN),
+        F.col("_at")[HR_SEQ].alias(HR_SEQ),
+        F.col("_at")[HR_COMMIT_TS].alias(HR_COMMIT_TS),
+        F.when(F.col("_n") > 0, F.lit(1)).otherwise(F.col("_n")).cast("int").alias(HR_DELTA),
+        F.explode(copies).alias("_copy"),
+    ).drop("_copy")
+
+
+def quote_spark(name: str) -> str:
+    """A column name for ``F.col``: backticks, so dots and spaces in names are literal."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool) -> DataFrame:

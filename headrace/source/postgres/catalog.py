@@ -166,11 +166,6 @@ def _table_problems(conn: Conn, table: str, published: set[int]) -> list[str]:
             f"table {qualified} has no primary key and REPLICA IDENTITY DEFAULT: add a primary key"
             f" or run ALTER TABLE {qualified} REPLICA IDENTITY FULL"
         )
-    elif replident == "f" and not primary:
-        problems.append(
-            f"table {qualified} has no primary key (REPLICA IDENTITY FULL): tables without a key are"
-            " not supported yet; add a primary key"
-        )
     elif replident == "i" and not replident_index:
         problems.append(
             f"table {qualified} has REPLICA IDENTITY USING INDEX but the index is gone: run ALTER TABLE"

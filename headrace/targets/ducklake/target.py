@@ -22,6 +22,7 @@ from headrace.core.errors import TerminalError, TransientError
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema, TypeKind
+from headrace.materialize.batch import HR_DELTA, net_row_changes
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.types import (
     cast_in,
@@ -134,6 +135,10 @@ class DuckLakeTarget(Target):
         (skipped entirely when the join found none, e.g. inserts of new keys); insert the new
         versions; upsert the cursor; commit.
         """
+        if not table.key:
+            # No key: apply the batch as a multiset delta. Exactly once, because the cursor commits
+            # in the same transaction (a batch is never applied twice).
+            changes = net_row_changes(changes, table)
         batch = _to_arrow(changes)
         target = self._qualified(table)
         key = self._key(table)
@@ -146,7 +151,9 @@ class DuckLakeTarget(Target):
                             f"DELETE FROM {target} WHERE {HR_LSN} < ? OR ({HR_LSN} = ? AND {HR_SEQ} < ?)",
                             [truncate_before.lsn, truncate_before.lsn, truncate_before.seq],
                         )
-                    if batch.num_rows:
+                    if batch.num_rows and not table.key:
+                        self._apply_net(table)
+                    elif batch.num_rows:
                         planned = self._con.execute(self._plan_sql(table, key)).arrow()
                         if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
                             planned = planned.read_all()
@@ -245,6 +252,31 @@ class DuckLakeTarget(Target):
         )
         self._con.execute(
             f"INSERT INTO {CURSOR_TABLE} VALUES (?, ?, ?, now())", [self.pipeline, table.oid, log_offset]
+        )
+
+    def _apply_net(self, table: TableSchema) -> None:
+        """Apply ``hr_batch`` (net row changes of a keyless table): remove, then add, copies.
+
+        A row the batch removes n times loses n of its identical copies in the target (the
+        oldest); each ``+1`` row is one more copy.
+        """
+        target = self._qualified(table)
+        same = " AND ".join(
+            f"o.{quote_ident(c.name)} IS NOT DISTINCT FROM {cast_in('b.' + quote_ident(c.name), c.type)}"
+            for c in table.columns
+        )
+        self._con.execute(
+            f"DELETE FROM {target} WHERE rowid IN (SELECT hr_rowid FROM ("
+            f"SELECT o.rowid AS hr_rowid, b.{HR_DELTA} AS hr_delta, row_number() OVER "
+            f"(PARTITION BY b.hr_row ORDER BY o.{HR_LSN}, o.{HR_SEQ}, o.rowid) AS hr_nth "
+            f"FROM (SELECT *, row_number() OVER () AS hr_row FROM hr_batch WHERE {HR_DELTA} < 0) b "
+            f"JOIN {target} o ON {same}) WHERE hr_nth <= -hr_delta)"
+        )
+        cols = [quote_ident(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+        values = [f"CAST({cast_in(quote_ident(c.name), c.type)} AS {duck_type(c.type)})" for c in table.columns]
+        self._con.execute(
+            f"INSERT INTO {target} ({', '.join(cols)}) SELECT {', '.join(values + [HR_LSN, HR_SEQ, HR_COMMIT_TS])} "
+            f"FROM hr_batch WHERE {HR_DELTA} > 0"
         )
 
     def _plan_sql(self, table: TableSchema, key: tuple[str, ...]) -> str:

@@ -26,6 +26,7 @@ from headrace.core.interfaces import Target
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
 from headrace.materialize.types import spark_type
+from headrace.targets.iceberg.keyless import KeylessApply
 
 WRITE_MODE = "merge-on-read"
 
@@ -120,8 +121,14 @@ class IcebergTarget(Target):
         truncate_before: Position | None,
         log_offset: int,
     ) -> None:
-        """Apply a deduplicated batch with one MERGE, after the TRUNCATE it may carry."""
+        """Apply a deduplicated batch with one MERGE, after the TRUNCATE it may carry.
+
+        A table without a key gets a multiset delta, exactly once: see ``keyless``.
+        """
         name = self.table_name(table)
+        if not table.key:
+            KeylessApply(self.spark).apply(table, name, changes, truncate_before)
+            return
         if truncate_before is not None:
             lsn, seq = truncate_before.lsn, truncate_before.seq
             self.spark.sql(

@@ -147,7 +147,7 @@ def test_check_source_ready_and_problems(conn: psycopg.Connection, source_dsn: s
         and "ALTER TABLE public.orders REPLICA IDENTITY FULL" in p
         for p in problems
     )
-    assert any("public.fullnokey" in p and "not supported yet" in p for p in problems)
+    assert not any("public.fullnokey" in p for p in problems)  # keyless under FULL: all columns identify
     assert any("public.nope does not exist" in p for p in problems)
 
     with psycopg.connect(source_dsn, user="weak", autocommit=True) as weak:
