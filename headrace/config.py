@@ -41,6 +41,18 @@ class SourceConfig(_Frozen):
     dsn: str | None = Field(None, description="libpq connection string or URL of the source database")
     dsn_env: str | None = Field(None, description="name of an environment variable holding the DSN")
     tables: list[str] = Field(default_factory=list, description="tables to replicate, as schema.table")
+    schemas: list[str] = Field(
+        default_factory=list, description="instead of tables: replicate every table of these schemas, including"
+        " tables created later (picked up while running)"
+    )
+    all_tables: bool = Field(
+        False, description="instead of tables: replicate every table of the database (outside the system"
+        " schemas and _headrace), including tables created later"
+    )
+    discovery_seconds: float = Field(
+        5.0, gt=0, description="how often the source catalog is checked for dropped, recreated and (with"
+        " schemas / all_tables) new tables"
+    )
     publication: str | None = Field(None, description="publication name; default headrace_<name>")
     slot: str | None = Field(None, description="replication slot name; default headrace_<name>")
     state_dsn: str | None = Field(
@@ -58,6 +70,24 @@ class SourceConfig(_Frozen):
         if len(set(out)) != len(out):
             raise ValueError("source.tables lists a table twice")
         return out
+
+    @model_validator(mode="after")
+    def _one_way_of_naming_tables(self) -> SourceConfig:
+        given = [name for name, value in (("tables", self.tables), ("schemas", self.schemas),
+                                          ("all_tables", self.all_tables)) if value]
+        if len(given) != 1:
+            raise ValueError(
+                "name the tables to replicate in exactly one way: tables: [schema.table, ...], schemas: [public,"
+                f" ...] or all_tables: true (got {' and '.join(given) if given else 'none'})"
+            )
+        if len(set(self.schemas)) != len(self.schemas):
+            raise ValueError("source.schemas lists a schema twice")
+        return self
+
+    @property
+    def discovers(self) -> bool:
+        """Tables are found in the catalog (schemas / all_tables), so new ones are picked up while running."""
+        return bool(self.schemas) or self.all_tables
 
     def resolved_dsn(self) -> str:
         dsn = _from_env(self.dsn, self.dsn_env, "source.dsn")

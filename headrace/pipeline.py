@@ -11,27 +11,29 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.control.metrics import PipelineMetrics
-from headrace.control.operations import Operations
+from headrace.control.operations import Operations, published_names
 from headrace.core.errors import SourceError, TerminalError, TransientError
 from headrace.core.interfaces import Target, load_target
 from headrace.core.position import format_lsn, parse_lsn
+from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.initial_copy import InitialCopy
 from headrace.materialize.retention import collect_applied
-from headrace.source.postgres.catalog import check_source, read_table_schema
+from headrace.source.postgres.catalog import check_source, list_tables, read_table_schema, table_problems
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
 from headrace.state.invariants import check_slot, check_staged_files, check_tables
 from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
 from headrace.state.progress import DDL as PROGRESS_DDL
 from headrace.state.store import StateStore, TableRow
+from headrace.table_watch import TableWatch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,6 +65,8 @@ class Pipeline:
         self._copy_stop = threading.Event()
         self.metrics = PipelineMetrics(self)
         self.operations = Operations(self)  # API commands, run by the loop between steps
+        self.table_watch = TableWatch(self)  # tables created, dropped and recreated in the source
+        self._recreated_at_start: list[tuple[TableSchema, TableSchema]] = []  # (old, new), target to fix
         self.api_address: str | None = None  # host:port the control API serves on, while running
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -79,8 +83,6 @@ class Pipeline:
         problems = self.check()
         if problems:
             raise SourceError("the source is not ready:\n" + "\n".join(f"  - {p}" for p in problems))
-        if not self.config.source.tables:
-            raise SourceError("source.tables is empty: list the tables to replicate as schema.table")
         state = StateStore(self.state_dsn, self.config.name)
         state.install()
         state.conn.execute(PROGRESS_DDL)  # start-up checks and their remedies name it
@@ -93,15 +95,17 @@ class Pipeline:
                     f"(system identifier {meta['system_identifier']}, now {sysid}): use a new pipeline "
                     "name, or drop the _headrace rows of this pipeline to start over"
                 )
-            schemas = [read_table_schema(conn, name) for name in self.config.source.tables]
+            names = self._configured_tables(conn, state)
+            schemas = [read_table_schema(conn, name) for name in names]
             # Refuse to run on state the source or the staging store no longer matches.
             check_slot(conn, state, self.config.slot_name)
-            check_tables(state, schemas)
+            for old, new in check_tables(state, schemas, self.config.schema_changes.recreated_table):
+                self._resync_recreated(state, old, new)
             check_staged_files(state)
-            # Tables added through the API stay published across restarts (if they still exist).
-            added = [r.qualified_name for r in state.tables() if r.qualified_name not in self.config.source.tables
-                     and conn.execute("SELECT to_regclass(%s)", (r.qualified_name,)).fetchone()[0]]  # type: ignore[index]
-            ensure_publication(conn, self.config.publication_name, list(self.config.source.tables) + added)
+            # Tables added through the API or discovered stay published across restarts, by oid: a
+            # dropped one drops out, and a recreated one is published only once it is tracked.
+            published = list(dict.fromkeys(names + published_names(conn, state.tables())))
+            ensure_publication(conn, self.config.publication_name, published)
             slot_lsn = ensure_slot(conn, self.config.slot_name)
         state.ensure_meta(sysid, self.config.slot_name, self.config.publication_name, slot_lsn)
         tracked = {row.oid: row for row in state.tables()}
@@ -109,7 +113,47 @@ class Pipeline:
             if schema.oid not in tracked:
                 state.add_table(schema)
                 event(log, "table.added", table=schema.qualified_name, oid=schema.oid)
+                if meta is not None and self.config.source.discovers:  # created while headrace was down
+                    state.record_ddl(schema.oid, schema.qualified_name, "create_table", "new table: copying")
+                    self.metrics.ddl_applied("create_table")
         return state
+
+    def _configured_tables(self, conn: psycopg.Connection[Any], state: StateStore) -> list[str]:
+        """The tables the config names; with schemas / all_tables, those found that can be replicated.
+
+        A discovered table that cannot be replicated does not stop the others: it is noted as
+        refused (``status`` shows why) and assessed again by each discovery pass.
+        """
+        source = self.config.source
+        if not source.discovers:
+            return list(source.tables)
+        tracked = {r.oid for r in state.tables()}
+        names, refused = [], set()
+        for oid, name in list_tables(conn, source.schemas or None).items():
+            problems = [] if oid in tracked else table_problems(conn, name, self.config.publication_name)
+            if problems:
+                refused.add(oid)
+                if state.refuse_table(oid, name, "; ".join(problems)):
+                    event(log, "table.refused", logging.WARNING, table=name, oid=oid, reason="; ".join(problems))
+            else:
+                names.append(name)
+        state.forget_refused(refused)
+        return names
+
+    def _resync_recreated(self, state: StateStore, old: TableRow, new: TableSchema) -> None:
+        """Start-up found ``old`` dropped and created again as ``new``: forget the old, copy the new."""
+        state.remove_table(old.oid)  # its staged changes belong to the old table: never applied
+        detail = f"oid {old.oid} -> {new.oid}, found at start-up: copying the new table into the same target table"
+        state.record_ddl(new.oid, new.qualified_name, "recreate_table", detail)
+        self.metrics.ddl_applied("recreate_table")
+        self._recreated_at_start.append((old.schema, new))
+        event(log, "table.recreated", logging.WARNING, table=new.qualified_name, old_oid=old.oid, oid=new.oid,
+              resync=True)
+
+    @property
+    def copy_running(self) -> bool:
+        """An initial copy round is under way (in its thread)."""
+        return self._copier is not None and self._copier.is_alive()
 
     @property
     def spark(self) -> SparkSession:
@@ -137,6 +181,10 @@ class Pipeline:
         # commit a committed transaction's record can still be past the write position.
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+        for old, new in self._recreated_at_start:
+            if [(c.name, c.type) for c in old.columns] != [(c.name, c.type) for c in new.columns]:
+                self.target.drop_table(old)  # another shape: the copy creates the table anew
+        self._recreated_at_start = []
         rows = state.tables()
         self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows})
         capture_stop = threading.Event()
@@ -153,9 +201,9 @@ class Pipeline:
         try:
             while not stop.is_set():
                 self.operations.run_pending(state)
-                did_work = False
+                did_work = self.table_watch.step(state)
                 if not self.operations.paused:
-                    did_work = self._copy_pending(state)
+                    did_work |= self._copy_pending(state)
                     did_work |= self._apply_all(state)
                 if time.monotonic() >= next_gc:
                     collect_applied(state, self.target)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from headrace.core.errors import HeadraceError, SourceError
+from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.replication import ensure_publication
@@ -139,36 +140,48 @@ class Operations:
 
     def add_table(self, name: str) -> Command:
         def command(state: StateStore) -> dict[str, Any]:
-            from headrace.control.assess import assess
-
-            p = self.pipeline
             qualified = name if "." in name else f"public.{name}"
-            tracked = state.tables()
-            with psycopg.connect(p.dsn, autocommit=True) as conn:
-                assessment = assess(conn, [qualified], p.config.publication_name)
-                (table,) = assessment["tables"]
-                if not table["exists"]:
-                    raise OperationError(f"table {qualified} does not exist in the source", 404)
-                if any(r.oid == table["oid"] for r in tracked):
-                    raise OperationError(f"table {table['table']} is replicated already", 409)
-                if assessment["problems"]:
-                    raise OperationError("; ".join(assessment["problems"]), 422)
-                schema = read_table_schema(conn, table["table"])
-                if p.capture is not None:
-                    p.capture.track(schema)  # before the publication: its first RELATION must be kept
-                ensure_publication(conn, p.config.publication_name,
-                                   [r.qualified_name for r in tracked] + [schema.qualified_name])
-            state.add_table(schema)
-            event(log, "table.added", table=schema.qualified_name, oid=schema.oid)
+            schema = self.start_tracking(state, qualified)
             return {"table": schema.qualified_name, "oid": schema.oid, "state": TableState.PENDING.value}
         return command
+
+    def start_tracking(self, state: StateStore, qualified: str) -> TableSchema:
+        """Assess, capture, publish and track table ``qualified`` (PENDING: the run loop copies it).
+
+        Shared by the API's add-table and by discovery. Raises ``OperationError`` when the table is
+        missing (404), tracked already (409) or cannot be replicated (422, the problems joined).
+        Changes committed before the table is published are not lost: the initial copy reads an
+        exported snapshot taken after this, and capture knows the oid before the first change it
+        can be sent.
+        """
+        from headrace.control.assess import assess
+
+        p = self.pipeline
+        tracked = state.tables()
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            assessment = assess(conn, [qualified], p.config.publication_name)
+            (table,) = assessment["tables"]
+            if not table["exists"]:
+                raise OperationError(f"table {qualified} does not exist in the source", 404)
+            if any(r.oid == table["oid"] for r in tracked):
+                raise OperationError(f"table {table['table']} is replicated already", 409)
+            if assessment["problems"]:
+                raise OperationError("; ".join(assessment["problems"]), 422)
+            schema = read_table_schema(conn, table["table"])
+            if p.capture is not None:
+                p.capture.track(schema)  # before the publication: its first RELATION must be kept
+            ensure_publication(conn, p.config.publication_name,
+                               published_names(conn, tracked) + [schema.qualified_name])
+        state.add_table(schema)
+        event(log, "table.added", table=schema.qualified_name, oid=schema.oid)
+        return schema
 
     def remove_table(self, name: str, drop_target: bool = False) -> Command:
         def command(state: StateStore) -> dict[str, Any]:
             p = self.pipeline
             row = find_table(state, name)
-            remaining = [r.qualified_name for r in state.tables() if r.oid != row.oid]
             with psycopg.connect(p.dsn, autocommit=True) as conn:
+                remaining = published_names(conn, [r for r in state.tables() if r.oid != row.oid])
                 try:
                     ensure_publication(conn, p.config.publication_name, remaining)
                 except SourceError as exc:
@@ -179,6 +192,18 @@ class Operations:
             event(log, "table.removed", table=row.qualified_name, dropped_target=drop_target)
             return {"table": row.qualified_name, "removed": True, "dropped_target": drop_target}
         return command
+
+
+def published_names(conn: psycopg.Connection[Any], rows: list[TableRow]) -> list[str]:
+    """Current ``schema.table`` names of the tracked tables that still exist in the source.
+
+    By oid, so a renamed table keeps its place, and a dropped one (not finished yet) drops out.
+    """
+    found = dict(conn.execute(
+        "SELECT c.oid::int8, format('%%I.%%I', n.nspname, c.relname) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])",
+        ([r.oid for r in rows],)).fetchall())
+    return [found[r.oid] for r in rows if r.oid in found]
 
 
 def find_table(state: StateStore, name: str) -> TableRow:

@@ -61,6 +61,14 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
             "captured_lsn": format_lsn(captured),
             "current_wal_lsn": format_lsn(int(current)),
             "tables": tables,
+            "refused_tables": [{"table": r["table"], "oid": int(r["oid"]), "reason": r["reason"],
+                                "seen_at": r["seen_at"].isoformat()} for r in state.refused_tables()],
+            "ddl": {
+                "counts": state.ddl_counts(),
+                "recent": [{"table": e["table_name"], "kind": e["kind"], "detail": e["detail"],
+                            "lsn": format_lsn(e["lsn"]) if e["lsn"] is not None else None,
+                            "applied_at": e["applied_at"].isoformat()} for e in state.recent_ddl(10)],
+            },
         }
     finally:
         state.close()
@@ -92,4 +100,11 @@ def format_status(status: dict[str, Any]) -> str:
             lines.append(f"{t['table']:32} {t['state']:10} {t['rows_copied']:>10} {t['rows_applied']:>10} "
                          f"{t['pending_changes']:>8} {str(t['lag_bytes'] if t['lag_bytes'] is not None else '-'):>10}"
                          f"  {t['error'] or ''}")
+    for r in status.get("refused_tables") or []:
+        lines.append(f"refused {r['table']}: {r['reason']}")
+    ddl = status.get("ddl") or {}
+    if ddl.get("counts"):
+        lines.append("schema changes: " + ", ".join(f"{k}={n}" for k, n in sorted(ddl["counts"].items())))
+        for e in ddl.get("recent") or []:
+            lines.append(f"  {e['applied_at']}  {e['kind']:16} {e['table']}  {e['detail']}")
     return "\n".join(lines)

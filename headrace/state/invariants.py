@@ -16,7 +16,7 @@ import psycopg
 from headrace.core.errors import SourceError
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
-from headrace.state.store import StateStore
+from headrace.state.store import StateStore, TableRow
 
 _TABLE_STATE = ("tables", "mat_cursor", "log_index", "snapshot_progress")
 
@@ -64,21 +64,33 @@ def check_slot(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> N
         )
 
 
-def check_tables(state: StateStore, schemas: list[TableSchema]) -> None:
-    """Each configured table is still the one tracked under its name (same ``pg_class`` oid)."""
+def check_tables(state: StateStore, schemas: list[TableSchema],
+                 recreated_table: str = "refuse") -> list[tuple[TableRow, TableSchema]]:
+    """Each configured table is still the one tracked under its name (same ``pg_class`` oid).
+
+    A table dropped and created again under its name (new oid) is refused with
+    ``recreated_table="refuse"``; with ``"resync"`` it is returned as (old row, new schema), for the
+    caller to resync: the old oid's staged changes belong to the old table and must not be applied.
+    """
     tracked = state.tables()
     oids = {row.oid for row in tracked}
+    recreated = []
     for schema in schemas:
         if schema.oid in oids:
             continue
         for row in tracked:
             if row.qualified_name == schema.qualified_name:
+                if recreated_table == "resync":
+                    recreated.append((row, schema))
+                    continue
                 raise SourceError(
                     f"table {schema.qualified_name} was dropped and recreated (oid {row.oid} in pipeline "
                     f"{state.pipeline}'s state, {schema.oid} now): its staged changes belong to the old table. "
                     f"Forget the old one ({forget_table_sql(state.pipeline, row.oid)}) and run again: the new "
-                    "table is copied afresh and its copy replaces the target table"
+                    "table is copied afresh and its copy replaces the target table (or set "
+                    "schema_changes.recreated_table: resync to have that done by itself)"
                 )
+    return recreated
 
 
 def check_staged_files(state: StateStore) -> None:

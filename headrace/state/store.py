@@ -85,6 +85,16 @@ CREATE TABLE IF NOT EXISTS _headrace.mat_cursor (
     updated_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pipeline, table_oid)
 );
+-- Tables found by discovery (source.schemas / all_tables) that cannot be replicated, and why.
+-- Not tracked; assessed again at each discovery pass, so fixing the table gets it replicated.
+CREATE TABLE IF NOT EXISTS _headrace.refused_tables (
+    pipeline    text NOT NULL,
+    table_oid   bigint NOT NULL,
+    table_name  text NOT NULL,
+    reason      text NOT NULL,
+    seen_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, table_oid)
+);
 """
 
 
@@ -266,6 +276,30 @@ class StateStore:
             " ORDER BY applied_at DESC LIMIT %s",
             (self.pipeline, limit),
         ).fetchall()
+
+    # -- tables discovery refused ---------------------------------------------------------------
+    def refuse_table(self, oid: int, table: str, reason: str) -> bool:
+        """Note that discovery refused a table; True when this is news (new table or new reason)."""
+        row = self.conn.execute(
+            "INSERT INTO _headrace.refused_tables (pipeline, table_oid, table_name, reason) VALUES (%s,%s,%s,%s)"
+            " ON CONFLICT (pipeline, table_oid) DO UPDATE SET table_name = excluded.table_name,"
+            " reason = excluded.reason, seen_at = now()"
+            " WHERE (refused_tables.table_name, refused_tables.reason) IS DISTINCT FROM"
+            " (excluded.table_name, excluded.reason) RETURNING table_oid",
+            (self.pipeline, oid, table, reason),
+        ).fetchone()
+        return row is not None
+
+    def forget_refused(self, keep: set[int]) -> None:
+        """Drop refusal notes of tables not in ``keep`` (replicated now, or gone from the source)."""
+        self.conn.execute("DELETE FROM _headrace.refused_tables WHERE pipeline = %s AND NOT table_oid = ANY(%s)",
+                          (self.pipeline, list(keep)))
+
+    def refused_tables(self) -> list[dict[str, Any]]:
+        """Tables discovery found but cannot replicate: table, oid, reason, seen_at."""
+        return self.conn.execute(
+            "SELECT table_name AS table, table_oid AS oid, reason, seen_at FROM _headrace.refused_tables"
+            " WHERE pipeline = %s ORDER BY table_name", (self.pipeline,)).fetchall()
 
     # -- staged log and cursors -----------------------------------------------------------------
     def cursor(self, oid: int) -> int:

@@ -209,3 +209,37 @@ def check_source(conn: Conn, tables: list[str], publication: str) -> list[str]:
     for table in tables:
         problems.extend(_table_problems(conn, table, published))
     return problems
+
+
+_SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "_headrace")
+
+# Partitions are left out: a partitioned table is replicated as one table (its root), and its
+# partitions' changes arrive under the root's oid (publish_via_partition_root).
+_SCHEMA_TABLES = """
+SELECT c.oid::int8, format('%%I.%%I', n.nspname, c.relname), n.nspname, c.relname
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname <> ALL(%s) AND n.nspname NOT LIKE 'pg_toast%%' AND n.nspname NOT LIKE 'pg_temp%%'
+  AND (%s::text[] IS NULL OR n.nspname = ANY(%s::text[]))
+ORDER BY 2
+"""
+
+
+def list_tables(conn: Conn, schemas: list[str] | None) -> dict[int, str]:
+    """oid → ``schema.table`` of every table in ``schemas`` (every non-system schema when None).
+
+    Partitions are not listed (their partitioned root is); nor are headrace's own ``_headrace`` tables.
+    """
+    rows = conn.execute(_SCHEMA_TABLES, (list(_SYSTEM_SCHEMAS), schemas, schemas)).fetchall()
+    return {int(oid): f"{schema}.{name}" for oid, _quoted, schema, name in rows}
+
+
+def existing_oids(conn: Conn, oids: list[int]) -> set[int]:
+    """Those of ``oids`` that still name a relation in ``pg_class`` (a dropped table's oid is gone)."""
+    return {int(oid) for (oid,) in conn.execute(
+        "SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s::oid[])", (oids,)).fetchall()}
+
+
+def table_problems(conn: Conn, table: str, publication: str) -> list[str]:
+    """Why ``table`` cannot be replicated through ``publication`` (empty when it can), as sentences."""
+    return _table_problems(conn, table, published_oids(conn, publication))

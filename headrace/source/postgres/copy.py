@@ -45,11 +45,18 @@ def plan_chunks(conn: psycopg.Connection[Any], table: TableSchema, chunk_pages: 
 
     Even an empty table gets one chunk, so the copy always runs (and the table always exists in
     the target afterwards).
+
+    A partitioned table has no pages of its own: its page ranges span its largest leaf partition,
+    and each chunk reads those pages of every partition (``ctid`` bounds apply per partition, each
+    a TID range scan), so a row of any partition lies in exactly one chunk. Partitions attached
+    after planning are covered too (the last chunk is open-ended, the others start at page 0).
     """
     if chunk_pages <= 0:
         raise ValueError(f"chunk_pages must be positive, got {chunk_pages}")
     row = conn.execute(
-        "SELECT pg_relation_size(%s::oid) / current_setting('block_size')::bigint", (table.oid,)
+        "SELECT CASE WHEN c.relkind = 'p' THEN (SELECT coalesce(max(pg_relation_size(t.relid)), 0)"
+        " FROM pg_partition_tree(c.oid) t WHERE t.isleaf) ELSE pg_relation_size(c.oid) END"
+        " / current_setting('block_size')::bigint FROM pg_class c WHERE c.oid = %s::oid", (table.oid,)
     ).fetchone()
     if row is None or row[0] is None:
         raise SourceError(

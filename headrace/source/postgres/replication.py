@@ -56,18 +56,30 @@ def ensure_publication(conn: Conn, name: str, tables: list[str]) -> None:
     """Make publication ``name`` publish exactly ``tables`` (create it, or SET TABLE if it differs).
 
     Idempotent. A publication FOR ALL TABLES is left alone: it already covers every table.
+
+    Always an explicit table list, even when the config names whole schemas: FOR TABLES IN SCHEMA and
+    FOR ALL TABLES need a superuser, and would publish tables headrace refuses (a table without a key
+    and REPLICA IDENTITY DEFAULT in a publication makes the application's own UPDATE and DELETE on it
+    fail). Discovered tables are added here one by one. ``publish_via_partition_root`` makes a
+    partitioned table's changes, from every partition present or future, arrive under its own oid.
     """
     with conn.transaction():
         wanted = _resolve_tables(conn, tables)
-        row = conn.execute("SELECT oid, puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+        row = conn.execute("SELECT oid, puballtables, pubviaroot FROM pg_publication WHERE pubname = %s",
+                           (name,)).fetchone()
         table_list = sql.SQL(", ").join(wanted.values())
+        via_root = sql.SQL("WITH (publish_via_partition_root = true)")
         if row is None:
             if wanted:
-                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), table_list))
+                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} {}").format(
+                    sql.Identifier(name), table_list, via_root))
             else:
-                conn.execute(sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("CREATE PUBLICATION {} {}").format(sql.Identifier(name), via_root))
             return
-        pub_oid, all_tables = row
+        pub_oid, all_tables, pubviaroot = row
+        if not pubviaroot:
+            conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
+                sql.Identifier(name)))
         if all_tables:
             return
         current = {

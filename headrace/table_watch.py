@@ -1,0 +1,191 @@
+"""Tables that come and go: discovery of new tables, dropped tables, and tables dropped and created again.
+
+pgoutput says nothing about CREATE or DROP TABLE, so the run loop asks the catalog every
+``source.discovery_seconds``:
+
+- a tracked oid missing from ``pg_class`` was dropped. The WAL insert position read *after* seeing
+  it missing is past the DROP's commit, so once capture has registered everything up to that
+  position, every change the table ever had is staged; when those are applied, the table leaves the
+  pipeline (its state rows go) and its target table is kept or dropped (``schema_changes.drop_table``).
+- a dropped table whose name now belongs to another oid was recreated: the old oid leaves at once
+  (its staged changes are never applied: the new table's copy replaces the target's rows) and the
+  new table is tracked and copied into the same target table (``schema_changes.recreated_table``).
+- with ``source.schemas`` / ``all_tables``, an untracked table in those schemas is new: it is
+  tracked through the same path as the API's add-table (capture first, then the publication, then
+  a copy under a snapshot exported afterwards, so no change before or after is lost); one that
+  cannot be replicated is noted as refused, with the reason, and assessed again at the next pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from headrace.control.operations import OperationError
+from headrace.core.position import format_lsn
+from headrace.logs import event
+from headrace.materialize.apply import current_cursor
+from headrace.source.postgres.catalog import existing_oids, list_tables
+from headrace.state.lifecycle import RETRY_BUDGET, TableState
+from headrace.state.store import StateStore, TableRow
+
+if TYPE_CHECKING:
+    from headrace.core.schema import TableSchema
+    from headrace.pipeline import Pipeline
+
+log = logging.getLogger("headrace.tables")
+
+
+class TableWatch:
+    """Follows the source catalog for the run loop (``step`` between copy and apply steps)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.dropping: dict[int, int] = {}  # oid -> WAL insert LSN when the drop was observed
+        self._retired: dict[int, int] = {}  # old oid of a recreated table -> LSN: sweep late staged rows
+        self._refused_recreate: set[int] = set()
+        self._next_poll = 0.0
+
+    def step(self, state: StateStore) -> bool:
+        """Finish dropped tables whose changes are all applied; poll the catalog when due."""
+        did_work = self._finish_drops(state)
+        if time.monotonic() >= self._next_poll:
+            self._poll(state)
+            self._next_poll = time.monotonic() + self.pipeline.config.source.discovery_seconds
+        return did_work
+
+    # -- the catalog poll -------------------------------------------------------------------------
+    def _poll(self, state: StateStore) -> None:
+        p = self.pipeline
+        source = p.config.source
+        rows = state.tables()
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            alive = existing_oids(conn, [r.oid for r in rows])
+            listed = list_tables(conn, source.schemas or None) if source.discovers else {}
+            gone = [r for r in rows if r.oid not in alive]
+            successors = {r.oid: _oid_of(conn, r.qualified_name) for r in gone}
+            # Read after the catalog: a drop seen above committed before this position.
+            lsn = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
+        tracked = {r.oid for r in rows}
+        for row in gone:
+            successor = successors[row.oid]
+            if successor is not None and successor not in tracked:
+                # Recreated, possibly after its drop was seen: its last changes are not applied then.
+                self.dropping.pop(row.oid, None)
+                self._recreated(state, row, successor, lsn)
+            elif row.oid not in self.dropping:
+                self.dropping[row.oid] = lsn
+                event(log, "table.drop_seen", table=row.qualified_name, oid=row.oid, lsn=format_lsn(lsn))
+        if self.dropping or self._retired:
+            self._heartbeat()
+        if not source.discovers:
+            return
+        handled = {successors[r.oid] for r in gone}
+        refused = set()
+        for oid, name in listed.items():
+            if oid in tracked or oid in handled:
+                continue
+            schema = self._track(state, oid, name)
+            if schema is None:
+                refused.add(oid)
+                continue
+            state.record_ddl(schema.oid, schema.qualified_name, "create_table", "new table: copying", lsn)
+            p.metrics.ddl_applied("create_table")
+            event(log, "table.created", table=schema.qualified_name, oid=schema.oid)
+        state.forget_refused(refused)
+
+    def _track(self, state: StateStore, oid: int, name: str) -> TableSchema | None:
+        """Track a table found in the catalog; None (noted as refused) when it cannot be replicated."""
+        try:
+            return self.pipeline.operations.start_tracking(state, name)
+        except OperationError as exc:
+            if exc.status == 422 and state.refuse_table(oid, name, str(exc)):
+                event(log, "table.refused", logging.WARNING, table=name, oid=oid, reason=str(exc))
+            return None
+
+    def _recreated(self, state: StateStore, row: TableRow, new_oid: int, lsn: int) -> None:
+        p = self.pipeline
+        if p.config.schema_changes.recreated_table == "refuse":
+            if row.oid not in self._refused_recreate:
+                message = (f"table {row.qualified_name} was dropped and recreated (oid {row.oid}, now {new_oid})"
+                           " and schema_changes.recreated_table is refuse: remove it (headrace remove-table"
+                           f" {row.qualified_name}) and add it again (headrace add-table {row.qualified_name})"
+                           " to copy the new table, or set recreated_table: resync")
+                state.set_state(row.oid, TableState.ERRORED, error=message, error_count=RETRY_BUDGET,
+                                retry_at=None, resume_state=None)
+                p.metrics.table_failed(row.qualified_name, "terminal")
+                event(log, "table.recreated_refused", logging.ERROR, table=row.qualified_name, error=message)
+                self._refused_recreate.add(row.oid)
+            return
+        if self._copying(row):
+            return  # its copy must end before the new table's replaces the target's rows
+        # The old table's staged changes must never reach the target: out of the pipeline now, and
+        # rows capture registers for it later are swept once capture passes ``lsn``.
+        state.remove_table(row.oid)
+        self._retired[row.oid] = lsn
+        schema = self._track(state, new_oid, row.qualified_name)
+        if schema is not None and _shape(schema) != _shape(row.schema):
+            p.target.drop_table(row.schema)  # a different shape: the copy creates the table anew
+        detail = (f"oid {row.oid} -> {new_oid}: " + ("copying the new table into the same target table"
+                  if schema is not None else "the new table cannot be replicated (see refused tables)"))
+        state.record_ddl(new_oid, row.qualified_name, "recreate_table", detail, lsn)
+        p.metrics.ddl_applied("recreate_table")
+        event(log, "table.recreated", table=row.qualified_name, old_oid=row.oid, oid=new_oid,
+              resync=schema is not None)
+
+    # -- finishing drops ----------------------------------------------------------------------------
+    def _finish_drops(self, state: StateStore) -> bool:
+        p = self.pipeline
+        captured = p.capture.captured_lsn if p.capture else 0
+        for oid, lsn in list(self._retired.items()):
+            if captured >= lsn:
+                state.remove_table(oid)
+                del self._retired[oid]
+        did_work = False
+        for oid, lsn in list(self.dropping.items()):
+            row = state.table(oid)
+            if row is None:  # removed through the API meanwhile
+                del self.dropping[oid]
+                continue
+            if captured < lsn or self._copying(row) or self._still_applying(state, row):
+                continue
+            policy = p.config.schema_changes.drop_table
+            if policy == "drop":
+                p.target.drop_table(row.schema)
+            state.remove_table(oid)
+            detail = "target table dropped" if policy == "drop" else "target table kept"
+            state.record_ddl(oid, row.qualified_name, "drop_table", detail, lsn)
+            p.metrics.ddl_applied("drop_table")
+            event(log, "table.dropped", table=row.qualified_name, oid=oid, target=policy,
+                  applied_lsn=format_lsn(row.applied_lsn) if row.applied_lsn is not None else None)
+            del self.dropping[oid]
+            did_work = True
+        return did_work
+
+    def _still_applying(self, state: StateStore, row: TableRow) -> bool:
+        """The table has staged changes left that the loop will still apply (now or at a retry)."""
+        retrying = (row.state is TableState.ERRORED and row.resume_state is not None
+                    and row.resume_state.applies_changes and row.error_count < RETRY_BUDGET)
+        if not (row.state.applies_changes or retrying):
+            return False
+        return current_cursor(state, self.pipeline.target, row) < state.last_offset(row.oid)
+
+    def _copying(self, row: TableRow) -> bool:
+        in_copy = row.state.needs_copy or (row.resume_state is not None and row.resume_state.needs_copy)
+        return in_copy and self.pipeline.copy_running
+
+    def _heartbeat(self) -> None:
+        if self.pipeline.capture is not None:
+            self.pipeline.capture.request_heartbeat()
+
+
+def _oid_of(conn: psycopg.Connection[Any], name: str) -> int | None:
+    row = conn.execute("SELECT to_regclass(%s)::oid::int8", (name,)).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def _shape(schema: TableSchema) -> list[tuple[str, object]]:
+    return [(c.name, c.type) for c in schema.columns]
