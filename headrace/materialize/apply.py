@@ -81,6 +81,8 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
     batch = read_change_batch(spark, [e.path for e in entries], schema, skip)
     last = entries[-1]
     target.apply_batch(schema, batch.changes, batch.truncate_before, last.offset)
+    if (trunc := batch.truncate_before) is not None:
+        state.record_ddl(row.oid, row.qualified_name, "truncate", f"TRUNCATE at {format_lsn(trunc.lsn)}", trunc.lsn)
     crash_point("apply.after_target_commit")
     state.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
     applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,

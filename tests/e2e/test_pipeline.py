@@ -164,14 +164,28 @@ def test_replaying_applied_batches_changes_nothing(shop: str, tmp_path: Path, sp
 
 
 def test_truncate_replicates(shop: str, tmp_path: Path, spark: Any, target: str) -> None:
-    pipeline = Pipeline(make_config(shop, tmp_path, ["public.customers"], target), spark=spark)
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY, customer int REFERENCES customers, body text);"
+                     "INSERT INTO notes SELECT g, g, 'n' FROM generate_series(1, 10) g")
+    tables = ["public.customers", "public.order_lines", "public.notes"]
+    pipeline = Pipeline(make_config(shop, tmp_path, tables, target), spark=spark)
     run_caught_up(pipeline)
     with psycopg.connect(shop, autocommit=True) as conn:
         conn.execute("INSERT INTO customers (name) VALUES ('before')")
-        conn.execute("TRUNCATE customers")
-        conn.execute("INSERT INTO customers (name) VALUES ('after')")
+        conn.execute("TRUNCATE customers CASCADE")  # notes too, through its foreign key
+        conn.execute("INSERT INTO customers (name) VALUES ('after')")  # same batch, after the truncate
+        conn.execute("INSERT INTO order_lines VALUES (1000, 1, 'x', 1)")
+        conn.execute("TRUNCATE order_lines, notes")  # two tables in one statement
+        conn.execute("INSERT INTO order_lines VALUES (1001, 1, 'y', 2)")
     run_caught_up(pipeline)
     assert assert_same(pipeline, shop, "public.customers") == 1
+    assert assert_same(pipeline, shop, "public.order_lines") == 1
+    assert assert_same(pipeline, shop, "public.notes") == 0
+    state = StateStore(shop, "t")
+    try:  # one truncate event per table batch that held one (notes' two truncates may share a batch)
+        assert 3 <= state.ddl_counts().get("truncate", 0) <= 4
+    finally:
+        state.close()
 
 
 def test_changes_during_the_copy_and_a_restart(shop: str, tmp_path: Path, spark: Any, target: str) -> None:
