@@ -18,7 +18,9 @@ pgoutput says nothing about CREATE or DROP TABLE, so the run loop asks the catal
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from headrace.pipeline import Pipeline
 
 log = logging.getLogger("headrace.tables")
+
+LAST_OFFSET = 2**63 - 1  # above every staged-log offset
 
 
 class TableWatch:
@@ -124,7 +128,7 @@ class TableWatch:
             return  # its copy must end before the new table's replaces the target's rows
         # The old table's staged changes must never reach the target: out of the pipeline now, and
         # rows capture registers for it later are swept once capture passes ``lsn``.
-        state.remove_table(row.oid)
+        _forget(state, row.oid)
         self._retired[row.oid] = lsn
         schema = self._track(state, new_oid, row.qualified_name)
         if schema is not None and _shape(schema) != _shape(row.schema):
@@ -142,7 +146,7 @@ class TableWatch:
         captured = p.capture.captured_lsn if p.capture else 0
         for oid, lsn in list(self._retired.items()):
             if captured >= lsn:
-                state.remove_table(oid)
+                _forget(state, oid)
                 del self._retired[oid]
         did_work = False
         for oid, lsn in list(self.dropping.items()):
@@ -155,7 +159,7 @@ class TableWatch:
             policy = p.config.schema_changes.drop_table
             if policy == "drop":
                 p.target.drop_table(row.schema)
-            state.remove_table(oid)
+            _forget(state, oid)
             detail = "target table dropped" if policy == "drop" else "target table kept"
             state.record_ddl(oid, row.qualified_name, "drop_table", detail, lsn)
             p.metrics.ddl_applied("drop_table")
@@ -180,6 +184,14 @@ class TableWatch:
     def _heartbeat(self) -> None:
         if self.pipeline.capture is not None:
             self.pipeline.capture.request_heartbeat()
+
+
+def _forget(state: StateStore, oid: int) -> None:
+    """Stop tracking a table, deleting its staged files (the log rows go first, as in retention)."""
+    for path in state.collect_entries(oid, LAST_OFFSET):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    state.remove_table(oid)
 
 
 def _oid_of(conn: psycopg.Connection[Any], name: str) -> int | None:

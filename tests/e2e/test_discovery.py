@@ -194,3 +194,30 @@ def test_recreated_table_resyncs_at_start_up(source_dsn: str, tmp_path: Path) ->
         assert state.ddl_counts() == {"recreate_table": 1}
     finally:
         state.close()
+
+
+def test_all_tables_publishes_what_it_can(source_dsn: str, tmp_path: Path) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("""
+            CREATE TABLE a (id int PRIMARY KEY);
+            CREATE SCHEMA other; CREATE TABLE other.b (id int PRIMARY KEY);
+            CREATE TABLE nokey (x int);
+            CREATE TABLE p (id int, k int, PRIMARY KEY (id, k)) PARTITION BY RANGE (k);
+            CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (10);
+        """)
+    config = make_config(source_dsn, tmp_path, [], "ducklake", source={"all_tables": True})
+    state = Pipeline(config).setup()
+    try:
+        assert {r.qualified_name for r in state.tables()} == {"public.a", "other.b", "public.p"}
+        (refused,) = state.refused_tables()
+        assert refused["table"] == "public.nokey" and "REPLICA IDENTITY" in refused["reason"]
+    finally:
+        state.close()
+    with psycopg.connect(source_dsn) as conn:
+        published = {r[0] for r in conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s",
+            (config.publication_name,)).fetchall()}
+        via_root = conn.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = %s",
+                                (config.publication_name,)).fetchone()
+    # Only what headrace replicates: publishing nokey would make its UPDATEs and DELETEs fail.
+    assert published == {"public.a", "other.b", "public.p"} and via_root == (True,)
