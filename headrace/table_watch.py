@@ -171,9 +171,10 @@ class TableWatch:
 
     def _still_applying(self, state: StateStore, row: TableRow) -> bool:
         """The table has staged changes left that the loop will still apply (now or at a retry)."""
-        retrying = (row.state is TableState.ERRORED and row.resume_state is not None
-                    and row.resume_state.applies_changes and row.error_count < RETRY_BUDGET)
-        if not (row.state.applies_changes or retrying):
+        resumes = row.resume_state is not None and row.resume_state.applies_changes
+        retrying = row.state is TableState.ERRORED and resumes and row.error_count < RETRY_BUDGET
+        paused = row.state is TableState.PAUSED and resumes  # waits for the operator's resume
+        if not (row.state.applies_changes or retrying or paused):
             return False
         return current_cursor(state, self.pipeline.target, row) < state.last_offset(row.oid)
 

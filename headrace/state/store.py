@@ -297,6 +297,9 @@ class StateStore:
 
     def refused_tables(self) -> list[dict[str, Any]]:
         """Tables discovery found but cannot replicate: table, oid, reason, seen_at."""
+        exists = self.conn.execute("SELECT to_regclass('_headrace.refused_tables') AS r").fetchone()
+        if not (exists and exists["r"]):
+            return []  # state installed by an older headrace; the next run adds the table
         return self.conn.execute(
             "SELECT table_name AS table, table_oid AS oid, reason, seen_at FROM _headrace.refused_tables"
             " WHERE pipeline = %s ORDER BY table_name", (self.pipeline,)).fetchall()
