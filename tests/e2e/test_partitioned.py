@@ -1,4 +1,8 @@
-"""A range-partitioned table replicates as one target table, including partitions added later."""
+"""A range-partitioned table replicates as one target table, including partitions added later.
+
+The same run checks the table events of an explicit table list: a drop, and a drop + re-create
+under the ``refuse`` policy.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ from typing import Any
 
 import psycopg
 
+from headrace.control.status import pipeline_status
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import plan_chunks
-from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.helpers import assert_same, make_config, target_rows
 from tests.e2e.test_discovery import caught_up, running, tracked, wait_for
 
 
@@ -24,15 +29,19 @@ def test_range_partitioned_table(source_dsn: str, tmp_path: Path, spark: Any) ->
         CREATE TABLE events_jan PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
         CREATE TABLE events_feb PARTITION OF events FOR VALUES FROM ('2026-02-01') TO ('2026-03-01');
         INSERT INTO events SELECT g, '2026-01-01'::date + (g % 59), repeat('x', 100) FROM generate_series(1, 3000) g;
+        CREATE TABLE gone (id int PRIMARY KEY); INSERT INTO gone VALUES (1), (2);
+        CREATE TABLE again (id int PRIMARY KEY); INSERT INTO again VALUES (1);
     """)
     with psycopg.connect(source_dsn) as conn:
         schema = read_table_schema(conn, "public.events")
         chunks = plan_chunks(conn, schema, 8)
+        gone = read_table_schema(conn, "public.gone")
     assert schema.key == ("id", "day")
     assert len(chunks) > 2  # page ranges over the largest partition, not the (empty) parent
 
-    config = make_config(source_dsn, tmp_path, ["public.events"], "ducklake", snapshot={"chunk_pages": 8},
-                         api={"listen": "127.0.0.1:0"})
+    config = make_config(source_dsn, tmp_path, ["public.events", "public.gone", "public.again"], "ducklake",
+                         snapshot={"chunk_pages": 8}, api={"listen": "127.0.0.1:0"},
+                         source={"discovery_seconds": 0.5}, schema_changes={"recreated_table": "refuse"})
     pipeline = Pipeline(config, spark=spark)
     with running(pipeline) as check:
         wait_for("the initial copy", caught_up(config, source_dsn), check)
@@ -44,8 +53,25 @@ def test_range_partitioned_table(source_dsn: str, tmp_path: Path, spark: Any) ->
             CREATE TABLE events_mar PARTITION OF events FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');
             INSERT INTO events SELECT g, '2026-03-01'::date + (g % 31), 'march' FROM generate_series(6001, 6100) g;
             UPDATE events SET payload = 'march edited' WHERE id = 6001;
+            INSERT INTO gone VALUES (3); DROP TABLE gone;
+            DROP TABLE again; CREATE TABLE again (id int PRIMARY KEY);
         """)
+
+        def again() -> dict[str, Any]:
+            return next(t for t in pipeline_status(config)["tables"] if t["table"] == "public.again")
+
+        wait_for("the refusal of the recreated table", lambda: again()["state"] == "ERRORED", check)
+        assert "recreated_table is refuse" in again()["error"]
+        # The remedy the message names: remove the table and add it again.
+        ops = pipeline.operations
+        ops.call(ops.remove_table("public.again"))  # may answer "queued" on a busy loop: runs in order
+        ops.call(ops.add_table("public.again"))
+        sql("INSERT INTO again VALUES (7)")
         wait_for("the changes of every partition", caught_up(config, source_dsn), check)
-        assert set(tracked(config, source_dsn)) == {"public.events"}  # partitions are not tables of their own
+        # Partitions are not tables of their own; the dropped table left after its last insert.
+        assert set(tracked(config, source_dsn)) == {"public.events", "public.again"}
+        assert pipeline_status(config)["ddl"]["counts"] == {"drop_table": 1}
+    assert target_rows(pipeline, gone) == [(1,), (2,), (3,)]  # drop_table: keep
+    assert assert_same(pipeline, source_dsn, "public.again") == 1
     assert assert_same(pipeline, source_dsn, "public.events") == 3000 + 2 - 51 + 100
     pipeline.target.close()
