@@ -52,14 +52,28 @@ class TableWatch:
         self._retired: dict[int, int] = {}  # old oid of a recreated table -> LSN: sweep late staged rows
         self._refused_recreate: set[int] = set()
         self._next_poll = 0.0
+        self._quiet_until = 0.0  # after a failure, nothing until then
 
     def step(self, state: StateStore) -> bool:
-        """Finish dropped tables whose changes are all applied; poll the catalog when due."""
-        did_work = self._finish_drops(state)
-        if time.monotonic() >= self._next_poll:
-            self._poll(state)
-            self._next_poll = time.monotonic() + self.pipeline.config.source.discovery_seconds
-        return did_work
+        """Finish dropped tables whose changes are all applied; poll the catalog when due.
+
+        A failure (the source unreachable, a target error while dropping a table) is logged and
+        tried again at the next poll: it must not stop the tables that are streaming.
+        """
+        if time.monotonic() < self._quiet_until:
+            return False
+        try:
+            did_work = self._finish_drops(state)
+            if time.monotonic() >= self._next_poll:
+                self._next_poll = time.monotonic() + self.pipeline.config.source.discovery_seconds
+                self._poll(state)
+            return did_work
+        except Exception as exc:
+            self._next_poll = self._quiet_until = time.monotonic() + self.pipeline.config.source.discovery_seconds
+            event(log, "tables.watch_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}".strip(),
+                  retry_s=self.pipeline.config.source.discovery_seconds)
+            log.debug("traceback", exc_info=exc)
+            return False
 
     # -- the catalog poll -------------------------------------------------------------------------
     def _poll(self, state: StateStore) -> None:
