@@ -281,6 +281,15 @@ class PipelineConfig(_Frozen):
             raise ValueError("name must be lowercase letters, digits and _, starting with a letter (≤41 chars)")
         return name
 
+    @model_validator(mode="after")
+    def _renames_supported(self) -> PipelineConfig:
+        if self.target.kind == "iceberg" and self.schema_changes.rename_table == "follow":
+            raise ValueError(
+                "schema_changes.rename_table: follow is not possible with target.iceberg: Iceberg's Hadoop"
+                " catalog cannot rename tables; use keep (the target table keeps its name)"
+            )
+        return self
+
     @property
     def slot_name(self) -> str:
         return self.source.slot or f"headrace_{self.name}"

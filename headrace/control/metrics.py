@@ -22,7 +22,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from headrace.control.status import pipeline_status
-from headrace.core.schema import TableSchema
 from headrace.state.lifecycle import TableState
 
 if TYPE_CHECKING:
@@ -77,9 +76,8 @@ class PipelineMetrics:
             if last_ts is not None:
                 prev = self.last_commit.get(row.qualified_name)
                 self.last_commit[row.qualified_name] = max(prev, last_ts) if prev else last_ts
-            if entries and entries[-1].schema != row.schema:
-                for kind in schema_changes(row.schema, entries[-1].schema):
-                    self.ddl.labels(kind).inc()
+            for kind in applied.ddl:
+                self.ddl.labels(kind).inc()
         except Exception as exc:  # metrics must never stop replication
             log.debug("metrics: batch hook failed", exc_info=exc)
 
@@ -182,19 +180,6 @@ def _count_ops(paths: list[str], snapshot_lsn: int | None) -> tuple[dict[str, in
             ts = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
             last = max(last, ts) if last else ts
     return ops, last
-
-
-def schema_changes(old: TableSchema, new: TableSchema) -> list[str]:
-    """The DDL event kinds that turn ``old`` into ``new``."""
-    kinds = []
-    before = {c.name: c.type for c in old.columns}
-    after = {c.name: c.type for c in new.columns}
-    kinds += ["add_column"] * len(after.keys() - before.keys())
-    kinds += ["drop_column"] * len(before.keys() - after.keys())
-    kinds += ["alter_column_type"] * sum(1 for n in before.keys() & after.keys() if before[n] != after[n])
-    if old.qualified_name != new.qualified_name:
-        kinds.append("rename_table")
-    return kinds
 
 
 class _LiveCollector(Collector):

@@ -30,3 +30,7 @@ class SourceError(TerminalError):
 
 class UnsupportedError(TerminalError):
     """The source sent something this version of headrace cannot express in the target."""
+
+
+class SchemaChangeError(TerminalError):
+    """A source schema change the target cannot follow in place; the table needs a resync."""

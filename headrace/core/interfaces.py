@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from headrace.core.errors import ConfigError
 from headrace.core.position import Position
-from headrace.core.schema import TableSchema
+from headrace.core.schema import SchemaChange, TableSchema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,6 +61,17 @@ class Target(ABC):
         first delete every row written at a position before it (a TRUNCATE in the stream).
         ``log_offset`` is the staged-log offset this batch reaches: a target that can commit it
         with the data (``stores_cursor``) does so, and returns it from ``read_cursor``.
+        """
+
+    @abstractmethod
+    def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
+        """Bring the target table from shape ``old`` to ``new`` (``changes`` lists the steps).
+
+        Called between the last batch written in the old shape and the first in the new one, so
+        the target then holds only rows from before the change. Must be idempotent: after a crash
+        it runs again over a table that may already have some or all of the changes. An added
+        column gets ``column.missing`` (or NULL) in every existing row. Raises
+        ``SchemaChangeError`` for what the target cannot do.
         """
 
     @abstractmethod

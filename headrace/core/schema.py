@@ -57,7 +57,7 @@ class Column:
     attnum: int | None = None
     # The value rows that existed before an ``ADD COLUMN ... DEFAULT`` hold (PostgreSQL's
     # attmissingval, as text); None when they hold NULL.
-    missing: str | None = None
+    missing: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +106,24 @@ class TableSchema:
         return self.target_as[1] if self.target_as else self.name
 
 
+@dataclass(frozen=True)
+class SchemaChange:
+    """One schema change between two shapes of a table, as a target applies it.
+
+    ``kind`` is one of ``headrace.control.metrics.DDL_KINDS``. ``column`` is the column in the new
+    shape (in the old shape for ``drop_column``); ``old_name`` is set for renames, ``old_type`` for
+    type changes. ``apply`` is False when the target has nothing to do (a dropped column kept by
+    policy, a type change both shapes store alike, a table rename the target name does not follow).
+    """
+
+    kind: str
+    detail: str
+    column: Column | None = None
+    old_name: str | None = None
+    old_type: ColumnType | None = None
+    apply: bool = True
+
+
 # Metadata columns every target table carries beside the source columns.
 HR_LSN = "_hr_lsn"  # commit LSN of the change that last wrote the row (bigint)
 HR_SEQ = "_hr_seq"  # ordinal of that change inside its transaction (bigint)
@@ -152,6 +170,8 @@ def schema_to_dict(table: TableSchema) -> dict[str, object]:
     }
     if table.target_as is not None:
         out["target_as"] = list(table.target_as)
+    if table.extra:
+        out["extra"] = dict(table.extra)
     return out
 
 
@@ -171,4 +191,5 @@ def schema_from_dict(d: dict[str, object]) -> TableSchema:
         key=tuple(d["key"]),  # type: ignore[arg-type]
         replica_identity=str(d.get("replica_identity", "d")),
         target_as=(str(target_as[0]), str(target_as[1])) if isinstance(target_as, list) else None,
+        extra=dict(d.get("extra") or {}),  # type: ignore[call-overload]
     )

@@ -12,11 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from headrace.config import SchemaChangesConfig
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
 from headrace.logs import event
 from headrace.materialize.batch import read_change_batch
+from headrace.materialize.evolve import evolve_table
 from headrace.state.store import LogEntry, StateStore, TableRow
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ class Applied:
     applied_lsn: int
     seconds: float
     drained: bool  # the batch reached the end of the table's log as it stood when planned
+    ddl: tuple[str, ...] = ()  # schema change kinds applied to the target before this batch
 
 
 def current_cursor(state: StateStore, target: Target, row: TableRow) -> int:
@@ -62,7 +65,7 @@ def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int) ->
 
 
 def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
-               max_files: int) -> Applied | None:
+               max_files: int, policy: SchemaChangesConfig | None = None) -> Applied | None:
     """Apply the table's next batch; None when the table is caught up with the staged log."""
     cursor = current_cursor(state, target, row)
     tail = state.last_offset(row.oid)
@@ -70,23 +73,27 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
     if not entries:
         return None
     started = time.monotonic()
-    schema = entries[0].schema
-    if schema != row.schema:
-        target.ensure_table(schema)
-        state.set_schema(schema)
+    last = entries[-1]
     # Changes committed before the snapshot's LSN are in the copy. A transaction committing exactly
     # at it is not (the slot decodes it), so keep ordinals >= 1 there; were it in the copy, applying
     # it again would change nothing (positions).
     skip = Position(row.snapshot_lsn, 0) if row.snapshot_lsn is not None else None
+    schema, ddl = row.schema, list[str]()
+    if entries[0].schema != row.schema and (row.snapshot_lsn is None or last.max_lsn >= row.snapshot_lsn):
+        # The table changed shape between the last batch and this one: the target follows first.
+        # (Batches wholly before the copy are skipped; the copy already has the newer shape.)
+        schema, ddl = evolve_table(state, target, row.schema, entries[0].schema, policy or SchemaChangesConfig(),
+                                   entries[0].min_lsn)
+        target.ensure_table(schema)
     batch = read_change_batch(spark, [e.path for e in entries], schema, skip)
-    last = entries[-1]
     target.apply_batch(schema, batch.changes, batch.truncate_before, last.offset)
     if (trunc := batch.truncate_before) is not None:
         state.record_ddl(row.oid, row.qualified_name, "truncate", f"TRUNCATE at {format_lsn(trunc.lsn)}", trunc.lsn)
+        ddl.append("truncate")
     crash_point("apply.after_target_commit")
     state.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
     applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
-                      time.monotonic() - started, drained=last.offset >= tail)
+                      time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl))
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
           seconds=round(applied.seconds, 3))

@@ -20,12 +20,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import sql
 from pyspark.sql import functions as F
 
-from headrace.config import PipelineConfig
+from headrace.config import PipelineConfig, SchemaChangesConfig
+from headrace.core.errors import SourceError
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
@@ -33,6 +36,7 @@ from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.snapshot_job import snapshot_dataframe
+from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import plan_chunks
 from headrace.source.postgres.replication import ExportedSnapshot
 from headrace.state.lifecycle import TableState
@@ -85,12 +89,18 @@ class InitialCopy:
         schema = row.schema
         name = schema.qualified_name
         chunks = progress.chunks(row.oid)
-        resume = row.state is not TableState.PENDING and any(c.done for c in chunks)
+        # A keyless table cannot merge re-copied rows by key (duplicates are legitimate): start over.
+        resume = row.state is not TableState.PENDING and any(c.done for c in chunks) and bool(schema.key)
         if resume:
             table_lsn = min(c.snapshot_lsn for c in chunks if c.done and c.snapshot_lsn is not None)
         else:
-            with psycopg.connect(self.dsn) as conn:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                # The shape as of the snapshot: the table may have changed since it was added (a
+                # resync after an ALTER the target could not follow, a rename, a new column).
+                schema = schema_at_snapshot(conn, row.schema, snapshot_name, self.config.schema_changes)
                 chunks = progress.plan(row.oid, plan_chunks(conn, schema, self.config.snapshot.chunk_pages))
+            if schema != row.schema or schema.target_as != row.schema.target_as:
+                state.set_schema(schema)
             table_lsn = snapshot_lsn
         state.set_state(row.oid, TableState.SNAPSHOT, snapshot_lsn=table_lsn, error=None)
         self.target.ensure_table(schema)
@@ -147,3 +157,24 @@ class InitialCopy:
                              f"{rows:,} rows" + ("\n" if done == total else ""))
             sys.stderr.flush()
 
+
+
+def schema_at_snapshot(conn: psycopg.Connection[Any], tracked: TableSchema, snapshot_name: str,
+                       policy: SchemaChangesConfig) -> TableSchema:
+    """Table ``tracked.oid`` as the exported snapshot sees it, keeping its target name if renamed."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+        found = conn.execute(
+            "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s", (tracked.oid,)
+        ).fetchone()
+        if found is None:
+            raise SourceError(f"table {tracked.qualified_name} (oid {tracked.oid}) no longer exists in the source")
+        schema = read_table_schema(conn, found[0])
+    finally:
+        conn.execute("ROLLBACK")
+    renamed = (schema.schema, schema.name) != (tracked.schema, tracked.name)
+    if renamed and policy.rename_table == "keep":
+        return replace(schema, target_as=(tracked.target_schema, tracked.target_table))
+    return replace(schema, target_as=None if renamed else tracked.target_as)

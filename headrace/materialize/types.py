@@ -14,7 +14,7 @@ timestamps, ``NaN``/``Infinity`` in a ``numeric(p,s)`` column. Everything else r
 
 from __future__ import annotations
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -101,6 +101,15 @@ def cast_text(col: Column, ct: ColumnType) -> Column:
     # shortest round-trip floats (and NaN, Infinity, -Infinity), fixed-scale decimals, ISO dates,
     # timestamps with up to six fractional digits, and UTC offsets like "+00" or "+05:30".
     return col.cast(target)
+
+
+def text_value_frame(spark: SparkSession, text: str | None, ct: ColumnType) -> DataFrame:
+    """A one-row DataFrame whose column ``v`` is PostgreSQL text ``text`` cast like any value of ``ct``.
+
+    Used to fill a newly added column with the value PostgreSQL gives the rows older than it.
+    """
+    value = cast_text(F.lit(text).cast("string"), ct) if text is not None else F.lit(None).cast(spark_type(ct))
+    return spark.range(1).select(value.alias("v"))
 
 
 def _with_era(col: Column, target: DataType) -> Column:

@@ -6,6 +6,7 @@ transaction, so a caller that imported an exported snapshot reads the schema as 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -42,6 +43,36 @@ GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
 """
 
 
+# What the catalog knows of each live column beyond its type: its attnum (identity across renames),
+# the value rows older than an ``ADD COLUMN ... DEFAULT`` read (attmissingval, a one-element array),
+# and whether it has a default at all.
+_ATTRIBUTES = """
+SELECT a.attname, a.attnum, CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
+       d.adbin::text
+FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+@dataclass(frozen=True)
+class ColumnFacts:
+    """A live column's catalog facts (see ``column_facts``)."""
+
+    attnum: int
+    missing: str | None  # the value rows older than the column read; None = NULL
+    # The catalog cannot say what rows older than the column hold: it has a default but no
+    # recorded missing value (a volatile default rewrote the table, or a later rewrite, e.g. an
+    # ALTER COLUMN TYPE, folded the value into the rows).
+    unknown_fill: bool
+
+
+def column_facts(conn: Conn, oid: int) -> dict[str, ColumnFacts]:
+    """Column name -> facts, for the live columns of table ``oid`` as the catalog has them now."""
+    return {
+        name: ColumnFacts(int(attnum), missing, missing is None and tree is not None)
+        for name, attnum, missing, tree in conn.execute(_ATTRIBUTES, (oid,)).fetchall()
+    }
+
+
 def _keys(conn: Conn, oid: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(primary key columns, replica identity index columns), each () when there is none."""
     primary: tuple[str, ...] = ()
@@ -66,8 +97,10 @@ def read_table_schema(conn: Conn, qualified_name: str, types: TypeCatalog | None
         raise SourceError(f"table {qualified_name} does not exist: create it or fix the table list")
     oid, schema, name, _kind, replident, _owner = row
     types = types or TypeCatalog(conn)
+    facts = column_facts(conn, oid)
     columns = tuple(
-        Column(attname, types.column_type(typoid, typmod), typoid, typmod, nullable)
+        Column(attname, types.column_type(typoid, typmod), typoid, typmod, nullable, facts[attname].attnum,
+               facts[attname].missing)
         for attname, typoid, typmod, nullable in conn.execute(_COLUMNS, (oid,)).fetchall()
     )
     primary, replident_index = _keys(conn, oid)
@@ -75,19 +108,29 @@ def read_table_schema(conn: Conn, qualified_name: str, types: TypeCatalog | None
     return TableSchema(oid, schema, name, columns, key, replident)
 
 
-def relation_to_schema(rel: Relation, types: TypeCatalog, known: TableSchema | None = None) -> TableSchema:
+def relation_to_schema(rel: Relation, types: TypeCatalog, known: TableSchema | None = None,
+                       conn: Conn | None = None) -> TableSchema:
     """The schema a pgoutput RELATION message describes.
 
     The key comes from the columns' key flags, except under REPLICA IDENTITY FULL, where pgoutput
     flags *every* column: then the key is ``known.key`` (the table's primary key, as read by
     ``read_table_schema``) restricted to the columns still present, or ``()`` without ``known``.
     RELATION carries no nullability; it is taken from ``known`` by column name (default nullable).
+
+    With ``conn``, each column's attnum and missing value come from the catalog as it is now (a
+    column renamed or dropped since the message was written gets none: it is then matched by
+    position). Columns whose older rows' value the catalog cannot tell are listed in
+    ``extra["unknown_fill"]``.
     """
     nullable = {c.name: c.nullable for c in known.columns} if known else {}
+    facts = column_facts(conn, rel.oid) if conn is not None else {}
+    none = ColumnFacts(0, None, False)
     columns = tuple(
-        Column(c.name, types.column_type(c.type_oid, c.typmod), c.type_oid, c.typmod, nullable.get(c.name, True))
+        Column(c.name, types.column_type(c.type_oid, c.typmod), c.type_oid, c.typmod, nullable.get(c.name, True),
+               facts[c.name].attnum if c.name in facts else None, facts.get(c.name, none).missing)
         for c in rel.columns
     )
+    unknown = ",".join(c.name for c in rel.columns if facts.get(c.name, none).unknown_fill)
     if rel.replica_identity == "f":
         present = {c.name for c in rel.columns}
         key = tuple(k for k in known.key if k in present) if known else ()
@@ -95,7 +138,8 @@ def relation_to_schema(rel: Relation, types: TypeCatalog, known: TableSchema | N
             key = ()
     else:
         key = tuple(c.name for c in rel.columns if c.is_key)
-    return TableSchema(rel.oid, rel.namespace, rel.name, columns, key, rel.replica_identity)
+    extra = {"unknown_fill": unknown} if unknown else {}
+    return TableSchema(rel.oid, rel.namespace, rel.name, columns, key, rel.replica_identity, extra)
 
 
 def _setting(conn: Conn, name: str) -> str:
@@ -243,3 +287,24 @@ def existing_oids(conn: Conn, oids: list[int]) -> set[int]:
 def table_problems(conn: Conn, table: str, publication: str) -> list[str]:
     """Why ``table`` cannot be replicated through ``publication`` (empty when it can), as sentences."""
     return _table_problems(conn, table, published_oids(conn, publication))
+
+
+def leaf_partitions(conn: Conn, oids: list[int]) -> dict[int, dict[int, bool]]:
+    """For each partitioned table among ``oids``: leaf partition oid → whether it looks *attached*.
+
+    A partition made by ``CREATE TABLE ... PARTITION OF`` gets its row type (``pg_type``) and its
+    ``pg_inherits`` link in one transaction (same xmin) and starts empty, so all its rows reach the
+    stream. One made by ``ATTACH PARTITION`` was created earlier (another xmin; ``pg_class`` itself
+    is rewritten by the attach, ``pg_type`` is not) and may hold rows that never did. A table
+    created, filled and attached in one transaction looks created, and is missed.
+    """
+    out: dict[int, dict[int, bool]] = {}
+    for root, leaf, attached in conn.execute(
+        "SELECT r.oid::int8, t.relid::oid::int8, (SELECT i.xmin::text <> ty.xmin::text FROM pg_inherits i"
+        " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_type ty ON ty.oid = c.reltype WHERE i.inhrelid = t.relid)"
+        " FROM pg_class r, LATERAL pg_partition_tree(r.oid) t"
+        " WHERE r.oid = ANY(%s::oid[]) AND r.relkind = 'p' AND t.isleaf",
+        (oids,),
+    ).fetchall():
+        out.setdefault(int(root), {})[int(leaf)] = bool(attached)
+    return out

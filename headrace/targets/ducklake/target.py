@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,11 +18,20 @@ import duckdb
 import pyarrow as pa
 
 from headrace.config import DuckLakeConfig
-from headrace.core.errors import TerminalError, TransientError
+from headrace.core.errors import SchemaChangeError, TerminalError, TransientError
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
-from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema, TypeKind
-from headrace.materialize.batch import HR_DELTA, net_row_changes
+from headrace.core.schema import (
+    HR_COMMIT_TS,
+    HR_LSN,
+    HR_OP,
+    HR_SEQ,
+    HR_UNCHANGED,
+    SchemaChange,
+    TableSchema,
+    TypeKind,
+)
+from headrace.materialize.batch import HR_DELTA, HR_FROM, net_row_changes
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.types import (
     cast_in,
@@ -77,12 +86,9 @@ class DuckLakeTarget(Target):
     # -- Target ------------------------------------------------------------------------------
     def ensure_table(self, table: TableSchema) -> str:
         """Create the schema and table (source columns + position columns) if missing."""
-        cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
         with self._lock:
             self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
-            self._con.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._qualified(table)} ({', '.join(cols + list(_META))})"
-            )
+            self._con.execute(self._create_sql(table).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
         return f"{self._schema(table)}.{table.target_table}"
 
     def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
@@ -105,7 +111,12 @@ class DuckLakeTarget(Target):
                 for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()
             ]
             with self._transaction(table):
-                if replace:
+                if replace and not self._shape_matches(table):
+                    # A copy in a new shape (resync after a schema change the table could not follow):
+                    # the table is recreated in the same transaction as its new contents.
+                    self._con.execute(f"DROP TABLE {self._qualified(table)}")
+                    self._con.execute(self._create_sql(table))
+                elif replace:
                     # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
                     self._con.execute(f"DELETE FROM {self._qualified(table)}")
                 if files and direct:
@@ -154,7 +165,8 @@ class DuckLakeTarget(Target):
                     if batch.num_rows and not table.key:
                         self._apply_net(table)
                     elif batch.num_rows:
-                        planned = self._con.execute(self._plan_sql(table, key)).arrow()
+                        moved = HR_FROM in batch.schema.names
+                        planned = self._con.execute(self._plan_sql(table, key, moved)).arrow()
                         if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
                             planned = planned.read_all()
                         self._con.register("hr_planned", planned)
@@ -189,6 +201,83 @@ class DuckLakeTarget(Target):
             self._con.execute("ROLLBACK")
             raise
 
+    def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
+        """All the changes in one DuckLake transaction (DuckLake's DDL is transactional).
+
+        Each step checks the table as it stands, so a second run after a crash skips what is done.
+        """
+        from headrace.materialize.types import text_value_frame
+
+        fills = {}
+        for change in changes:
+            col = change.column
+            if change.apply and change.kind == "add_column" and col is not None:
+                fills[col.name] = _to_arrow(text_value_frame(self.spark, col.missing, col.type))
+        with self._lock, self._transaction(new):
+            name = self._qualified(old)
+            if any(c.kind == "rename_table" and c.apply for c in changes):
+                name = self._rename_table(old, new)
+            current = {r[0]: r[1] for r in self._con.execute(f"DESCRIBE {name}").fetchall()}
+            for change in changes:
+                col = change.column
+                if not change.apply or col is None:
+                    continue
+                column = quote_ident(col.name)
+                if change.kind == "drop_column" and col.name in current:
+                    self._con.execute(f"ALTER TABLE {name} DROP COLUMN {column}")
+                elif change.kind == "rename_column" and change.old_name and change.old_name in current:
+                    if col.name in current:
+                        raise SchemaChangeError(
+                            f"{new.qualified_name}: column {change.old_name} was renamed to {col.name}, which the"
+                            f" target table {name} still has (a dropped column kept by policy); drop it there"
+                            f" or run `headrace resync {new.qualified_name}`"
+                        )
+                    self._con.execute(f"ALTER TABLE {name} RENAME COLUMN {quote_ident(change.old_name)} TO {column}")
+                elif change.kind == "alter_column_type" and col.name in current:
+                    wanted = self._scalar(f"SELECT typeof(CAST(NULL AS {duck_type(col.type)}))")
+                    if current[col.name] != wanted:
+                        self._con.execute(f"ALTER TABLE {name} ALTER COLUMN {column} SET DATA TYPE {wanted}")
+                elif change.kind == "add_column":
+                    existed = col.name in current
+                    if not existed:
+                        self._con.execute(f"ALTER TABLE {name} ADD COLUMN {column} {duck_type(col.type)}")
+                    if existed or col.missing is not None:
+                        # Rows older than the column read PostgreSQL's default for it (NULL if none).
+                        self._con.register("hr_default", fills[col.name])
+                        try:
+                            self._con.execute(
+                                f"UPDATE {name} SET {column} = (SELECT {cast_in('v', col.type)} FROM hr_default)"
+                            )
+                        finally:
+                            self._con.unregister("hr_default")
+
+    def _create_sql(self, table: TableSchema) -> str:
+        cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
+        return f"CREATE TABLE {self._qualified(table)} ({', '.join(cols + list(_META))})"
+
+    def _shape_matches(self, table: TableSchema) -> bool:
+        """The target table has exactly the columns and types ``table`` maps to (lock held)."""
+        have = [(r[0], r[1]) for r in self._con.execute(f"DESCRIBE {self._qualified(table)}").fetchall()]
+        types = [duck_type(c.type) for c in table.columns] + [m.split(" ", 1)[1] for m in _META]
+        names = [*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS]
+        row = self._con.execute(f"SELECT {', '.join(f'typeof(CAST(NULL AS {t}))' for t in types)}").fetchone()
+        return row is not None and have == list(zip(names, row, strict=True))
+
+    def _rename_table(self, old: TableSchema, new: TableSchema) -> str:
+        """Rename the target table to follow the source (unless done already); return its name."""
+        if self._schema(old) != self._schema(new):
+            raise SchemaChangeError(
+                f"{old.qualified_name} moved to {new.qualified_name}: DuckLake renames tables only within a"
+                " schema; set schema_changes.rename_table: keep and restart, or set target.ducklake.schema"
+            )
+        exists = self._con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? AND table_name = ?",
+            [L, self._schema(old), old.target_table],
+        ).fetchone()
+        if exists and exists[0]:
+            self._con.execute(f"ALTER TABLE {self._qualified(old)} RENAME TO {quote_ident(new.target_table)}")
+        return self._qualified(new)
+
     def drop_table(self, table: TableSchema) -> None:
         """Drop the table and its cursor row together."""
         with self._lock, self._transaction(table):
@@ -207,8 +296,8 @@ class DuckLakeTarget(Target):
             data = self._con.execute(
                 f"SELECT {', '.join(exprs)}, {HR_LSN}, {HR_SEQ}, {HR_COMMIT_TS} FROM {self._qualified(table)}"
             ).arrow()
-        if not isinstance(data, pa.Table):
-            data = data.read_all()
+            if not isinstance(data, pa.Table):  # a reader: drain it before another query on _con ends it
+                data = data.read_all()
         columns = data.to_pydict()
         for col in table.columns:
             kind = (
@@ -279,26 +368,40 @@ class DuckLakeTarget(Target):
             f"FROM hr_batch WHERE {HR_DELTA} > 0"
         )
 
-    def _plan_sql(self, table: TableSchema, key: tuple[str, ...]) -> str:
-        """Batch rows cast to target types, joined to the current target row of the same key."""
+    def _plan_sql(self, table: TableSchema, key: tuple[str, ...], moved: bool = False) -> str:
+        """Batch rows cast to target types, joined to the current target row of the same key.
+
+        ``moved``: the batch has ``_hr_from`` (rows whose key changed, leaving TOAST columns
+        unchanged): those take the unchanged values from the old key's target row instead.
+        """
         eq = "=" if table.key else "IS NOT DISTINCT FROM"
         join = " AND ".join(
             f"o.{quote_ident(k)} {eq} {cast_in('b.' + quote_ident(k), table.column(k).type)}" for k in key
         )
+        from_join = ""
+        if moved:
+            on = " AND ".join(
+                f"f.{quote_ident(k)} = {cast_in(f'struct_extract(b.{HR_FROM}, {_literal(k)})', table.column(k).type)}"
+                for k in key
+            )
+            from_join = f" LEFT JOIN {self._qualified(table)} f ON {on}"
         select = []
         for col in table.columns:
             new = cast_in(f"b.{quote_ident(col.name)}", col.type)
             if col.name not in key:
                 # A TOAST column the update did not send keeps the value already in the target.
-                unchanged = f"list_contains(string_split(coalesce(b.{HR_UNCHANGED}, ''), ','), '{col.name}')"
-                new = f"CASE WHEN {unchanged} THEN o.{quote_ident(col.name)} ELSE {new} END"
+                unchanged = f"list_contains(string_split(coalesce(b.{HR_UNCHANGED}, ''), ','), {_literal(col.name)})"
+                kept = f"o.{quote_ident(col.name)}"
+                if moved:
+                    kept = f"CASE WHEN b.{HR_FROM} IS NOT NULL THEN f.{quote_ident(col.name)} ELSE {kept} END"
+                new = f"CASE WHEN {unchanged} THEN {kept} ELSE {new} END"
             select.append(f"{new} AS {quote_ident(col.name)}")
         older = f"(o.{HR_LSN} < b.{HR_LSN} OR (o.{HR_LSN} = b.{HR_LSN} AND o.{HR_SEQ} < b.{HR_SEQ}))"
         return (
             f"SELECT {', '.join(select)}, b.{HR_LSN}, b.{HR_SEQ}, b.{HR_COMMIT_TS}, b.{HR_OP}, "
             f"o.rowid AS hr_old_rowid, coalesce(o.rowid IS NOT NULL AND {older}, false) AS hr_older, "
             f"coalesce(o.rowid IS NOT NULL AND NOT {older}, false) AS hr_stale "
-            f"FROM hr_batch b LEFT JOIN {self._qualified(table)} o ON {join}"
+            f"FROM hr_batch b LEFT JOIN {self._qualified(table)} o ON {join}{from_join}"
         )
 
     def _insert_from_parquet(self, table: TableSchema) -> str:
@@ -351,6 +454,11 @@ class DuckLakeTarget(Target):
             used = row is not None and row[0] > 0
             if not used:
                 _remove(str(attempt))
+
+
+def _literal(text: str) -> str:
+    """A DuckDB string literal."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _remove(folder: str) -> None:

@@ -15,17 +15,22 @@ merge-on-read writes position-delete files instead, which makes reads a little s
 
 from __future__ import annotations
 
+import functools
+import operator
 import uuid
+from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, TimestampType
 
 from headrace.config import IcebergConfig
-from headrace.core.errors import ConfigError
+from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
-from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
-from headrace.materialize.types import spark_type
+from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, SchemaChange, TableSchema
+from headrace.materialize.batch import HR_FROM
+from headrace.materialize.types import spark_type, text_value_frame
 from headrace.targets.iceberg.keyless import KeylessApply
 
 WRITE_MODE = "merge-on-read"
@@ -89,6 +94,13 @@ class IcebergTarget(Target):
         )
         return name
 
+    def _shape_matches(self, table: TableSchema, name: str) -> bool:
+        """The Iceberg table has exactly the columns and types ``table`` maps to."""
+        have = [(f.name, f.dataType) for f in self.spark.table(name).schema.fields]
+        want = [(c.name, spark_type(c.type)) for c in table.columns]
+        want += [(HR_LSN, LongType()), (HR_SEQ, LongType()), (HR_COMMIT_TS, TimestampType())]
+        return have == want
+
     def _shaped(self, table: TableSchema, rows: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         """``rows`` reduced to the target's columns, in order, with the target's types."""
         columns = [F.col(quote(c.name)).cast(spark_type(c.type)).alias(c.name) for c in table.columns]
@@ -107,7 +119,13 @@ class IcebergTarget(Target):
         """
         name = self.ensure_table(table)
         writer = self._shaped(table, rows).writeTo(name)
-        if replace:
+        if replace and not self._shape_matches(table, name):
+            # A copy in a new shape (resync after a schema change the table could not follow):
+            # REPLACE TABLE AS SELECT swaps schema and contents in one commit.
+            for key, value in TABLE_PROPERTIES.items():
+                writer = writer.tableProperty(key, value)
+            writer.using("iceberg").createOrReplace()
+        elif replace:
             writer.overwrite(F.lit(True))
         else:
             writer.append()
@@ -134,12 +152,36 @@ class IcebergTarget(Target):
             self.spark.sql(
                 f"DELETE FROM {name} WHERE {HR_LSN} < {lsn} OR ({HR_LSN} = {lsn} AND {HR_SEQ} < {seq})"
             )
+        if HR_FROM in changes.columns:
+            changes = self._take_from_old_keys(table, name, changes)
         view = f"hr_batch_{uuid.uuid4().hex}"
         self._shaped(table, changes, (HR_OP, HR_UNCHANGED)).createOrReplaceTempView(view)
         try:
             self.spark.sql(self._merge_statement(table, name, view))
         finally:
             self.spark.catalog.dropTempView(view)
+
+    def _take_from_old_keys(self, table: TableSchema, name: str, changes: DataFrame) -> DataFrame:
+        """Rows whose key changed leaving TOAST columns unchanged (``_hr_from``: the old key) take
+        those columns from the old key's row in the target, read before the MERGE changes it."""
+        old = self.spark.table(name).select(
+            *[F.col(quote(c.name)).alias(f"_hr_old{i}") for i, c in enumerate(table.columns)]
+        )
+        index = {c.name: i for i, c in enumerate(table.columns)}
+        same = [F.col(HR_FROM).getField(k) == F.col(f"_hr_old{index[k]}") for k in table.key]
+        joined = changes.join(old, functools.reduce(operator.and_, same), "left")
+        moved = F.col(HR_FROM).isNotNull()
+        unchanged = F.split(F.coalesce(F.col(HR_UNCHANGED), F.lit("")), ",")
+        columns = []
+        for i, c in enumerate(table.columns):
+            value = F.col(quote(c.name))
+            if c.name not in table.key:
+                value = F.when(moved & F.array_contains(unchanged, c.name), F.col(f"_hr_old{i}")).otherwise(value)
+            columns.append(value.alias(c.name))
+        return joined.select(
+            *columns, HR_LSN, HR_SEQ, HR_COMMIT_TS, HR_OP,
+            F.when(moved, F.lit(None).cast("string")).otherwise(F.col(HR_UNCHANGED)).alias(HR_UNCHANGED),
+        )
 
     def _merge_statement(self, table: TableSchema, name: str, view: str) -> str:
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in table.key)
@@ -165,6 +207,52 @@ class IcebergTarget(Target):
             f"WHEN NOT MATCHED AND s.{HR_OP} <> 'D' THEN INSERT ({', '.join(targets)}) "
             f"VALUES ({', '.join('s.' + t for t in targets)})"
         )
+
+    def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
+        """One ALTER TABLE per change (Iceberg schema evolution: metadata only, no data rewritten).
+
+        Each step checks the table's current schema first, so running it again after a crash
+        skips what is done. Filling an added column with its default is a MERGE over every row.
+        """
+        name = self.table_name(old)
+        for change in changes:
+            col = change.column
+            if not change.apply:
+                continue
+            if change.kind == "rename_table" or col is None:
+                raise SchemaChangeError(
+                    f"{old.qualified_name} was renamed to {new.qualified_name}, but Iceberg's Hadoop catalog cannot"
+                    " rename tables: set schema_changes.rename_table: keep and restart"
+                )
+            current = {f.name: f.dataType for f in self.spark.table(name).schema.fields}
+            target_type = spark_type(col.type)
+            column = quote(col.name)
+            if change.kind == "drop_column" and col.name in current:
+                self.spark.sql(f"ALTER TABLE {name} DROP COLUMN {column}")
+            elif change.kind == "rename_column" and change.old_name and change.old_name in current:
+                if col.name in current:
+                    raise SchemaChangeError(
+                        f"{new.qualified_name}: column {change.old_name} was renamed to {col.name}, which the"
+                        f" target table {name} still has (a dropped column kept by policy); drop it there"
+                        f" or run `headrace resync {new.qualified_name}`"
+                    )
+                self.spark.sql(f"ALTER TABLE {name} RENAME COLUMN {quote(change.old_name)} TO {column}")
+            elif change.kind == "alter_column_type" and current.get(col.name, target_type) != target_type:
+                self.spark.sql(f"ALTER TABLE {name} ALTER COLUMN {column} TYPE {target_type.simpleString()}")
+            elif change.kind == "add_column":
+                existed = col.name in current
+                if not existed:
+                    self.spark.sql(f"ALTER TABLE {name} ADD COLUMN {column} {target_type.simpleString()}")
+                if existed or col.missing is not None:
+                    # Rows older than the column read PostgreSQL's default for it (NULL if none).
+                    view = f"hr_default_{uuid.uuid4().hex}"
+                    text_value_frame(self.spark, col.missing, col.type).createOrReplaceTempView(view)
+                    try:
+                        self.spark.sql(
+                            f"MERGE INTO {name} t USING {view} s ON true WHEN MATCHED THEN UPDATE SET t.{column} = s.v"
+                        )
+                    finally:
+                        self.spark.catalog.dropTempView(view)
 
     def drop_table(self, table: TableSchema) -> None:
         """Drop the table and its files."""
