@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from headrace.core.errors import TerminalError
@@ -69,6 +69,8 @@ def read_change_batch(
         F.max(F.when((op == "T") & after_skip, F.struct(lsn, seq))).alias("trunc"),
         F.max(F.col("_unchanged_cols").isNotNull().cast("int")).alias("toast"),
         F.max(no_old_row.cast("int")).alias("no_old_row"),
+        F.max(((op == "U") & F.col("_old_key").isNotNull() & F.col("_unchanged_cols").isNotNull()).cast("int"))
+        .alias("key_toast"),
     ).collect()[0]
     truncate_before = Position(stats.trunc[0], stats.trunc[1]) if stats.trunc is not None else None
     if stats.no_old_row:
@@ -84,7 +86,7 @@ def read_change_batch(
         rows_in = int(stats.rows_in)
         return ChangeBatch(changes=_row_images(changes, table), truncate_before=truncate_before, rows_in=rows_in)
     changes = _split_key_changes(changes)
-    changes = _last_per_key(changes, table, has_unchanged=bool(stats.toast))
+    changes = _last_per_key(changes, table, has_unchanged=bool(stats.toast), key_toast=bool(stats.key_toast))
     return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in))
 
 
@@ -100,7 +102,7 @@ def _split_key_changes(changes: DataFrame) -> DataFrame:
     rows = F.when((F.col("_op") == "U") & F.col("_old_key").isNotNull(), F.array(old_row, new_row)).otherwise(
         F.array(new_row)
     )
-    return changes.select("_lsn", "_seq", "_ts", "_unchanged_cols", F.explode(rows).alias("r")).select(
+    return changes.select("_lsn", "_seq", "_ts", "_unchanged_cols", "_old_key", F.explode(rows).alias("r")).select(
         "_lsn",
         "_seq",
         "_ts",
@@ -108,6 +110,9 @@ def _split_key_changes(changes: DataFrame) -> DataFrame:
         F.col("r.sub").alias("_sub"),
         F.col("r.op").alias("_op"),
         F.col("r.values").alias("_values"),
+        # The row came from this old key (an update that changed the key): its TOAST columns left
+        # unchanged hold what the old key's row held.
+        F.when(F.col("r.sub") == 1, F.col("_old_key")).alias("_from"),
     )
 
 
@@ -169,8 +174,18 @@ def quote_spark(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool) -> DataFrame:
-    """Keep the last change per key, cast to the table's types, in the Target row shape."""
+KEY_CHANGE_HOPS = 2  # key changes of one row within a batch followed to find an unchanged TOAST value
+HR_FROM = "_hr_from"  # in batches with key changes: the old key whose target row holds unchanged values
+
+
+def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool, key_toast: bool = False) -> DataFrame:
+    """Keep the last change per key, cast to the table's types, in the Target row shape.
+
+    With ``key_toast`` (an update changed the key and left a TOAST column unchanged), each such
+    update first takes the column's value from the old key's history in the batch; what the batch
+    does not hold comes from the old key's target row, named in ``_hr_from`` (a struct of the key
+    columns; NULL when the unchanged values are the key's own target row's).
+    """
     key_cols = [
         cast_text(F.col("_values")[k], table.column(k).type).alias(f"_k{i}") for i, k in enumerate(table.key)
     ]
@@ -182,19 +197,35 @@ def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool) -
 
     values = {c.name: F.col("_values")[c.name] for c in table.columns}
     unchanged_after: list[Column] = []
+    froms: list[Column] = []
     if has_unchanged:
-        upto_here = whole_key.orderBy("_lsn", "_seq", "_sub").rowsBetween(Window.unboundedPreceding, 0)
+        ordered = whole_key.orderBy("_lsn", "_seq", "_sub")
         unchanged = F.split(F.coalesce(F.col("_unchanged"), F.lit("")), ",")
-        for i, c in enumerate(table.columns):
-            if c.name in table.key:
-                continue
-            is_unchanged = F.array_contains(unchanged, c.name)
-            # The latest value this key received in the batch; a struct so a sent NULL still counts.
-            sent = F.when(~is_unchanged, F.struct(F.col("_values")[c.name].alias("v")))
-            changes = changes.withColumn(f"_s{i}", F.last(sent, ignorenulls=True).over(upto_here))
-            values[c.name] = F.when(is_unchanged, F.col(f"_s{i}.v")).otherwise(values[c.name])
-            still = is_unchanged & F.col(f"_s{i}").isNull()
-            unchanged_after.append(F.when(still, F.lit(c.name)))
+        others = [(i, c.name) for i, c in enumerate(table.columns) if c.name not in table.key]
+        none = F.lit(None)
+        for i, name in others:
+            # What this change says about the column: a value (a struct, so a sent NULL counts), or,
+            # for an update that moved the row from another key leaving the column unchanged, where
+            # to look: the old key's value just before this change's position.
+            sent = F.when(~F.array_contains(unchanged, name),
+                          F.struct(F.col("_values")[name].alias("v"), none.cast("string").alias("from"),
+                                   none.cast("bigint").alias("lsn"), none.cast("bigint").alias("seq")))
+            if key_toast:
+                sent = sent.when(F.col("_from").isNotNull(),
+                                 F.struct(none.cast("string").alias("v"), F.col("_from").alias("from"),
+                                          F.col("_lsn").alias("lsn"), F.col("_seq").alias("seq")))
+            changes = changes.withColumn(f"_x{i}", sent)
+        if key_toast:
+            for _ in range(KEY_CHANGE_HOPS):
+                changes = _follow_key_changes(changes, ordered, [i for i, _ in others])
+        upto_here = ordered.rowsBetween(Window.unboundedPreceding, 0)
+        for i, name in others:
+            is_unchanged = F.array_contains(unchanged, name)
+            changes = changes.withColumn(f"_s{i}", F.last(f"_x{i}", ignorenulls=True).over(upto_here))
+            values[name] = F.when(is_unchanged, F.col(f"_s{i}.v")).otherwise(values[name])
+            still = is_unchanged & (F.col(f"_s{i}").isNull() | F.col(f"_s{i}.from").isNotNull())
+            unchanged_after.append(F.when(still, F.lit(name)))
+            froms.append(F.when(is_unchanged, F.col(f"_s{i}.from")))
 
     changes = changes.where(order == F.col("_last"))
     is_delete = F.col("_op") == "D"
@@ -207,6 +238,11 @@ def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool) -
         typed = F.when(is_delete, F.lit(None)).otherwise(typed)  # deletes carry the key only
         columns.append(typed.alias(c.name))
     remaining = F.concat_ws(",", *unchanged_after) if unchanged_after else F.lit("")
+    extra = []
+    if key_toast and froms:
+        old_key = F.from_json(F.coalesce(*froms), _MAP)
+        from_key = F.struct(*[cast_text(old_key[k], table.column(k).type).alias(k) for k in table.key])
+        extra.append(F.when(~is_delete & old_key.isNotNull(), from_key).alias(HR_FROM))
     return changes.select(
         *columns,
         F.col("_lsn").alias(HR_LSN),
@@ -216,4 +252,26 @@ def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool) -
         F.when(is_delete | (remaining == ""), F.lit(None).cast("string"))
         .otherwise(remaining)
         .alias(HR_UNCHANGED),
+        *extra,
     )
+
+
+def _follow_key_changes(changes: DataFrame, ordered: WindowSpec, columns: list[int]) -> DataFrame:
+    """One hop: a column pointing at (old key, position) takes what the old key held just before
+    that position in the batch (a value, or a pointer further back); with nothing there it stays,
+    and the target looks the old key up."""
+    before = ordered.rowsBetween(Window.unboundedPreceding, -1)
+    # The delete half of a key change (sub 0) sits on the old key at the change's position.
+    held = changes.select(
+        "_lsn", "_seq", "_sub", *[F.last(f"_x{i}", ignorenulls=True).over(before).alias(f"_b{i}") for i in columns]
+    ).where(F.col("_sub") == 0).drop("_sub")
+    pointer = F.coalesce(*[F.when(F.col(f"_x{i}.from").isNotNull(), F.col(f"_x{i}")) for i in columns])
+    hop = changes.withColumn("_hop_lsn", pointer["lsn"]).withColumn("_hop_seq", pointer["seq"])
+    held = held.select(F.col("_lsn").alias("_at_lsn"), F.col("_seq").alias("_at_seq"), *[f"_b{i}" for i in columns])
+    at = (F.col("_hop_lsn") == F.col("_at_lsn")) & (F.col("_hop_seq") == F.col("_at_seq"))
+    joined = hop.join(held, at, "left")
+    for i in columns:
+        points = F.col(f"_x{i}.from").isNotNull()
+        joined = joined.withColumn(f"_x{i}", F.when(points, F.coalesce(F.col(f"_b{i}"), F.col(f"_x{i}")))
+                                   .otherwise(F.col(f"_x{i}")))
+    return joined.drop("_hop_lsn", "_hop_seq", "_at_lsn", "_at_seq", *[f"_b{i}" for i in columns])

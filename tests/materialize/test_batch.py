@@ -161,3 +161,39 @@ def test_composite_key(spark: SparkSession, tmp_path: Path) -> None:
     batch = read_change_batch(spark, [str(tmp_path / "c.parquet")], table, None)
     rows = sorted((r.a, r.b, r.v, r._hr_op) for r in batch.changes.collect())
     assert rows == [(1, "x", 11, "U"), (1, "y", None, "D"), (2, "y", 21, "U")]
+
+
+def test_key_change_leaving_toast_unchanged_takes_the_old_keys_value(spark: SparkSession, tmp_path: Path) -> None:
+    def moved(new: int, old: int, name: str, doc: Value = UNCHANGED) -> tuple[Any, ...]:
+        return (str(new), name, doc), json.dumps({"id": str(old)})
+
+    f = _stage(
+        tmp_path / "1.parquet",
+        [
+            ("U", 10, 1, row(1, "a", UNCHANGED), None),
+            ("U", 20, 1, *moved(5, 1, "b")),  # doc only in the target, under the old key 1
+            ("U", 30, 1, *moved(7, 5, "c")),  # and again: still key 1's target row
+            ("U", 10, 2, row(2, "x", "sent2"), None),
+            ("U", 20, 2, *moved(6, 2, "y")),  # doc sent earlier in the batch under the old key
+            ("U", 21, 1, row(3, "z", "sent3"), None),
+            ("U", 22, 1, *moved(8, 3, "z")),
+            ("U", 23, 1, *moved(9, 8, "z")),  # two hops back to the value sent under key 3
+            ("U", 24, 1, row(4, "w", UNCHANGED), None),  # an ordinary unchanged value: the key's own row
+        ],
+    )
+    batch = read_change_batch(spark, [f], TABLE, None)
+    rows = sorted(
+        (r.id, r.name, r.doc, r._hr_op, r._hr_unchanged, r._hr_from.id if r._hr_from else None)
+        for r in batch.changes.collect()
+    )
+    assert rows == [
+        (1, None, None, "D", None, None),
+        (2, None, None, "D", None, None),
+        (3, None, None, "D", None, None),
+        (4, "w", None, "U", "doc", None),
+        (5, None, None, "D", None, None),
+        (6, "y", "sent2", "U", None, None),
+        (7, "c", None, "U", "doc", 1),
+        (8, None, None, "D", None, None),
+        (9, "z", "sent3", "U", None, None),
+    ]

@@ -38,16 +38,18 @@ TABLE = TableSchema(
 )
 
 
-@pytest.fixture(params=["iceberg", "ducklake"])
-def target(request: pytest.FixtureRequest, spark: SparkSession, tmp_path: Path) -> Any:
-    if request.param == "iceberg":
-        settings = IcebergConfig(warehouse=str(tmp_path / "wh"), catalog_name=f"hr_keyless_{next(_names)}")
-        yield IcebergTarget(spark, settings, pipeline="p")
-    else:
-        lake = DuckLakeTarget(spark, DuckLakeConfig(catalog=str(tmp_path / "meta.ducklake"),
-                                                    data_path=str(tmp_path / "data")), "p")
-        yield lake
-        lake.close()
+@pytest.fixture
+def lake(spark: SparkSession, tmp_path: Path) -> Any:
+    target = DuckLakeTarget(spark, DuckLakeConfig(catalog=str(tmp_path / "meta.ducklake"),
+                                                  data_path=str(tmp_path / "data")), "p")
+    yield target
+    target.close()
+
+
+@pytest.fixture
+def iceberg(spark: SparkSession, tmp_path: Path) -> IcebergTarget:
+    settings = IcebergConfig(warehouse=str(tmp_path / "wh"), catalog_name=f"hr_keyless_{next(_names)}")
+    return IcebergTarget(spark, settings, pipeline="p")
 
 
 def _row(a: int | None, b: str | None) -> str:
@@ -98,38 +100,25 @@ AFTER_2 = Counter({(1, "x"): 2, (None, "w"): 1, (4, "u"): 1})
 AFTER_3 = Counter({(5, "a"): 1})
 
 
-def test_duplicates_deletes_and_updates_of_one_copy(spark: SparkSession, target: Any, tmp_path: Path) -> None:
-    target.ensure_table(TABLE)
+def test_duplicates_deletes_and_updates_of_one_copy(spark: SparkSession, lake: DuckLakeTarget, tmp_path: Path) -> None:
+    lake.ensure_table(TABLE)
     files = _files(tmp_path)
-    _apply(spark, target, files[:1], 1)
-    assert _contents(target) == AFTER_1
-    _apply(spark, target, files[1:2], 2)
-    assert _contents(target) == AFTER_2
-    _apply(spark, target, files[2:], 3)
-    assert _contents(target) == AFTER_3
+    _apply(spark, lake, files[:1], 1)
+    assert _contents(lake) == AFTER_1
+    _apply(spark, lake, files[1:2], 2)
+    assert _contents(lake) == AFTER_2
+    _apply(spark, lake, files[2:], 3)
+    assert _contents(lake) == AFTER_3
 
 
-def test_iceberg_replays_apply_each_change_once(spark: SparkSession, tmp_path: Path) -> None:
-    settings = IcebergConfig(warehouse=str(tmp_path / "wh"), catalog_name=f"hr_keyless_{next(_names)}")
-    target = IcebergTarget(spark, settings, pipeline="p")
+def test_iceberg_applies_each_change_once_across_replays_and_crashes(spark: SparkSession, iceberg: IcebergTarget,
+                                                                     tmp_path: Path) -> None:
+    target = iceberg
     target.ensure_table(TABLE)
     files = _files(tmp_path)
     _apply(spark, target, files[:1], 1)
     _apply(spark, target, files[:1], 1)  # a crash after the commit, before the cursor advanced
     assert _contents(target) == AFTER_1
-    _apply(spark, target, files[1:2], 2)
-    _apply(spark, target, files[1:3], 3)  # replayed, cut differently: only file 3 is new
-    assert _contents(target) == AFTER_3
-    _apply(spark, target, files[1:3], 3)
-    assert _contents(target) == AFTER_3
-
-
-def test_iceberg_intent_without_its_commit_is_applied(spark: SparkSession, tmp_path: Path) -> None:
-    settings = IcebergConfig(warehouse=str(tmp_path / "wh"), catalog_name=f"hr_keyless_{next(_names)}")
-    target = IcebergTarget(spark, settings, pipeline="p")
-    target.ensure_table(TABLE)
-    files = _files(tmp_path)
-    _apply(spark, target, files[:1], 1)
     name = target.table_name(TABLE)
     apply = keyless.KeylessApply(spark)
     jtable = apply.iceberg_table(name)
@@ -140,12 +129,13 @@ def test_iceberg_intent_without_its_commit_is_applied(spark: SparkSession, tmp_p
                           keyless.APPLIED_POSITION: "11/2"})
     assert apply.applied_position(apply.iceberg_table(name)) == Position(11, 2)
     # A compaction in between is not mistaken for the batch's commit.
-    spark.sql(f"CALL {settings.catalog_name}.system.rewrite_data_files(table => 'public.bag', "
+    spark.sql(f"CALL {target.settings.catalog_name}.system.rewrite_data_files(table => 'public.bag', "
               "options => map('rewrite-all', 'true'))")
     assert apply.applied_position(apply.iceberg_table(name)) == Position(11, 2)
     _apply(spark, target, files[1:2], 2)
     assert _contents(target) == AFTER_2
     assert apply.applied_position(apply.iceberg_table(name)) == Position(23, 1)
-    # Truncate settles the intent first: a crash after its delete does not skip the batch.
-    _apply(spark, target, files[2:], 3)
+    _apply(spark, target, files[1:3], 3)  # file 2 replayed, cut differently: only file 3 is new
+    assert _contents(target) == AFTER_3
+    _apply(spark, target, files[1:3], 3)
     assert _contents(target) == AFTER_3
