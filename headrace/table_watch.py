@@ -30,7 +30,7 @@ from headrace.control.operations import OperationError
 from headrace.core.position import format_lsn
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.source.postgres.catalog import existing_oids, list_tables
+from headrace.source.postgres.catalog import existing_oids, leaf_partitions, list_tables
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
 
@@ -51,6 +51,7 @@ class TableWatch:
         self.dropping: dict[int, int] = {}  # oid -> WAL insert LSN when the drop was observed
         self._retired: dict[int, int] = {}  # old oid of a recreated table -> LSN: sweep late staged rows
         self._refused_recreate: set[int] = set()
+        self._leaves: dict[int, set[int]] = {}  # partitioned table -> its leaf partitions at the last poll
         self._next_poll = 0.0
         self._quiet_until = 0.0  # after a failure, nothing until then
 
@@ -85,6 +86,7 @@ class TableWatch:
             listed = list_tables(conn, source.schemas or None) if source.discovers else {}
             gone = [r for r in rows if r.oid not in alive]
             successors = {r.oid: _oid_of(conn, r.qualified_name) for r in gone}
+            leaves = leaf_partitions(conn, [r.oid for r in rows if r.oid in alive])
             # Read after the catalog: a drop seen above committed before this position.
             lsn = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
         tracked = {r.oid for r in rows}
@@ -99,6 +101,9 @@ class TableWatch:
                 event(log, "table.drop_seen", table=row.qualified_name, oid=row.oid, lsn=format_lsn(lsn))
         if self.dropping or self._retired:
             self._heartbeat()
+        for row in rows:
+            if row.oid in leaves:
+                self._partitions_changed(state, row, leaves[row.oid], lsn)
         if not source.discovers:
             return
         handled = {successors[r.oid] for r in gone}
@@ -153,6 +158,29 @@ class TableWatch:
         p.metrics.ddl_applied("recreate_table")
         event(log, "table.recreated", table=row.qualified_name, old_oid=row.oid, oid=new_oid,
               resync=schema is not None)
+
+    def _partitions_changed(self, state: StateStore, row: TableRow, leaves: dict[int, bool], lsn: int) -> None:
+        """Resync a partitioned table whose rows changed without changes in the stream.
+
+        Detaching or dropping a partition removes its rows from the table, and attaching a table
+        with rows adds them, with no DELETE or INSERT in the WAL; new partitions made with
+        ``CREATE TABLE ... PARTITION OF`` need nothing (their rows arrive as the table's changes).
+        The first poll of a run only records the partitions.
+        """
+        known = self._leaves.get(row.oid)
+        if known is not None and not self._copying(row):
+            removed = known - set(leaves)
+            attached = {leaf for leaf, linked_later in leaves.items() if linked_later and leaf not in known}
+            if removed or attached:
+                detail = (f"partitions detached or dropped: {len(removed)}, attached: {len(attached)};"
+                          " copying the table again")
+                self.pipeline.operations.resync_table(str(row.oid))(state)
+                state.record_ddl(row.oid, row.qualified_name, "resync_partitions", detail, lsn)
+                self.pipeline.metrics.ddl_applied("resync_partitions")
+                event(log, "table.partitions_changed", logging.WARNING, table=row.qualified_name,
+                      removed=len(removed), attached=len(attached))
+        if known is None or not self._copying(row):
+            self._leaves[row.oid] = set(leaves)
 
     # -- finishing drops ----------------------------------------------------------------------------
     def _finish_drops(self, state: StateStore) -> bool:
