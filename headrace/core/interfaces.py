@@ -28,7 +28,15 @@ class Target(ABC):
     ``_hr_seq`` (long) and ``_hr_commit_ts`` (timestamp). Change batches add ``_hr_op`` (``I``,
     ``U`` or ``D``; deletes carry only the key columns, the rest NULL) and ``_hr_unchanged``
     (comma-separated names of TOAST columns the update left untouched, or NULL). A batch holds at
-    most one row per key: the last change to that key.
+    most one row per key: the last change to that key. A batch may add ``_hr_from`` (a struct of
+    the key columns): unchanged TOAST columns of that row are the old key's target row's values
+    (the update moved the row to a new key).
+
+    Tables without a key (``table.key`` empty, REPLICA IDENTITY FULL) get a different batch: not
+    deduplicated, one row per row image a change adds (``_hr_op`` ``I``) or removes (``D``, every
+    column set), at the change's position; an update is a ``D`` of its old row and an ``I`` of
+    its new one. Identical rows are legitimate, so such a batch must be applied exactly once, as
+    a multiset delta (``headrace.materialize.batch.net_row_changes``).
     """
 
     name: str = ""
