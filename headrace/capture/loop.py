@@ -9,6 +9,7 @@ however far behind the target is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,6 @@ import psycopg
 
 from headrace.config import PipelineConfig
 from headrace.core.changes import (
-    UNCHANGED,
     Begin,
     Commit,
     Delete,
@@ -49,6 +49,8 @@ log = logging.getLogger("headrace.capture")
 HEARTBEAT_PREFIX = "headrace"
 STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
 PAUSED_STATUS_S = 1.0  # while paused by backpressure, confirm this often (keeps the walsender alive)
+RECONNECT_FIRST_S = 1.0  # wait before reconnecting after a drop; doubles per failed attempt ...
+RECONNECT_MAX_S = 30.0  # ... up to this
 
 
 @dataclass
@@ -74,10 +76,12 @@ class Capture:
         self._heartbeat_due = True
         self._lock = threading.Lock()
         self._source: psycopg.Connection[Any] | None = None
+        self._streamed = False  # the current connection attempt got as far as streaming
         self.paused = False  # backpressure: not reading WAL until the backlog shrinks
         self.pending_rows = 0
         self.pending_bytes = 0
         self._bound_checked_at = float("-inf")
+        self._staged_rows = self._staged_bytes = 0  # registered since the backlog was last looked at
 
     # -- public ---------------------------------------------------------------------------------
     def request_heartbeat(self) -> None:
@@ -90,33 +94,56 @@ class Capture:
             self.known[schema.oid] = schema
 
     def run(self, stop: threading.Event) -> None:
-        """Capture until ``stop`` is set, reconnecting after transient failures."""
-        backoff = 1.0
+        """Capture until ``stop`` is set, reconnecting after transient failures.
+
+        A dropped replication connection (walsender terminated, server restart, network) or a
+        state/source connection that fails is retried with backoff; each attempt resumes from the
+        position registered in state, so what was buffered but not registered is read again.
+        The backoff starts over once an attempt has streamed, so a drop after days of streaming
+        reconnects within a second.
+        """
+        backoff = RECONNECT_FIRST_S
         while not stop.is_set():
+            self._streamed = False
             try:
                 self._run_once(stop)
-                backoff = 1.0
-            except TransientError as exc:
+            except (TransientError, psycopg.OperationalError) as exc:
+                # psycopg (3) errors come from the state and heartbeat connections: a source or
+                # state server that went away is as passing as a dropped replication connection.
+                if self._streamed:
+                    backoff = RECONNECT_FIRST_S
                 self.connected = False
-                self.last_error = str(exc)
-                event(log, "capture.reconnect", logging.WARNING, error=str(exc), wait_s=backoff)
+                self.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                event(log, "capture.reconnect", logging.WARNING, error=self.last_error, wait_s=backoff)
                 stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     # -- the loop -------------------------------------------------------------------------------
     def _run_once(self, stop: threading.Event) -> None:
-        state = StateStore(self.state_dsn, self.config.name)
-        source = psycopg.connect(self.dsn, autocommit=True)
-        self._source = source
-        types = TypeCatalog(source)
-        self.captured_lsn = state.captured_lsn()
-        self._remove_orphans(state)
-        # No periodic status updates from psycopg2: it forwards the confirmed position to the
-        # keepalives' wal_end on its own, and each confirmation must be bounded in state first
-        # (acked_lsn) so start-up can tell our advances from someone else's. ``_flush`` confirms.
-        stream = ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name,
-                                   self.captured_lsn, status_interval=STATUS_INTERVAL_S)
+        # Every connection opened here is closed whichever step fails: a source that keeps
+        # refusing must not leak a connection per attempt.
+        with contextlib.ExitStack() as opened:
+            state = StateStore(self.state_dsn, self.config.name)
+            opened.callback(state.close)
+            source = psycopg.connect(self.dsn, autocommit=True)
+            opened.callback(source.close)
+            self._source = source
+            opened.callback(setattr, self, "_source", None)
+            types = TypeCatalog(source)
+            self.captured_lsn = state.captured_lsn()
+            self._remove_orphans(state)
+            # No periodic status updates from psycopg2: it forwards the confirmed position to the
+            # keepalives' wal_end on its own, and each confirmation must be bounded in state first
+            # (acked_lsn) so start-up can tell our advances from someone else's. ``_flush`` confirms.
+            stream = ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name,
+                                       self.captured_lsn, status_interval=STATUS_INTERVAL_S)
+            opened.callback(stream.close)
+            self._stream(stop, state, source, types, stream)
+
+    def _stream(self, stop: threading.Event, state: StateStore, source: psycopg.Connection[Any],
+                types: TypeCatalog, stream: ReplicationStream) -> None:
         self.connected = True
+        self._streamed = True
         self.last_error = None
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
         buffers: dict[int, _TableBuffer] = {}
@@ -131,14 +158,8 @@ class Capture:
         policy = self.config.staging
         try:
             while not stop.is_set():
-                if txn is None and self._over_bound(state):
-                    # Backpressure: make what is buffered durable, then stop reading WAL (the slot
-                    # keeps it) until the materializer has applied enough.
-                    if buffers or spilled or pending_end > self.captured_lsn:
-                        self._flush(state, stream, buffers, spilled, pending_end)
-                        spilled, buffers, first_change_at = [], {}, None
-                    self._wait_for_room(state, stream, stop)
-                    last_ack_at = time.monotonic()
+                if txn is None and self._make_room(state, stream, stop, buffers, spilled, pending_end):
+                    first_change_at, last_ack_at = None, time.monotonic()
                 if self._heartbeat_due or time.monotonic() - last_message_at > policy.heartbeat_seconds:
                     emit_heartbeat(source, HEARTBEAT_PREFIX)
                     self._heartbeat_due = False
@@ -154,6 +175,16 @@ class Capture:
                             txn = None
                             pending_end = max(pending_end, ev.end_lsn)
                             self.received_lsn = pending_end
+                            if self._full(buffers, spilled):
+                                # Flush at this boundary: a read of many transactions mostly ends
+                                # inside one, so waiting for a read that ends between two let the
+                                # buffer grow to flush_bytes whatever flush_rows said.
+                                self._flush(state, stream, buffers, spilled, pending_end)
+                                spilled, buffers, first_change_at = [], {}, None
+                                last_ack_at = time.monotonic()
+                            # Here too, not only between reads: those mostly end inside a transaction.
+                            if self._make_room(state, stream, stop, buffers, spilled, pending_end):
+                                first_change_at, last_ack_at = None, time.monotonic()
                         case Relation():
                             known = self.known.get(ev.oid)
                             if known is None:
@@ -201,9 +232,6 @@ class Capture:
                 self._flush(state, stream, buffers, spilled, pending_end)
         finally:
             self.connected = False
-            stream.close()
-            source.close()
-            state.close()
             event(log, "capture.stop", captured_lsn=_fmt(self.captured_lsn))
 
     def _stage(self, ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int,
@@ -226,19 +254,11 @@ class Capture:
                 buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
                 op = "I"
             case Update():
-                new = ev.new
-                if ev.old is not None and ev.old_kind == "O":
-                    # REPLICA IDENTITY FULL sends the whole old row (TOAST values inline), so a TOAST
-                    # value the update left untouched is known here: stage it, not "unchanged".
-                    new = tuple(o if v is UNCHANGED else v for v, o in zip(new, ev.old, strict=True))
-                data, unchanged = encode_row(names, new)
+                data, unchanged = encode_row(names, ev.new)
                 old_key = None
-                if ev.old is not None and not schema.key:
-                    # No key: the old row is the identity of the row the update replaces.
-                    old_key, _ = encode_row(names, ev.old)
-                elif ev.old is not None:
+                if ev.old is not None:
                     old_vals = _key_values(schema, ev.old)
-                    if old_vals != _key_values(schema, new):
+                    if old_vals != _key_values(schema, ev.new):
                         old_key = json.dumps(old_vals, ensure_ascii=False, separators=(",", ":"))
                 buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
                 op = "U"
@@ -263,6 +283,11 @@ class Capture:
     def _buffered_bytes(buffers: dict[int, _TableBuffer]) -> int:
         return sum(tb.buffer.nbytes for tb in buffers.values())
 
+    def _full(self, buffers: dict[int, _TableBuffer], spilled: list[StagedFile]) -> bool:
+        """The flush policy's size limit (rows or bytes) is reached."""
+        rows = sum(len(tb.buffer) for tb in buffers.values()) + sum(f.rows for f in spilled)
+        return rows >= self.config.staging.flush_rows or self._buffered_bytes(buffers) >= self.config.staging.flush_bytes
+
     def _write(self, oid: int, tb: _TableBuffer) -> StagedFile:
         name = f"{tb.buffer.max_lsn:016X}-{uuid.uuid4().hex[:12]}.parquet"
         path = self.staging_root / str(oid) / name
@@ -275,9 +300,14 @@ class Capture:
         if policy.max_pending_rows is None and policy.max_pending_bytes is None:
             return False
         now = time.monotonic()
-        if now - self._bound_checked_at < 0.5:
+        # At most twice a second, unless a quarter of the bound was staged since the last look:
+        # a fast reader would otherwise stage many times the bound between two looks.
+        quick = ((policy.max_pending_rows is not None and 4 * self._staged_rows >= policy.max_pending_rows)
+                 or (policy.max_pending_bytes is not None and 4 * self._staged_bytes >= policy.max_pending_bytes))
+        if now - self._bound_checked_at < 0.5 and not quick:
             return False
         self._bound_checked_at = now
+        self._staged_rows = self._staged_bytes = 0
         return self._backlog_exceeds(state)
 
     def _backlog_exceeds(self, state: StateStore) -> bool:
@@ -286,6 +316,20 @@ class Capture:
         self.pending_rows, self.pending_bytes = rows, nbytes
         return ((policy.max_pending_rows is not None and rows > policy.max_pending_rows)
                 or (policy.max_pending_bytes is not None and nbytes > policy.max_pending_bytes))
+
+    def _make_room(self, state: StateStore, stream: ReplicationStream, stop: threading.Event,
+                   buffers: dict[int, _TableBuffer], spilled: list[StagedFile], pending_end: int) -> bool:
+        """Backpressure, at a transaction boundary: when over the bound, make what is buffered
+        durable (emptying ``buffers`` and ``spilled``), then read no WAL (the slot keeps it) until
+        the materializer has applied enough. True when it paused."""
+        if not self._over_bound(state):
+            return False
+        if buffers or spilled or pending_end > self.captured_lsn:
+            self._flush(state, stream, buffers, spilled, pending_end)
+            buffers.clear()
+            spilled.clear()
+        self._wait_for_room(state, stream, stop)
+        return True
 
     def _wait_for_room(self, state: StateStore, stream: ReplicationStream, stop: threading.Event) -> None:
         """Read no WAL until the backlog is back under the bound, confirming the position
@@ -334,6 +378,8 @@ class Capture:
         if files:
             crash_point("capture.after_register")
         self.captured_lsn = max(self.captured_lsn, end_lsn)
+        self._staged_rows += sum(f.rows for f in files)
+        self._staged_bytes += sum(f.bytes for f in files)
         stream.acknowledge(self.captured_lsn)
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
