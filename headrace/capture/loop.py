@@ -24,6 +24,7 @@ import psycopg
 
 from headrace.config import PipelineConfig
 from headrace.core.changes import (
+    UNCHANGED,
     Begin,
     Commit,
     Delete,
@@ -254,11 +255,19 @@ class Capture:
                 buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
                 op = "I"
             case Update():
-                data, unchanged = encode_row(names, ev.new)
+                new = ev.new
+                if ev.old is not None and ev.old_kind == "O":
+                    # REPLICA IDENTITY FULL sends the whole old row (TOAST values inline), so a TOAST
+                    # value the update left untouched is known here: stage it, not "unchanged".
+                    new = tuple(o if v is UNCHANGED else v for v, o in zip(new, ev.old, strict=True))
+                data, unchanged = encode_row(names, new)
                 old_key = None
-                if ev.old is not None:
+                if ev.old is not None and not schema.key:
+                    # No key: the old row is the identity of the row the update replaces.
+                    old_key, _ = encode_row(names, ev.old)
+                elif ev.old is not None:
                     old_vals = _key_values(schema, ev.old)
-                    if old_vals != _key_values(schema, ev.new):
+                    if old_vals != _key_values(schema, new):
                         old_key = json.dumps(old_vals, ensure_ascii=False, separators=(",", ":"))
                 buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
                 op = "U"
