@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import signal
 import sys
 import threading
@@ -11,16 +13,39 @@ from collections.abc import Sequence
 
 from headrace.config import load_config
 from headrace.core.errors import HeadraceError
-from headrace.logs import setup_logging
+from headrace.logs import event, setup_logging
+
+log = logging.getLogger("headrace.cli")
 
 
-def _stop_on_signals() -> threading.Event:
+STOP_TIMEOUT_SECONDS = 30.0  # a graceful stop that takes longer than this is cut short
+
+
+def _stop_on_signals(timeout: float = STOP_TIMEOUT_SECONDS) -> threading.Event:
+    """An event the first SIGINT/SIGTERM sets: the run finishes its step, flushes what capture has
+    buffered, acknowledges it, and returns (exit 0).
+
+    The stop is bounded: a second signal, or ``timeout`` seconds after the first, ends the process
+    at once with exit code 128 + the signal number. Ending abruptly is safe (a crash at any moment
+    loses nothing, docs/guarantees.md) and beats waiting on a long copy chunk or a stuck commit;
+    the next run resumes from the last acknowledged position.
+    """
     stop = threading.Event()
 
+    def hard_exit(signum: int, reason: str) -> None:
+        event(log, "run.stop_forced", logging.WARNING, reason=reason, exit_code=128 + signum)
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
     def handler(signum: int, _frame: object) -> None:
-        if stop.is_set():  # a second signal: stop now
-            raise SystemExit(130)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            hard_exit(signum, f"second {name}")
         stop.set()
+        event(log, "run.stopping", signal=name, timeout_s=timeout)
+        watchdog = threading.Timer(timeout, hard_exit, (signum, f"still stopping {timeout:g} s after {name}"))
+        watchdog.daemon = True  # a stop that finishes in time exits without waiting for it
+        watchdog.start()
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import itertools
 import struct
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import yaml
 
 from headrace.config import PipelineConfig, parse_config
 from headrace.core.schema import TableSchema, TypeKind
@@ -22,6 +29,11 @@ TEXT_KINDS = {TypeKind.STRING, TypeKind.UUID, TypeKind.JSON, TypeKind.INTERVAL, 
 
 def make_config(dsn: str, tmp: Path, tables: list[str], target: str = "iceberg", **overrides: Any) -> PipelineConfig:
     """A pipeline writing under ``tmp``; each config gets its own Spark catalog name."""
+    return parse_config(raw_config(dsn, tmp, tables, target, **overrides))
+
+
+def raw_config(dsn: str, tmp: Path, tables: list[str], target: str = "iceberg", **overrides: Any) -> dict[str, Any]:
+    """``make_config``'s settings as the dict a YAML file holds (for ``headrace run`` subprocesses)."""
     if target == "iceberg":
         target_cfg: dict[str, Any] = {"iceberg": {"warehouse": str(tmp / "warehouse"),
                                                   "catalog_name": f"hr{next(_catalogs)}"}}
@@ -37,7 +49,7 @@ def make_config(dsn: str, tmp: Path, tables: list[str], target: str = "iceberg",
     }
     for key, value in overrides.items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    return parse_config(raw)
+    return raw
 
 
 def _norm(value: Any) -> Any:
@@ -109,3 +121,103 @@ def assert_same(pipeline: Any, dsn: str, table: str) -> int:
         raise AssertionError(f"{table}: {len(expected)} source rows, {len(actual)} target rows;\n"
                              f"missing in target: {missing}\nunexpected in target: {extra}")
     return len(expected)
+
+
+def run_command(raw: dict[str, Any], tmp: Path) -> list[str]:
+    """Write ``raw`` to ``tmp/pipeline.yaml``; the ``headrace run`` command line for it."""
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return [sys.executable, "-m", "headrace.cli", "run", "-c", str(path)]
+
+
+def wait_until(condition: Callable[[], object], seconds: float, what: str, every: float = 0.1) -> None:
+    """Poll ``condition`` until it is true; fail naming ``what`` after ``seconds``.
+
+    A condition that raises AssertionError counts as not yet true (so ``assert_same`` can be polled).
+    """
+    deadline = time.monotonic() + seconds
+    last: AssertionError | None = None
+    while True:
+        try:
+            if condition():
+                return
+        except AssertionError as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} (after {seconds:g} s)") from last
+        time.sleep(every)
+
+
+def wal_insert_lsn(dsn: str) -> int:
+    """The LSN after everything committed so far (the insert position: commits are asynchronous)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def slot_position(dsn: str, slot: str) -> tuple[int | None, int]:
+    """The slot's walsender pid (None when no one streams it) and its confirmed_flush_lsn."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT active_pid, confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+                           " WHERE slot_name = %s", (slot,)).fetchone()
+    assert row is not None, f"slot {slot} is missing"
+    return row[0], int(row[1])
+
+
+@contextlib.contextmanager
+def running(pipeline: Any) -> Iterator[threading.Event]:
+    """Run ``pipeline`` in a thread (streaming, not until caught up) for the ``with`` block.
+
+    Yields the stop event. Leaving the block stops the run and re-raises what it raised; a run
+    that ended on its own before that fails the test.
+    """
+    stop = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["code"] = pipeline.run(stop=stop)
+        except BaseException as exc:  # surfaced below
+            outcome["exc"] = exc
+
+    thread = threading.Thread(target=target, name="pipeline-under-test")
+    thread.start()
+    try:
+        yield stop
+        assert thread.is_alive() or stop.is_set(), f"the pipeline stopped on its own: {outcome}"
+    finally:
+        stop.set()
+        thread.join(120)
+        if "exc" in outcome:  # shown even when the block itself failed first
+            traceback.print_exception(outcome["exc"], file=sys.stderr)
+    assert not thread.is_alive(), "the pipeline did not stop within 120 s"
+    if "exc" in outcome:
+        raise outcome["exc"]
+    assert outcome["code"] == 0
+
+
+def create_items_and_lines(dsn: str, rows: int) -> None:
+    """The two tables ``test_crash_points._workload`` changes, with ``rows`` orders of two lines."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v int, note text);"
+                     "CREATE TABLE lines (order_id bigint, line int, qty int, PRIMARY KEY (order_id, line))")
+        conn.execute("INSERT INTO items SELECT g, 0, repeat('x', 200) FROM generate_series(1, %s) g", (rows,))
+        conn.execute("INSERT INTO lines SELECT g, l, l FROM generate_series(1, %s) g, generate_series(1, 2) l",
+                     (rows,))
+
+
+@contextlib.contextmanager
+def workload(dsn: str, seed: int) -> Iterator[None]:
+    """``test_crash_points._workload`` (inserts, updates, deletes, key changes over items and lines)
+    running in a thread for the ``with`` block."""
+    from tests.e2e.test_crash_points import _workload
+
+    stop = threading.Event()
+    writer = threading.Thread(target=_workload, args=(dsn, stop, seed), name="workload")
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join()
