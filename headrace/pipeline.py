@@ -66,7 +66,6 @@ class Pipeline:
         self.metrics = PipelineMetrics(self)
         self.operations = Operations(self)  # API commands, run by the loop between steps
         self.table_watch = TableWatch(self)  # tables created, dropped and recreated in the source
-        self._recreated_at_start: list[tuple[TableSchema, TableSchema]] = []  # (old, new), target to fix
         self.api_address: str | None = None  # host:port the control API serves on, while running
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -141,12 +140,14 @@ class Pipeline:
         return names
 
     def _resync_recreated(self, state: StateStore, old: TableRow, new: TableSchema) -> None:
-        """Start-up found ``old`` dropped and created again as ``new``: forget the old, copy the new."""
+        """Start-up found ``old`` dropped and created again as ``new``: forget the old, copy the new.
+
+        The copy replaces the target table's rows (and the table, if the new one has another shape).
+        """
         state.remove_table(old.oid)  # its staged changes belong to the old table: never applied
         detail = f"oid {old.oid} -> {new.oid}, found at start-up: copying the new table into the same target table"
         state.record_ddl(new.oid, new.qualified_name, "recreate_table", detail)
         self.metrics.ddl_applied("recreate_table")
-        self._recreated_at_start.append((old.schema, new))
         event(log, "table.recreated", logging.WARNING, table=new.qualified_name, old_oid=old.oid, oid=new.oid,
               resync=True)
 
@@ -181,10 +182,6 @@ class Pipeline:
         # commit a committed transaction's record can still be past the write position.
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
-        for old, new in self._recreated_at_start:
-            if [(c.name, c.type) for c in old.columns] != [(c.name, c.type) for c in new.columns]:
-                self.target.drop_table(old)  # another shape: the copy creates the table anew
-        self._recreated_at_start = []
         rows = state.tables()
         self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows})
         capture_stop = threading.Event()

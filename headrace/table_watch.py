@@ -149,9 +149,8 @@ class TableWatch:
         # rows capture registers for it later are swept once capture passes ``lsn``.
         _forget(state, row.oid)
         self._retired[row.oid] = lsn
+        # The copy replaces the target's rows, and the table itself when the new one has another shape.
         schema = self._track(state, new_oid, row.qualified_name)
-        if schema is not None and _shape(schema) != _shape(row.schema):
-            p.target.drop_table(row.schema)  # a different shape: the copy creates the table anew
         detail = (f"oid {row.oid} -> {new_oid}: " + ("copying the new table into the same target table"
                   if schema is not None else "the new table cannot be replicated (see refused tables)"))
         state.record_ddl(new_oid, row.qualified_name, "recreate_table", detail, lsn)
@@ -196,9 +195,10 @@ class TableWatch:
             if row is None:  # removed through the API meanwhile
                 del self.dropping[oid]
                 continue
-            if captured < lsn or self._copying(row) or self._still_applying(state, row):
-                continue
             policy = p.config.schema_changes.drop_table
+            # With drop, its last changes would be applied to a table about to go: skip them.
+            if captured < lsn or self._copying(row) or (policy == "keep" and self._still_applying(state, row)):
+                continue
             if policy == "drop":
                 p.target.drop_table(row.schema)
             _forget(state, oid)
@@ -240,7 +240,3 @@ def _forget(state: StateStore, oid: int) -> None:
 def _oid_of(conn: psycopg.Connection[Any], name: str) -> int | None:
     row = conn.execute("SELECT to_regclass(%s)::oid::int8", (name,)).fetchone()
     return int(row[0]) if row and row[0] is not None else None
-
-
-def _shape(schema: TableSchema) -> list[tuple[str, object]]:
-    return [(c.name, c.type) for c in schema.columns]
