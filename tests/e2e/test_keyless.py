@@ -29,14 +29,17 @@ ONE_OF = "ctid = (SELECT min(ctid) FROM bag WHERE {})"  # one of several identic
 def test_keyless_table_keeps_duplicates(source_dsn: str, tmp_path: Path, spark: Any, target: str) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
-            CREATE TABLE bag (a int, b text, c numeric);
+            CREATE TABLE bag (a int, b text, c numeric, big text);
             ALTER TABLE bag REPLICA IDENTITY FULL;
             INSERT INTO bag VALUES (1, 'x', 1.5), (1, 'x', 1.5), (2, NULL, NULL), (2, NULL, NULL), (3, 'y', 0);
+            -- 40 KB of hex, stored out of line: an update that leaves it alone sends it as unchanged
+            INSERT INTO bag SELECT 6, 'big', 0, string_agg(md5(g::text), '') FROM generate_series(1, 1250) g;
         """)
     pipeline = Pipeline(make_config(source_dsn, tmp_path, ["public.bag"], target), spark=spark)
     run_caught_up(pipeline)
-    assert assert_same(pipeline, source_dsn, "public.bag") == 5
+    assert assert_same(pipeline, source_dsn, "public.bag") == 6
     with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE bag SET c = 7 WHERE a = 6")  # the old row (FULL) carries the big value
         conn.execute("INSERT INTO bag VALUES (1, 'x', 1.5)")  # a third copy
         conn.execute("DELETE FROM bag WHERE " + ONE_OF.format("a = 2"))  # one of two rows with NULLs
         conn.execute("UPDATE bag SET c = 9 WHERE " + ONE_OF.format("a = 1"))  # one of three copies
@@ -47,7 +50,7 @@ def test_keyless_table_keeps_duplicates(source_dsn: str, tmp_path: Path, spark: 
             conn.execute("UPDATE bag SET b = 'same' WHERE a = 4")  # a no-op in effect
             conn.execute("UPDATE bag SET b = 'same' WHERE a = 4")
     run_caught_up(pipeline)
-    assert assert_same(pipeline, source_dsn, "public.bag") == 6
+    assert assert_same(pipeline, source_dsn, "public.bag") == 7
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM bag WHERE " + ONE_OF.format("a = 1"))
         conn.execute("TRUNCATE bag")

@@ -1,6 +1,7 @@
-"""Tables without a key on both targets: batches are multiset deltas, applied exactly once.
+"""Tables without a key in Iceberg: batches are multiset deltas, applied exactly once across replays.
 
-Real staging files, real ``read_change_batch``, real Iceberg and DuckLake tables. Keyless staging
+Real staging files, real ``read_change_batch``, real Iceberg tables (DuckLake's keyless apply is
+covered by the property test in tests/materialize/test_apply_property.py). Keyless staging
 rows look as capture writes them: a delete carries the whole old row, an update the whole old row
 in ``_old_key``.
 """
@@ -16,13 +17,12 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from headrace.config import DuckLakeConfig, IcebergConfig
+from headrace.config import IcebergConfig
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.staging import StagingBuffer, write_staging_file
 from headrace.materialize.batch import read_change_batch
-from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg import keyless
 from headrace.targets.iceberg.target import IcebergTarget
 
@@ -36,14 +36,6 @@ TABLE = TableSchema(
     key=(),
     replica_identity="f",
 )
-
-
-@pytest.fixture
-def lake(spark: SparkSession, tmp_path: Path) -> Any:
-    target = DuckLakeTarget(spark, DuckLakeConfig(catalog=str(tmp_path / "meta.ducklake"),
-                                                  data_path=str(tmp_path / "data")), "p")
-    yield target
-    target.close()
 
 
 @pytest.fixture
@@ -98,17 +90,6 @@ def _files(tmp_path: Path) -> list[str]:
 AFTER_1 = Counter({(1, "x"): 3, (2, "y"): 1, (None, "z"): 1})
 AFTER_2 = Counter({(1, "x"): 2, (None, "w"): 1, (4, "u"): 1})
 AFTER_3 = Counter({(5, "a"): 1})
-
-
-def test_duplicates_deletes_and_updates_of_one_copy(spark: SparkSession, lake: DuckLakeTarget, tmp_path: Path) -> None:
-    lake.ensure_table(TABLE)
-    files = _files(tmp_path)
-    _apply(spark, lake, files[:1], 1)
-    assert _contents(lake) == AFTER_1
-    _apply(spark, lake, files[1:2], 2)
-    assert _contents(lake) == AFTER_2
-    _apply(spark, lake, files[2:], 3)
-    assert _contents(lake) == AFTER_3
 
 
 def test_iceberg_applies_each_change_once_across_replays_and_crashes(spark: SparkSession, iceberg: IcebergTarget,
