@@ -10,7 +10,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -166,7 +166,8 @@ class DuckLakeTarget(Target):
                         self._apply_net(table)
                     elif batch.num_rows:
                         moved = HR_FROM in batch.schema.names
-                        planned = self._con.execute(self._plan_sql(table, key, moved)).arrow()
+                        kept = self._kept_columns(table)
+                        planned = self._con.execute(self._plan_sql(table, key, moved, kept)).arrow()
                         if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
                             planned = planned.read_all()
                         self._con.register("hr_planned", planned)
@@ -178,6 +179,8 @@ class DuckLakeTarget(Target):
                         cols = [quote_ident(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
                         values = [f"CAST({quote_ident(c.name)} AS {duck_type(c.type)})" for c in table.columns]
                         values += [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+                        cols += [quote_ident(k) for k in kept]
+                        values += [quote_ident(k) for k in kept]
                         self._con.execute(
                             f"INSERT INTO {target} ({', '.join(cols)}) SELECT {', '.join(values)} "
                             f"FROM hr_planned WHERE {HR_OP} <> 'D' AND NOT hr_stale"
@@ -195,11 +198,17 @@ class DuckLakeTarget(Target):
             yield
             self._con.execute("COMMIT")
         except duckdb.Error as exc:
-            self._con.execute("ROLLBACK")
+            self._rollback()
             raise _translate(exc, table) from exc
         except BaseException:
-            self._con.execute("ROLLBACK")
+            self._rollback()
             raise
+
+    def _rollback(self) -> None:
+        # A refused COMMIT (a DuckLake conflict) has ended the transaction already; a failing
+        # ROLLBACK ("no transaction is active") would hide the conflict, which is worth retrying.
+        with suppress(duckdb.TransactionException):
+            self._con.execute("ROLLBACK")
 
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
         """All the changes in one DuckLake transaction (DuckLake's DDL is transactional).
@@ -368,11 +377,20 @@ class DuckLakeTarget(Target):
             f"FROM hr_batch WHERE {HR_DELTA} > 0"
         )
 
-    def _plan_sql(self, table: TableSchema, key: tuple[str, ...], moved: bool = False) -> str:
+    def _kept_columns(self, table: TableSchema) -> list[str]:
+        """Target columns the source no longer has (``schema_changes.drop_column: keep``); lock held."""
+        known = {*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS}
+        return [r[0] for r in self._con.execute(f"DESCRIBE {self._qualified(table)}").fetchall()
+                if r[0] not in known]
+
+    def _plan_sql(self, table: TableSchema, key: tuple[str, ...], moved: bool = False,
+                  kept_columns: list[str] | None = None) -> str:
         """Batch rows cast to target types, joined to the current target row of the same key.
 
         ``moved``: the batch has ``_hr_from`` (rows whose key changed, leaving TOAST columns
         unchanged): those take the unchanged values from the old key's target row instead.
+        ``kept_columns``: columns dropped in the source but kept in the target; a new version of a row
+        carries the old version's values there (what an UPDATE of the other columns would do).
         """
         eq = "=" if table.key else "IS NOT DISTINCT FROM"
         join = " AND ".join(
@@ -396,6 +414,7 @@ class DuckLakeTarget(Target):
                     kept = f"CASE WHEN b.{HR_FROM} IS NOT NULL THEN f.{quote_ident(col.name)} ELSE {kept} END"
                 new = f"CASE WHEN {unchanged} THEN {kept} ELSE {new} END"
             select.append(f"{new} AS {quote_ident(col.name)}")
+        select += [f"o.{quote_ident(k)} AS {quote_ident(k)}" for k in kept_columns or ()]
         older = f"(o.{HR_LSN} < b.{HR_LSN} OR (o.{HR_LSN} = b.{HR_LSN} AND o.{HR_SEQ} < b.{HR_SEQ}))"
         return (
             f"SELECT {', '.join(select)}, b.{HR_LSN}, b.{HR_SEQ}, b.{HR_COMMIT_TS}, b.{HR_OP}, "
