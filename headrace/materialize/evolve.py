@@ -96,7 +96,8 @@ def plan_changes(old: TableSchema, new: TableSchema, policy: SchemaChangesConfig
         if after is None:
             assert before is not None
             keep = policy.drop_column == "keep"
-            detail = f"column {before.name} dropped" + (" (kept in the target, NULL from now on)" if keep else "")
+            kept = " (kept in the target; rows inserted from now on get NULL)" if keep else ""
+            detail = f"column {before.name} dropped{kept}"
             changes.append(SchemaChange("drop_column", detail, before, apply=not keep))
         elif before is None:
             if after.name in unknown_fill:
