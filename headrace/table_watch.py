@@ -81,13 +81,16 @@ class TableWatch:
         p = self.pipeline
         source = p.config.source
         rows = state.tables()
-        with psycopg.connect(p.dsn, autocommit=True) as conn:
+        with psycopg.connect(p.dsn, autocommit=True) as conn, conn.transaction():
+            # One snapshot for every read: a DROP + CREATE committing between two of them would
+            # otherwise look like a new table beside a live one, then like a drop of the old.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             alive = existing_oids(conn, [r.oid for r in rows])
             listed = list_tables(conn, source.schemas or None) if source.discovers else {}
             gone = [r for r in rows if r.oid not in alive]
-            successors = {r.oid: _oid_of(conn, r.qualified_name) for r in gone}
+            successors = {r.oid: _oid_of(conn, r.schema) for r in gone}
             leaves = leaf_partitions(conn, [r.oid for r in rows if r.oid in alive])
-            # Read after the catalog: a drop seen above committed before this position.
+            # Read after the snapshot was taken: a drop it shows committed before this position.
             lsn = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
         tracked = {r.oid for r in rows}
         for row in gone:
@@ -199,10 +202,15 @@ class TableWatch:
             # With drop, its last changes would be applied to a table about to go: skip them.
             if captured < lsn or self._copying(row) or (policy == "keep" and self._still_applying(state, row)):
                 continue
-            if policy == "drop":
+            # Never drop a target table another tracked table writes to (the name was taken again).
+            shared = [r.qualified_name for r in state.tables() if r.oid != oid
+                      and (r.schema.target_schema, r.schema.target_table) == (row.schema.target_schema,
+                                                                               row.schema.target_table)]
+            if policy == "drop" and not shared:
                 p.target.drop_table(row.schema)
             _forget(state, oid)
-            detail = "target table dropped" if policy == "drop" else "target table kept"
+            detail = ("target table dropped" if policy == "drop" and not shared else
+                      f"target table kept (written by {', '.join(shared)})" if shared else "target table kept")
             state.record_ddl(oid, row.qualified_name, "drop_table", detail, lsn)
             p.metrics.ddl_applied("drop_table")
             event(log, "table.dropped", table=row.qualified_name, oid=oid, target=policy,
@@ -237,6 +245,13 @@ def _forget(state: StateStore, oid: int) -> None:
     state.remove_table(oid)
 
 
-def _oid_of(conn: psycopg.Connection[Any], name: str) -> int | None:
-    row = conn.execute("SELECT to_regclass(%s)::oid::int8", (name,)).fetchone()
-    return int(row[0]) if row and row[0] is not None else None
+def _oid_of(conn: psycopg.Connection[Any], table: TableSchema) -> int | None:
+    """The oid of the table now called ``table``'s name, as the transaction's snapshot sees it.
+
+    A query on ``pg_class``, not ``to_regclass``: that reads the latest catalog, not the snapshot.
+    """
+    row = conn.execute(
+        "SELECT c.oid::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')", (table.schema, table.name),
+    ).fetchone()
+    return int(row[0]) if row else None
