@@ -59,6 +59,7 @@ class Pipeline:
         self.state_dsn = config.source.state_dsn or self.dsn
         self._spark = spark
         self._target: Target | None = None
+        self._target_lock = threading.Lock()
         self.capture: Capture | None = None
         self.stats = RunStats()
         self._copier: threading.Thread | None = None
@@ -167,9 +168,10 @@ class Pipeline:
 
     @property
     def target(self) -> Target:
-        if self._target is None:
-            self._target = load_target(self.config.target.kind, self.spark, self.config.target.settings,
-                                       self.config.name)
+        with self._target_lock:  # the API and tests read the target from other threads
+            if self._target is None:
+                self._target = load_target(self.config.target.kind, self.spark, self.config.target.settings,
+                                           self.config.name)
         return self._target
 
     # -- run ------------------------------------------------------------------------------------
@@ -264,7 +266,8 @@ class Pipeline:
             if not (row.state.applies_changes or _retry_apply(row, now)):
                 continue
             try:
-                applied = apply_next(self.spark, state, self.target, row, self.config.apply.max_batch_files)
+                applied = apply_next(self.spark, state, self.target, row, self.config.apply.max_batch_files,
+                                     self.config.schema_changes)
             except Exception as exc:
                 self._fail(state, row, exc, resume=row.resume_state or row.state)
                 continue
