@@ -14,12 +14,13 @@ import psycopg
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.schema import TypeKind
 from headrace.source.postgres.catalog import (
-    _RELATION,
-    _keys,
-    _server_problems,
-    _table_problems,
+    RELATION_SQL,
+    list_tables,
+    problems_of_table,
     published_oids,
     read_table_schema,
+    server_problems,
+    table_keys,
 )
 
 Conn = psycopg.Connection[Any]
@@ -39,15 +40,15 @@ ORDER BY 1
 
 def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
     """What replicating ``table`` would meet; ``ready`` is True when nothing stands in the way."""
-    problems = _table_problems(conn, table, published)
-    row = conn.execute(_RELATION, (table,)).fetchone()
+    problems = problems_of_table(conn, table, published)
+    row = conn.execute(RELATION_SQL, (table,)).fetchone()
     if row is None:
         return {"table": table, "oid": None, "exists": False, "ready": False, "problems": problems}
     oid, schema_name, name, kind, replident, owner = row
     out: dict[str, Any] = {"table": f"{schema_name}.{name}", "oid": int(oid), "exists": True}
     if kind not in ("r", "p"):
         return {**out, "ready": False, "problems": problems}
-    primary, _ = _keys(conn, oid)
+    primary, _ = table_keys(conn, oid)
     schema = read_table_schema(conn, table)
     as_text = [
         {"column": c.name, "pg_type": c.type.pg_type}
@@ -75,7 +76,7 @@ def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
 
 def assess(conn: Conn, tables: list[str], publication: str) -> dict[str, Any]:
     """The server's readiness and each table's assessment; ``problems`` lists all of them."""
-    server = _server_problems(conn)
+    server = server_problems(conn)
     published = published_oids(conn, publication)
     assessed = [assess_table(conn, t, published) for t in tables]
     return {
@@ -88,10 +89,20 @@ def assess(conn: Conn, tables: list[str], publication: str) -> dict[str, Any]:
 def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None) -> dict[str, Any]:
     """``assess`` for the config's tables (plus ``extra_tables``), connecting to its source."""
     dsn = config.source.resolved_dsn()
-    tables = list(config.source.tables) + [t for t in extra_tables or [] if t not in config.source.tables]
+    tables = list(config.source.tables)
     try:
         with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
-            return assess(conn, tables, config.publication_name)
+            discovered: list[str] = []
+            if config.source.discovers:
+                discovered = list(list_tables(conn, config.source.schemas or None).values())
+            tables += [t for t in discovered + list(extra_tables or []) if t not in tables]
+            result = assess(conn, tables, config.publication_name)
+            if discovered:
+                # Discovered tables that cannot be replicated are skipped (and noted), not fatal.
+                result["refused"] = [t for t in result["tables"] if t["table"] in discovered and t["problems"]]
+                refused = {p for t in result["refused"] for p in t["problems"]}
+                result["problems"] = [p for p in result["problems"] if p not in refused]
+            return result
     except psycopg.OperationalError as exc:
         problem = f"cannot connect to the source {redacted_dsn(dsn)}: {str(exc).strip()}"
         return {"server_problems": [problem], "tables": [], "problems": [problem]}
@@ -124,4 +135,6 @@ def format_assessment(pipeline: str, assessment: dict[str, Any]) -> str:
         if t["kept_as_text"]:
             note += "; kept as text: " + ", ".join(f"{c['column']} ({c['pg_type']})" for c in t["kept_as_text"])
         lines.append(f"  {t['table']}: {note}")
+    for t in assessment.get("refused", []):
+        lines.append(f"  {t['table']}: will be skipped: {'; '.join(t['problems'])}")
     return "\n".join(lines)

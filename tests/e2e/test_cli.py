@@ -41,6 +41,15 @@ def test_check_lists_every_problem(source_dsn: str, tmp_path: Path) -> None:
     assert "public.missing" in result.stdout
     assert "public.good" not in result.stdout
 
+    # Discovering a schema: the keyless table will be skipped, which is not a problem for check.
+    raw = yaml.safe_load(config.read_text())
+    raw["source"] = {"dsn_env": "HR_TEST_DSN", "schemas": ["public"]}
+    config.write_text(yaml.safe_dump(raw))
+    result = headrace("check", "-c", str(config), env={"HR_TEST_DSN": source_dsn})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "public.good: key (id)" in result.stdout
+    assert "public.keyless: will be skipped" in result.stdout and "primary key" in result.stdout
+
 
 def test_check_reports_wal_level(tmp_path: Path) -> None:
     with ThrowawayPostgres(settings={"wal_level": "replica"}) as pg:

@@ -18,7 +18,7 @@ from headrace.source.postgres.types import TypeCatalog
 
 Conn = psycopg.Connection[Any]
 
-_RELATION = """
+RELATION_SQL = """
 SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident::text, c.relowner
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass(%s)
@@ -73,7 +73,7 @@ def column_facts(conn: Conn, oid: int) -> dict[str, ColumnFacts]:
     }
 
 
-def _keys(conn: Conn, oid: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def table_keys(conn: Conn, oid: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(primary key columns, replica identity index columns), each () when there is none."""
     primary: tuple[str, ...] = ()
     replident: tuple[str, ...] = ()
@@ -92,7 +92,7 @@ def read_table_schema(conn: Conn, qualified_name: str, types: TypeCatalog | None
     columns when one is set (pgoutput then sends exactly those as the old key), else the primary
     key, else ``()``. Raises ``SourceError`` if the table does not exist.
     """
-    row = conn.execute(_RELATION, (qualified_name,)).fetchone()
+    row = conn.execute(RELATION_SQL, (qualified_name,)).fetchone()
     if row is None:
         raise SourceError(f"table {qualified_name} does not exist: create it or fix the table list")
     oid, schema, name, _kind, replident, _owner = row
@@ -103,7 +103,7 @@ def read_table_schema(conn: Conn, qualified_name: str, types: TypeCatalog | None
                facts[attname].missing)
         for attname, typoid, typmod, nullable in conn.execute(_COLUMNS, (oid,)).fetchall()
     )
-    primary, replident_index = _keys(conn, oid)
+    primary, replident_index = table_keys(conn, oid)
     key = replident_index if replident == "i" and replident_index else primary
     return TableSchema(oid, schema, name, columns, key, replident)
 
@@ -147,7 +147,7 @@ def _setting(conn: Conn, name: str) -> str:
     return str(value[0]) if value else ""
 
 
-def _server_problems(conn: Conn) -> list[str]:
+def server_problems(conn: Conn) -> list[str]:
     problems = []
     if _setting(conn, "wal_level") != "logical":
         problems.append(
@@ -190,8 +190,8 @@ def _server_problems(conn: Conn) -> list[str]:
     return problems
 
 
-def _table_problems(conn: Conn, table: str, published: set[int]) -> list[str]:
-    row = conn.execute(_RELATION, (table,)).fetchone()
+def problems_of_table(conn: Conn, table: str, published: set[int]) -> list[str]:
+    row = conn.execute(RELATION_SQL, (table,)).fetchone()
     if row is None:
         return [f"table {table} does not exist: create it or remove it from the table list"]
     oid, schema, name, kind, replident, owner = row
@@ -199,7 +199,7 @@ def _table_problems(conn: Conn, table: str, published: set[int]) -> list[str]:
     if kind not in ("r", "p"):
         return [f"{qualified} is not a table (relkind {kind}): only tables can be replicated"]
     problems = []
-    primary, replident_index = _keys(conn, oid)
+    primary, replident_index = table_keys(conn, oid)
     if replident == "n":
         problems.append(
             f"table {qualified} has REPLICA IDENTITY NOTHING: updates and deletes cannot be replicated;"
@@ -248,10 +248,10 @@ def check_source(conn: Conn, tables: list[str], publication: str) -> list[str]:
 
     Each problem names the object and the fix; an empty list means the source is ready.
     """
-    problems = _server_problems(conn)
+    problems = server_problems(conn)
     published = published_oids(conn, publication)
     for table in tables:
-        problems.extend(_table_problems(conn, table, published))
+        problems.extend(problems_of_table(conn, table, published))
     return problems
 
 
@@ -286,7 +286,7 @@ def existing_oids(conn: Conn, oids: list[int]) -> set[int]:
 
 def table_problems(conn: Conn, table: str, publication: str) -> list[str]:
     """Why ``table`` cannot be replicated through ``publication`` (empty when it can), as sentences."""
-    return _table_problems(conn, table, published_oids(conn, publication))
+    return problems_of_table(conn, table, published_oids(conn, publication))
 
 
 def leaf_partitions(conn: Conn, oids: list[int]) -> dict[int, dict[int, bool]]:
