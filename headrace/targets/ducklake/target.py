@@ -500,7 +500,8 @@ def _to_arrow(changes: DataFrame) -> pa.Table:
 
 def _translate(exc: duckdb.Error, table: TableSchema) -> Exception:
     """DuckDB errors as headrace errors: conflicts and I/O retry, the rest needs an operator."""
-    first = str(exc).splitlines()[0]
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = " ".join(lines[:2])  # a refused commit names its cause (the conflict) on the second line
     if isinstance(exc, duckdb.TransactionException | duckdb.IOException):
         return TransientError(f"DuckLake commit for {table.qualified_name} failed: {first}; will retry")
     return TerminalError(f"DuckLake write for {table.qualified_name} failed: {first}")
