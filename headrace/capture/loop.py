@@ -190,7 +190,7 @@ class Capture:
                             known = self.known.get(ev.oid)
                             if known is None:
                                 continue  # published, but not one of this pipeline's tables
-                            schema = relation_to_schema(ev, types, known)
+                            schema = relation_to_schema(ev, types, known, conn=source)
                             old = relations.get(ev.oid)
                             relations[ev.oid] = schema
                             tb = buffers.get(ev.oid)
