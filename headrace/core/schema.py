@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from headrace.core.errors import SchemaChangeError
+
 
 class TypeKind(str, Enum):
     """The logical types headrace distinguishes."""
@@ -122,6 +124,16 @@ class SchemaChange:
     old_name: str | None = None
     old_type: ColumnType | None = None
     apply: bool = True
+
+
+def rename_collision(table: TableSchema, change: SchemaChange, target_name: str) -> SchemaChangeError:
+    """The error for a column renamed to the name of a column the target kept after a drop."""
+    assert change.column is not None
+    return SchemaChangeError(
+        f"{table.qualified_name}: column {change.old_name} was renamed to {change.column.name}, which the"
+        f" target table {target_name} still has (a dropped column kept by policy); drop it there or run"
+        f" `headrace resync {table.qualified_name}`"
+    )
 
 
 # Metadata columns every target table carries beside the source columns.

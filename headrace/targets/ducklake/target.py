@@ -30,6 +30,7 @@ from headrace.core.schema import (
     SchemaChange,
     TableSchema,
     TypeKind,
+    rename_collision,
 )
 from headrace.materialize.batch import HR_DELTA, HR_FROM, net_row_changes
 from headrace.targets.ducklake import extension
@@ -236,11 +237,7 @@ class DuckLakeTarget(Target):
                     self._con.execute(f"ALTER TABLE {name} DROP COLUMN {column}")
                 elif change.kind == "rename_column" and change.old_name and change.old_name in current:
                     if col.name in current:
-                        raise SchemaChangeError(
-                            f"{new.qualified_name}: column {change.old_name} was renamed to {col.name}, which the"
-                            f" target table {name} still has (a dropped column kept by policy); drop it there"
-                            f" or run `headrace resync {new.qualified_name}`"
-                        )
+                        raise rename_collision(new, change, name)
                     self._con.execute(f"ALTER TABLE {name} RENAME COLUMN {quote_ident(change.old_name)} TO {column}")
                 elif change.kind == "alter_column_type" and col.name in current:
                     wanted = self._scalar(f"SELECT typeof(CAST(NULL AS {duck_type(col.type)}))")

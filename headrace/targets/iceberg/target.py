@@ -28,7 +28,16 @@ from headrace.config import IcebergConfig
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
-from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, SchemaChange, TableSchema
+from headrace.core.schema import (
+    HR_COMMIT_TS,
+    HR_LSN,
+    HR_OP,
+    HR_SEQ,
+    HR_UNCHANGED,
+    SchemaChange,
+    TableSchema,
+    rename_collision,
+)
 from headrace.materialize.batch import HR_FROM
 from headrace.materialize.types import spark_type, text_value_frame
 from headrace.targets.iceberg.keyless import KeylessApply
@@ -231,11 +240,7 @@ class IcebergTarget(Target):
                 self.spark.sql(f"ALTER TABLE {name} DROP COLUMN {column}")
             elif change.kind == "rename_column" and change.old_name and change.old_name in current:
                 if col.name in current:
-                    raise SchemaChangeError(
-                        f"{new.qualified_name}: column {change.old_name} was renamed to {col.name}, which the"
-                        f" target table {name} still has (a dropped column kept by policy); drop it there"
-                        f" or run `headrace resync {new.qualified_name}`"
-                    )
+                    raise rename_collision(new, change, name)
                 self.spark.sql(f"ALTER TABLE {name} RENAME COLUMN {quote(change.old_name)} TO {column}")
             elif change.kind == "alter_column_type" and current.get(col.name, target_type) != target_type:
                 self.spark.sql(f"ALTER TABLE {name} ALTER COLUMN {column} TYPE {target_type.simpleString()}")
