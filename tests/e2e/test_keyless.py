@@ -60,7 +60,8 @@ def test_keyless_table_keeps_duplicates(source_dsn: str, tmp_path: Path, spark: 
     assert assert_same(pipeline, source_dsn, "public.bag") == 1
 
 
-def test_replica_identity_index_is_the_key(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+@pytest.mark.parametrize("target", ["iceberg", "ducklake"])
+def test_replica_identity_index_is_the_key(source_dsn: str, tmp_path: Path, spark: Any, target: str) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
             CREATE TABLE accounts (id int PRIMARY KEY, email text NOT NULL, region text NOT NULL, v int);
@@ -68,7 +69,7 @@ def test_replica_identity_index_is_the_key(source_dsn: str, tmp_path: Path, spar
             ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_email_region;
             INSERT INTO accounts SELECT g, 'u' || g || '@x', 'eu', g FROM generate_series(1, 20) g;
         """)
-    pipeline = Pipeline(make_config(source_dsn, tmp_path, ["public.accounts"], "ducklake"), spark=spark)
+    pipeline = Pipeline(make_config(source_dsn, tmp_path, ["public.accounts"], target), spark=spark)
     run_caught_up(pipeline)
     assert assert_same(pipeline, source_dsn, "public.accounts") == 20
     with psycopg.connect(source_dsn, autocommit=True) as conn:

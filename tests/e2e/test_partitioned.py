@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from headrace.control.status import pipeline_status
 from headrace.pipeline import Pipeline
@@ -19,7 +20,8 @@ from tests.e2e.helpers import assert_same, make_config, target_rows
 from tests.e2e.test_discovery import caught_up, running, tracked, wait_for
 
 
-def test_range_partitioned_table(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+@pytest.mark.parametrize("target", ["iceberg", "ducklake"])
+def test_range_partitioned_table(source_dsn: str, tmp_path: Path, spark: Any, target: str) -> None:
     def sql(statement: str) -> None:
         with psycopg.connect(source_dsn, autocommit=True) as conn:
             conn.execute(statement)
@@ -39,7 +41,7 @@ def test_range_partitioned_table(source_dsn: str, tmp_path: Path, spark: Any) ->
     assert schema.key == ("id", "day")
     assert len(chunks) > 2  # page ranges over the largest partition, not the (empty) parent
 
-    config = make_config(source_dsn, tmp_path, ["public.events", "public.gone", "public.again"], "ducklake",
+    config = make_config(source_dsn, tmp_path, ["public.events", "public.gone", "public.again"], target,
                          snapshot={"chunk_pages": 8}, api={"listen": "127.0.0.1:0"},
                          source={"discovery_seconds": 0.5}, schema_changes={"recreated_table": "refuse"})
     pipeline = Pipeline(config, spark=spark)
