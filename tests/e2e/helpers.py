@@ -18,8 +18,10 @@ from typing import Any
 import psycopg
 import yaml
 
+from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, parse_config
 from headrace.core.schema import TableSchema, TypeKind
+from headrace.pipeline import Pipeline
 from headrace.source.postgres.catalog import read_table_schema
 
 _catalogs = itertools.count()
@@ -221,3 +223,28 @@ def workload(dsn: str, seed: int) -> Iterator[None]:
     finally:
         stop.set()
         writer.join()
+
+
+def capture_while(config: PipelineConfig, dsn: str, work: list[str], pause: float = 0.0, wait: bool = True) -> None:
+    """Run capture only (nothing applied) while ``work`` statements commit one by one, ``pause``
+    seconds apart; with ``wait``, until all their changes are registered (30 s at most)."""
+    state = Pipeline(config).setup()
+    capture = Capture(config, dsn, dsn, {r.oid: r.schema for r in state.tables()})
+    stop = threading.Event()
+    thread = threading.Thread(target=capture.run, args=(stop,))
+    thread.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in work:
+                conn.execute(statement)
+                time.sleep(pause)
+        end = wal_insert_lsn(dsn)
+        deadline = time.monotonic() + 30
+        while wait and capture.captured_lsn < end and time.monotonic() < deadline:
+            capture.request_heartbeat()
+            time.sleep(0.2)
+        assert capture.captured_lsn >= end or not wait, "capture did not register the changes"
+    finally:
+        stop.set()
+        thread.join(30)
+        state.close()

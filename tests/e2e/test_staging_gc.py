@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from headrace.capture.loop import Capture
-from headrace.config import PipelineConfig
 from headrace.log.staging import StagingBuffer, write_staging_file
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.retention import collect_applied
 from headrace.pipeline import Pipeline
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
-from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.helpers import assert_same, capture_while, make_config
 from tests.e2e.test_pipeline import run_caught_up
 
 
@@ -30,34 +26,11 @@ def _registered(state: StateStore) -> set[str]:
     return {os.path.abspath(p) for p in state.registered_paths()}
 
 
-def _capture_until_registered(config: PipelineConfig, dsn: str, statements: list[str]) -> None:
-    """Run capture only (nothing applied) until the statements' changes are registered."""
-    state = Pipeline(config).setup()
-    capture = Capture(config, dsn, dsn, {r.oid: r.schema for r in state.tables()})
-    stop = threading.Event()
-    thread = threading.Thread(target=capture.run, args=(stop,))
-    thread.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for statement in statements:
-                conn.execute(statement)
-            end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
-        deadline = time.monotonic() + 30
-        while capture.captured_lsn < end:
-            assert time.monotonic() < deadline, "capture did not register the changes"
-            capture.request_heartbeat()
-            time.sleep(0.2)
-    finally:
-        stop.set()
-        thread.join(30)
-        state.close()
-
-
 def test_orphaned_staged_files_are_removed_at_capture_start(source_dsn: str, tmp_path: Path) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, v int)")
     config = make_config(source_dsn, tmp_path, ["public.items"], target="ducklake")
-    _capture_until_registered(config, source_dsn, ["INSERT INTO items VALUES (1, 1)"])
+    capture_while(config, source_dsn, ["INSERT INTO items VALUES (1, 1)"])
     state = Pipeline(config).setup()
     try:
         (row,) = state.tables()
@@ -70,7 +43,7 @@ def test_orphaned_staged_files_are_removed_at_capture_start(source_dsn: str, tmp
         write_staging_file(orphan, buf)
         half = orphan.with_name("00000000DEADBEEF-half.tmp")
         half.write_bytes(b"PAR1")
-        _capture_until_registered(config, source_dsn, ["INSERT INTO items VALUES (2, 2)"])
+        capture_while(config, source_dsn, ["INSERT INTO items VALUES (2, 2)"])
         registered = _registered(state)
         assert not orphan.exists() and not half.exists()
         assert kept < registered  # registered files stay, new ones were added
@@ -92,7 +65,7 @@ def test_applied_files_are_collected_and_pending_ones_kept(source_dsn: str, tmp_
     pipeline = Pipeline(config, spark=spark)
     run_caught_up(pipeline)  # staged and applied
     # Staged but not applied, for both tables; then b is sent back to be copied again.
-    _capture_until_registered(config, source_dsn, ["UPDATE a SET v = -v WHERE id > 40",
+    capture_while(config, source_dsn, ["UPDATE a SET v = -v WHERE id > 40",
                                                    "UPDATE b SET id = id + 1000 WHERE id > 45"])
     state = Pipeline(config).setup()
     try:

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig
 from headrace.core.errors import SourceError
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.state.store import StateStore
-from tests.e2e.helpers import make_config
+from tests.e2e.helpers import capture_while, make_config
 
 
 @pytest.fixture
@@ -32,31 +30,6 @@ def items(source_dsn: str) -> str:
 
 def _setup(config: PipelineConfig) -> StateStore:
     return Pipeline(config).setup()
-
-
-def _capture_while(config: PipelineConfig, dsn: str, work: list[str], pause: float = 0.0,
-                   wait: bool = True) -> None:
-    """Run capture while ``work`` statements commit one by one, until all are registered (``wait``)."""
-    state = _setup(config)
-    capture = Capture(config, dsn, dsn, {r.oid: r.schema for r in state.tables()})
-    stop = threading.Event()
-    thread = threading.Thread(target=capture.run, args=(stop,))
-    thread.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for statement in work:
-                conn.execute(statement)
-                time.sleep(pause)
-            end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
-        deadline = time.monotonic() + 30
-        while wait and capture.captured_lsn < end and time.monotonic() < deadline:
-            capture.request_heartbeat()
-            time.sleep(0.2)
-        assert capture.captured_lsn >= end or not wait
-    finally:
-        stop.set()
-        thread.join(30)
-        state.close()
 
 
 def _remedy(exc: pytest.ExceptionInfo[SourceError]) -> str:
@@ -76,7 +49,7 @@ def test_normal_restart_passes_even_when_other_wal_moved_on(items: str, tmp_path
     config = make_config(items, tmp_path, ["public.items"], target="ducklake",
                          staging={"heartbeat_seconds": 60.0})
     # Stop while only others' WAL has moved: no commit of ours, so no last flush records a new bound.
-    _capture_while(config, items, _inserts(1, 3) + ["INSERT INTO noise SELECT generate_series(1, 2000)"] * 12,
+    capture_while(config, items, _inserts(1, 3) + ["INSERT INTO noise SELECT generate_series(1, 2000)"] * 12,
                    pause=1.0, wait=False)
     with psycopg.connect(items) as conn:
         slot, captured = conn.execute(
@@ -104,7 +77,7 @@ def test_refuses_another_source_cluster(items: str, tmp_path: Path) -> None:
 
 def test_refuses_a_dropped_slot(items: str, tmp_path: Path) -> None:
     config = make_config(items, tmp_path, ["public.items"], target="ducklake")
-    _capture_while(config, items, _inserts(1, 2))
+    capture_while(config, items, _inserts(1, 2))
     with psycopg.connect(items, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (config.slot_name,))
     with pytest.raises(SourceError, match=f"replication slot {config.slot_name} .* no longer exists") as exc:
@@ -119,7 +92,7 @@ def test_refuses_a_dropped_slot(items: str, tmp_path: Path) -> None:
 
 def test_refuses_a_slot_advanced_behind_our_back(items: str, tmp_path: Path) -> None:
     config = make_config(items, tmp_path, ["public.items"], target="ducklake")
-    _capture_while(config, items, _inserts(1, 2))
+    capture_while(config, items, _inserts(1, 2))
     _setup(config).close()  # as left by capture: fine
     with psycopg.connect(items, autocommit=True) as conn:
         conn.execute("INSERT INTO items VALUES (100, 100)")  # a change the pipeline never sees
@@ -136,7 +109,7 @@ def test_refuses_a_slot_advanced_behind_our_back(items: str, tmp_path: Path) -> 
 
 def test_refuses_a_slot_dropped_and_recreated(items: str, tmp_path: Path) -> None:
     config = make_config(items, tmp_path, ["public.items"], target="ducklake")
-    _capture_while(config, items, _inserts(1, 2))
+    capture_while(config, items, _inserts(1, 2))
     with psycopg.connect(items, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (config.slot_name,))
         conn.execute("INSERT INTO items VALUES (100, 100)")  # lost with the old slot
@@ -166,7 +139,7 @@ def test_refuses_a_table_whose_oid_changed(items: str, tmp_path: Path) -> None:
 
 def test_refuses_a_missing_staged_file(items: str, tmp_path: Path) -> None:
     config = make_config(items, tmp_path, ["public.items"], target="ducklake")
-    _capture_while(config, items, _inserts(1, 3), pause=0.5)
+    capture_while(config, items, _inserts(1, 3), pause=0.5)
     state = _setup(config)
     try:
         (row,) = state.tables()
