@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +94,21 @@ def _stage(path: Path, changes: list[tuple[Any, ...]]) -> str:
     return str(path)
 
 
+def _cut_into_files(data: Any, changes: list[Any], folder: Path, stage: Callable[[Path, list[Any]], str]) -> list[str]:
+    """The change sequence cut into staged files anywhere (a file never splits a change)."""
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(changes) - 1), max_size=4), label="cuts")) \
+        if len(changes) > 1 else []
+    bounds = [0, *cuts, len(changes)]
+    return [stage(folder / f"{i}.parquet", changes[a:b]) for i, (a, b) in enumerate(itertools.pairwise(bounds))]
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(intents=st.lists(INTENT, min_size=1, max_size=14), data=st.data())
 def test_any_batches_any_replays_give_the_reference(intents: list[tuple[str, int, int, int, bool]], data: Any,
                                                     lake: DuckLakeTarget, spark: Any,
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     changes, expected = _changes(intents)
-    # Cut the sequence into staged files (a file never splits a change; any cut is possible).
-    cuts = sorted(data.draw(st.sets(st.integers(1, len(changes) - 1), max_size=4), label="cuts")) \
-        if len(changes) > 1 else []
-    bounds = [0, *cuts, len(changes)]
-    folder = tmp_path_factory.mktemp("prop_files")
-    files = [_stage(folder / f"{i}.parquet", changes[a:b]) for i, (a, b) in enumerate(itertools.pairwise(bounds))]
+    files = _cut_into_files(data, changes, tmp_path_factory.mktemp("prop_files"), _stage)
     table = _schema()
     lake.ensure_table(table)
     # Apply batches from the cursor; a crash after the target commit leaves the cursor where it
@@ -186,12 +189,7 @@ def test_keyless_batches_give_the_reference_multiset(intents: list[tuple[str, in
                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     # DuckLake commits the cursor with the data, so a keyless batch is never replayed: any cut, no crash.
     changes, expected = _keyless_changes(intents)
-    cuts = sorted(data.draw(st.sets(st.integers(1, len(changes) - 1), max_size=4), label="cuts")) \
-        if len(changes) > 1 else []
-    bounds = [0, *cuts, len(changes)]
-    folder = tmp_path_factory.mktemp("prop_keyless")
-    files = [_keyless_stage(folder / f"{i}.parquet", changes[a:b])
-             for i, (a, b) in enumerate(itertools.pairwise(bounds))]
+    files = _cut_into_files(data, changes, tmp_path_factory.mktemp("prop_keyless"), _keyless_stage)
     table = _keyless_schema()
     lake.ensure_table(table)
     cursor = 0
