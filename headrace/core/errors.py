@@ -34,3 +34,14 @@ class UnsupportedError(TerminalError):
 
 class SchemaChangeError(TerminalError):
     """A source schema change the target cannot follow in place; the table needs a resync."""
+
+
+class ValueNotStorableError(TerminalError):
+    """A source value the target type cannot hold, under a policy that stops the table."""
+
+
+# Errors raised inside Spark tasks reach the driver as text wrapped in JVM and py4j layers. A value
+# check that fails inside a task (a Spark ``raise_error`` expression or a Python UDF) prefixes its
+# message with this marker; the Spark boundary finds it in the root cause and raises
+# ``ValueNotStorableError`` with the rest of the message, so the table stops instead of retrying.
+TERMINAL_MARKER = "[headrace:terminal] "
