@@ -267,7 +267,7 @@ class Pipeline:
                 continue
             try:
                 applied = apply_next(self.spark, state, self.target, row, self.config.apply.max_batch_files,
-                                     self.config.schema_changes)
+                                     self.config.schema_changes, self.config.values)
             except Exception as exc:
                 self._fail(state, row, exc, resume=row.resume_state or row.state)
                 continue

@@ -36,6 +36,7 @@ from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.snapshot_job import snapshot_dataframe
+from headrace.materialize.types import value_rules
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import plan_chunks
 from headrace.source.postgres.replication import ExportedSnapshot
@@ -118,7 +119,8 @@ class InitialCopy:
                 return  # progress is kept; the next run resumes here
             group = todo[start:start + group_size]
             df = snapshot_dataframe(self.spark, self.dsn, snapshot_name, schema,
-                                    [(c.start_page, c.end_page) for c in group], position)
+                                    [(c.start_page, c.end_page) for c in group], position,
+                                    value_rules(name, self.target, self.config.values.infinity))
             if resume:
                 rows = self._merge(state, row, schema, df)
             else:

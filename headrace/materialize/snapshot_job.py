@@ -16,7 +16,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema
-from headrace.materialize.types import cast_text
+from headrace.materialize.types import ValueRules, cast_text
 from headrace.source.postgres.copy import copy_chunk
 
 
@@ -27,6 +27,7 @@ def snapshot_dataframe(
     table: TableSchema,
     chunks: list[tuple[int, int]],
     position: Position,
+    rules: ValueRules | None = None,
 ) -> DataFrame:
     """Rows of ``table`` in ``chunks`` as of the exported snapshot, in the Target row shape.
 
@@ -50,7 +51,8 @@ def snapshot_dataframe(
     # spark.range with one partition per chunk puts exactly one chunk index in each task.
     descriptors = spark.range(0, len(plan), 1, numPartitions=len(plan))
     text = descriptors.mapInArrow(copy_partition, text_schema)
-    columns = [cast_text(F.col(f"c{i}"), col.type).alias(col.name) for i, col in enumerate(table.columns)]
+    columns = [cast_text(F.col(f"c{i}"), col.type, rules, col.name).alias(col.name)
+               for i, col in enumerate(table.columns)]
     return text.select(
         *columns,
         F.lit(position.lsn).cast("bigint").alias(HR_LSN),

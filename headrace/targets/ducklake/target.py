@@ -57,6 +57,7 @@ class DuckLakeTarget(Target):
     """Keeps tables of one DuckLake in sync; see the module docstring."""
 
     name = "ducklake"
+    keeps_infinity = True  # DuckDB has infinite dates and timestamps
     stores_cursor = True
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
