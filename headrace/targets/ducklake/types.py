@@ -64,12 +64,30 @@ def registers_directly(col_type: ColumnType) -> bool:
 def cast_in(expr: str, col_type: ColumnType) -> str:
     """SQL turning a value of the incoming Spark shape into the DuckDB type of ``col_type``."""
     if col_type.kind is TypeKind.INTERVAL:
-        # PostgreSQL writes '+' before a positive part that follows a negative one
-        # ('-2 days +01:00:00'); DuckDB's parser rejects '+', and dropping it keeps the value.
-        return f"CAST(replace({expr}, '+', '') AS INTERVAL)"
+        return interval_from_pg_text(expr)
     if col_type.kind is TypeKind.LIST and col_type.element and col_type.element.kind is TypeKind.INTERVAL:
         return f"list_transform({expr}, x -> {cast_in('x', col_type.element)})"
     return f"CAST({expr} AS {duck_type(col_type)})"
+
+
+def interval_from_pg_text(expr: str) -> str:
+    """SQL building a DuckDB INTERVAL from PostgreSQL's interval text (IntervalStyle 'postgres').
+
+    Not ``CAST(... AS INTERVAL)``: DuckDB's parser rejects PostgreSQL's extremes
+    (``178956970 years 7 mons 2147483647 days 2562047788:00:54.775807``) and the '+' before a
+    positive part that follows a negative one (``-2 days +01:00:00``). Both types hold months,
+    days and microseconds as int32, int32 and int64, so the parts map one to one.
+    """
+    def part(unit: str) -> str:
+        return f"coalesce(nullif(regexp_extract({expr}, '(-?[0-9]+) {unit}', 1), '')::BIGINT, 0)"
+
+    clock = f"regexp_extract({expr}, '([-+]?)([0-9]+):([0-9]+):([0-9]+)(\\.[0-9]+)?$', ['s', 'h', 'm', 'sec', 'f'])"
+    digits = [(f"{clock}.h", 3_600_000_000), (f"{clock}.m", 60_000_000), (f"{clock}.sec", 1_000_000),
+              (f"rpad(substr({clock}.f, 2), 6, '0')", 1)]
+    magnitude = " + ".join(f"coalesce(nullif({d}, '')::HUGEINT, 0) * {scale}" for d, scale in digits)
+    micros = f"(CASE WHEN {clock}.s = '-' THEN -1 ELSE 1 END) * ({magnitude})"
+    return (f"CASE WHEN {expr} IS NOT NULL THEN to_months(({part('years?')} * 12 + {part('mons?')})::INTEGER)"
+            f" + to_days({part('days?')}::INTEGER) + to_microseconds(({micros})::BIGINT) END")
 
 
 def cast_out(expr: str, col_type: ColumnType) -> str:
