@@ -29,7 +29,6 @@ from headrace.core.schema import (
     HR_UNCHANGED,
     SchemaChange,
     TableSchema,
-    TypeKind,
     rename_collision,
 )
 from headrace.materialize.batch import HR_DELTA, HR_FROM, net_row_changes
@@ -38,7 +37,6 @@ from headrace.targets.ducklake.types import (
     cast_in,
     cast_out,
     duck_type,
-    interval_value_to_text,
     quote_ident,
     registers_directly,
     spark_type,
@@ -97,7 +95,7 @@ class DuckLakeTarget(Target):
         """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in.
 
         Tables whose types Spark writes as DuckLake stores them get the files registered with
-        ``ducklake_add_data_files`` (no rewrite). Tables with UUID/JSON/INTERVAL/TIME columns
+        ``ducklake_add_data_files`` (no rewrite). Tables with UUID/JSON/TIME columns
         (text in Spark) are copied by DuckDB itself with ``INSERT ... SELECT`` casts from the
         same files (no rows through Python); the files are then deleted.
         """
@@ -306,14 +304,6 @@ class DuckLakeTarget(Target):
             if not isinstance(data, pa.Table):  # a reader: drain it before another query on _con ends it
                 data = data.read_all()
         columns = data.to_pydict()
-        for col in table.columns:
-            kind = (
-                col.type.element.kind
-                if col.type.kind is TypeKind.LIST and col.type.element
-                else col.type.kind
-            )
-            if kind is TypeKind.INTERVAL:
-                columns[col.name] = [interval_value_to_text(v) for v in columns[col.name]]
         fields = [T.StructField(c.name, spark_type(c.type)) for c in table.columns]
         fields += [
             T.StructField(HR_LSN, T.LongType()),
