@@ -20,13 +20,15 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from headrace.control.assess import assess_table, format_assessment
 from headrace.core.schema import ColumnType, TableSchema, TypeKind
 from headrace.materialize.types import INT32_MAX, INT64_MAX
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.catalog import read_table_schema
+from headrace.state.lifecycle import TableState
 from headrace.targets.ducklake.target import _to_arrow
 from headrace.targets.ducklake.types import cast_out, quote_ident
-from tests.e2e.helpers import make_config
+from tests.e2e.helpers import assert_same, make_config, running, wait_until
 from tests.e2e.test_pipeline import run_caught_up
 
 K = TypeKind
@@ -270,3 +272,62 @@ def test_every_awkward_value_reads_back_the_same_after_copy_insert_and_update(
         _update(conn)
     run_caught_up(pipeline)
     assert _compare(pipeline, source_dsn, infinite) == 3 * len(CELLS)
+
+
+def test_a_value_no_list_can_hold_stops_its_table_only_naming_column_value_and_fix(
+    source_dsn: str, tmp_path: Path, spark: Any
+) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE grid (id integer PRIMARY KEY, cells integer[]);"
+                     "CREATE TABLE notes (id integer PRIMARY KEY, body text);"
+                     "INSERT INTO grid VALUES (1, '{1,2}'); INSERT INTO notes VALUES (1, 'a')")
+    config = make_config(source_dsn, tmp_path, ["public.grid", "public.notes"], "ducklake")
+    pipeline = Pipeline(config, spark=spark)
+    state = Pipeline(config).setup()
+    try:
+        with running(pipeline):
+            wait_until(lambda: all(r.state is TableState.STREAMING for r in state.tables()), 180, "not streaming")
+            with psycopg.connect(source_dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO grid VALUES (2, '{{1,2},{3,4}}')")  # PostgreSQL does not enforce dimensions
+                conn.execute("INSERT INTO notes VALUES (2, 'b')")
+
+            def grid_errored() -> bool:
+                return any(r.qualified_name == "public.grid" and r.state is TableState.ERRORED for r in state.tables())
+
+            wait_until(grid_errored, 120, "grid did not stop")
+            wait_until(lambda: assert_same(pipeline, source_dsn, "public.notes") == 2, 60, "notes stopped too")
+            error = next(r.error for r in state.tables() if r.qualified_name == "public.grid") or ""
+    finally:
+        state.close()
+    if error.startswith("Py4JJavaError"):
+        # The message travels in the task failure (TERMINAL_MARKER); the Spark boundary of the errors
+        # work unwraps it into ValueNotStorableError. Without it only py4j's first line is kept.
+        pytest.xfail(f"Spark errors not unwrapped on this branch: {error}")
+    assert "public.grid column cells: value '{{1,2},{3,4}}' cannot be stored as array<int> (integer[])" in error
+    assert "one-dimensional" in error and "headrace resync public.grid" in error
+    assert "Traceback" not in error
+
+
+def test_generated_columns_are_left_out_by_copy_and_stream_and_check_says_so(
+    source_dsn: str, tmp_path: Path, spark: Any
+) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE priced (id integer PRIMARY KEY, net numeric(10,2),"
+                     " gross numeric(10,2) GENERATED ALWAYS AS (net * 1.2) STORED);"
+                     "INSERT INTO priced (id, net) VALUES (1, 10)")
+        found = assess_table(conn, "public.priced", set())
+    assert found["generated_not_replicated"] == ["gross"]
+    assert "generated columns not replicated" in format_assessment("t", {"problems": [], "tables": [found]})
+    pipeline = Pipeline(make_config(source_dsn, tmp_path, ["public.priced"], "ducklake"), spark=spark)
+    run_caught_up(pipeline)
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO priced (id, net) VALUES (2, 20); UPDATE priced SET net = 11 WHERE id = 1")
+    run_caught_up(pipeline)
+    assert assert_same(pipeline, source_dsn, "public.priced") == 2  # the columns both paths carry
+    target = pipeline.target
+    with psycopg.connect(source_dsn) as conn:
+        schema = read_table_schema(conn, "public.priced")
+    with target._lock:  # type: ignore[attr-defined]
+        names = [d[0] for d in target._con.execute(  # type: ignore[attr-defined]
+            f"SELECT * FROM {target._qualified(schema)} LIMIT 0").description]  # type: ignore[attr-defined]
+    assert "gross" not in names and "net" in names
