@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from headrace.config import SchemaChangesConfig, ValuesConfig
@@ -41,6 +41,8 @@ class Applied:
     seconds: float
     drained: bool  # the batch reached the end of the table's log as it stood when planned
     ddl: tuple[str, ...] = ()  # schema change kinds applied to the target before this batch
+    # (column, reason) -> values the casts changed (``values.infinity: clamp``)
+    values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def current_cursor(state: StateStore, target: Target, row: TableRow) -> int:
@@ -96,7 +98,8 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
     crash_point("apply.after_target_commit")
     state.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
     applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
-                      time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl))
+                      time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl),
+                      values_changed=batch.values_changed)
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
           seconds=round(applied.seconds, 3))

@@ -14,7 +14,7 @@ batch into counts per distinct row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
@@ -23,7 +23,7 @@ from headrace.core.errors import TerminalError
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
 from headrace.log.staging import STAGING_SPARK_DDL
-from headrace.materialize.types import ValueRules, cast_text
+from headrace.materialize.types import ValueRules, cast_text, changed_value_counts
 
 _MAP = "map<string,string>"
 
@@ -37,6 +37,8 @@ class ChangeBatch:
     changes: DataFrame
     truncate_before: Position | None  # the latest TRUNCATE in the batch, if any
     rows_in: int  # staged rows read (before skipping and deduplication)
+    # (column, reason) -> values the casts changed under ``values.infinity: clamp`` (staged changes)
+    values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _after(lsn: Column, seq: Column, pos: Position) -> Column:
@@ -65,6 +67,10 @@ def read_change_batch(
 
     # A keyless table's update must carry its whole old row (REPLICA IDENTITY FULL sends it).
     no_old_row = (op == "U") & F.col("_old_key").isNull() & after_skip if not table.key else F.lit(False)
+    data = F.from_json(F.col("_data"), _MAP)
+    counts = changed_value_counts(
+        [(c.name, c.type, F.when(after_skip & (op != "D"), data[c.name])) for c in table.columns],
+        rules or ValueRules())
     stats = staged.agg(
         F.count(F.lit(1)).alias("rows_in"),
         F.max(F.when((op == "T") & after_skip, F.struct(lsn, seq))).alias("trunc"),
@@ -72,7 +78,10 @@ def read_change_batch(
         F.max(no_old_row.cast("int")).alias("no_old_row"),
         F.max(((op == "U") & F.col("_old_key").isNotNull() & F.col("_unchanged_cols").isNotNull()).cast("int"))
         .alias("key_toast"),
+        *[total.alias(f"_vc{i}") for i, (_, _, total) in enumerate(counts)],
     ).collect()[0]
+    values_changed = {(name, reason): int(stats[f"_vc{i}"] or 0) for i, (name, reason, _) in enumerate(counts)}
+    values_changed = {k: n for k, n in values_changed.items() if n}
     truncate_before = Position(stats.trunc[0], stats.trunc[1]) if stats.trunc is not None else None
     if stats.no_old_row:
         raise TerminalError(
@@ -85,11 +94,13 @@ def read_change_batch(
         changes = changes.where(_after(lsn, seq, truncate_before))
     if not table.key:
         rows_in = int(stats.rows_in)
-        return ChangeBatch(changes=_row_images(changes, table, rules), truncate_before=truncate_before, rows_in=rows_in)
+        return ChangeBatch(changes=_row_images(changes, table, rules), truncate_before=truncate_before, rows_in=rows_in,
+                           values_changed=values_changed)
     changes = _split_key_changes(changes)
     changes = _last_per_key(changes, table, rules, has_unchanged=bool(stats.toast),
                             key_toast=bool(stats.key_toast))
-    return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in))
+    return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in),
+                       values_changed=values_changed)
 
 
 def _split_key_changes(changes: DataFrame) -> DataFrame:

@@ -19,6 +19,7 @@ unchanged); otherwise the configured policy, ``clamp`` (to ``CLAMP_BOUNDS``) or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -212,6 +213,45 @@ def _beyond_range(col: Column, value: Column, ct: ColumnType, rules: ValueRules)
         pos = F.timestamp_micros(F.lit(INT64_MAX)).cast(target)
         neg = F.timestamp_micros(F.lit(-INT64_MAX)).cast(target)
     return F.when(col == "infinity", pos).when(col == "-infinity", neg).otherwise(value)
+
+
+def changed_value_counts(texts: list[tuple[str, ColumnType, Column]], rules: ValueRules
+                         ) -> list[tuple[str, str, Column]]:
+    """Aggregates counting the values ``cast_text`` changes under ``clamp``: ``(column, reason, sum)``.
+
+    ``texts`` holds each column's name, type and text. Reasons: ``infinity_clamped`` (the target
+    has no infinity) and ``out_of_range_clamped`` (a timestamp past 294247 AD). Elements of arrays
+    count one by one. Nothing to count under ``stop`` (the table stops instead).
+    """
+    if rules.infinity != "clamp":
+        return []
+    out = []
+    for name, ct, text in texts:
+        element = ct.element if ct.kind is TypeKind.LIST else None
+        kind = element.kind if element is not None else ct.kind
+        if kind not in DATETIME_KINDS:
+            continue
+        target = _SIMPLE[kind]
+        for reason in ("infinity_clamped", "out_of_range_clamped"):
+            if reason == "infinity_clamped" and rules.keep_infinity:
+                continue
+
+            changed = _changed_test(target, infinite=reason == "infinity_clamped")
+            if element is not None:
+                n = F.size(F.filter(F.coalesce(parse_array_udf(text), F.array().cast("array<string>")), changed))
+            else:
+                n = changed(text).cast("int")
+            out.append((name, reason, F.sum(n)))
+    return out
+
+
+def _changed_test(target: DataType, infinite: bool) -> Callable[[Column], Column]:
+    """A one-argument test (``F.filter`` calls a two-argument one with the index) of clamped text."""
+    def changed(text: Column) -> Column:
+        is_infinite = text.isin("infinity", "-infinity")
+        past = text.isNotNull() & _with_era(text, target).isNull()
+        return past & (is_infinite if infinite else ~is_infinite)
+    return changed
 
 
 def _with_era(col: Column, target: DataType) -> Column:
