@@ -65,6 +65,10 @@ def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
         "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
         " AND attgenerated <> '' AND (attgenerated = 'v' OR current_setting('server_version_num')::int < %s)"
         " ORDER BY attnum", (oid, GENERATED_COLUMNS_VERSION)).fetchall()]
+    # Declared with dimensions (int[][]): a multi-dimensional value would stop the table (a list holds one).
+    multi_dimensional = [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+        " AND attndims > 1 ORDER BY attnum", (oid,)).fetchall()]
     return {
         **out,
         "primary_key": list(primary),
@@ -73,6 +77,7 @@ def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
         "columns": len(schema.columns),
         "kept_as_text": as_text,  # no loss: their PostgreSQL text form is stored as a string
         "generated_not_replicated": not_replicated,
+        "multi_dimensional_arrays": multi_dimensional,
         "unsupported_columns": [c["column"] for c in as_text if c["pg_type"].startswith("unknown type")],
         "can_select": bool(can_select),
         "can_publish": bool(is_owner) or int(oid) in published,
@@ -144,6 +149,9 @@ def format_assessment(pipeline: str, assessment: dict[str, Any]) -> str:
         if t.get("generated_not_replicated"):
             note += ("; generated columns not replicated (pgoutput sends stored ones from PostgreSQL 18 on,"
                      " virtual ones never; compute them in the target): " + ", ".join(t["generated_not_replicated"]))
+        if t.get("multi_dimensional_arrays"):
+            note += ("; declared multi-dimensional (a multi-dimensional value stops the table: lists hold one"
+                     " dimension): " + ", ".join(t["multi_dimensional_arrays"]))
         lines.append(f"  {t['table']}: {note}")
     for t in assessment.get("refused", []):
         lines.append(f"  {t['table']}: will be skipped: {'; '.join(t['problems'])}")

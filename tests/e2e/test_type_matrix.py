@@ -316,16 +316,17 @@ def test_a_value_no_list_can_hold_stops_its_table_only_naming_column_value_and_f
     assert "Traceback" not in error
 
 
-def test_generated_columns_are_left_out_by_copy_and_stream_and_check_says_so(
+def test_generated_columns_left_out_by_copy_and_stream_and_check_names_them_and_declared_dimensions(
     source_dsn: str, tmp_path: Path, spark: Any
 ) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE priced (id integer PRIMARY KEY, net numeric(10,2),"
-                     " gross numeric(10,2) GENERATED ALWAYS AS (net * 1.2) STORED);"
+                     " gross numeric(10,2) GENERATED ALWAYS AS (net * 1.2) STORED, grid integer[][]);"
                      "INSERT INTO priced (id, net) VALUES (1, 10)")
         found = assess_table(conn, "public.priced", set())
-    assert found["generated_not_replicated"] == ["gross"]
-    assert "generated columns not replicated" in format_assessment("t", {"problems": [], "tables": [found]})
+    assert found["generated_not_replicated"] == ["gross"] and found["multi_dimensional_arrays"] == ["grid"]
+    text = format_assessment("t", {"problems": [], "tables": [found]})
+    assert "generated columns not replicated" in text and "declared multi-dimensional" in text
     pipeline = Pipeline(make_config(source_dsn, tmp_path, ["public.priced"], "ducklake"), spark=spark)
     run_caught_up(pipeline)
     with psycopg.connect(source_dsn, autocommit=True) as conn:
