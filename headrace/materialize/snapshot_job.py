@@ -7,6 +7,7 @@ stream, so a value looks the same in the target whichever path wrote it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
@@ -21,6 +22,7 @@ from headrace.source.postgres.copy import copy_chunk
 
 # (column, reason) -> values the casts changed (see ``changed_value_counts``)
 ValueCounts = dict[tuple[str, str], int]
+_observations = itertools.count()
 
 
 def snapshot_dataframe(
@@ -76,7 +78,8 @@ def _observe_changed_values(text: DataFrame, table: TableSchema, rules: ValueRul
         [(col.name, col.type, F.col(f"c{i}")) for i, col in enumerate(table.columns)], rules)
     if not counts:
         return text
-    observation = Observation(f"values_changed_{table.oid}")
+    # A name per DataFrame: an observation whose write failed stays registered under its name.
+    observation = Observation(f"values_changed_{table.oid}_{next(_observations)}")
     text = text.observe(observation, *[total.alias(f"_vc{i}") for i, (_, _, total) in enumerate(counts)])
 
     def read() -> ValueCounts:
