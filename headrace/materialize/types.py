@@ -183,12 +183,17 @@ def _cast(col: Column, ct: ColumnType, rules: ValueRules, column: str) -> Column
     return col.cast(target)
 
 
-def text_value_frame(spark: SparkSession, text: str | None, ct: ColumnType) -> DataFrame:
+def text_value_frame(spark: SparkSession, text: str | None, ct: ColumnType, keep_infinity: bool = False
+                     ) -> DataFrame:
     """A one-row DataFrame whose column ``v`` is PostgreSQL text ``text`` cast like any value of ``ct``.
 
-    Used to fill a newly added column with the value PostgreSQL gives the rows older than it.
+    Used to fill a newly added column with the value PostgreSQL gives the rows older than it. An
+    infinite default is kept where the target stores infinity (``keep_infinity``), else clamped.
     """
-    value = cast_text(F.lit(text).cast("string"), ct, ValueRules(infinity="clamp"), "default value") if text is not None else F.lit(None).cast(spark_type(ct))
+    if text is None:
+        return spark.range(1).select(F.lit(None).cast(spark_type(ct)).alias("v"))
+    rules = ValueRules("(added column)", "clamp", keep_infinity)
+    value = cast_text(F.lit(text).cast("string"), ct, rules, "default value")
     return spark.range(1).select(value.alias("v"))
 
 

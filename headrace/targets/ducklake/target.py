@@ -221,7 +221,7 @@ class DuckLakeTarget(Target):
         for change in changes:
             col = change.column
             if change.apply and change.kind == "add_column" and col is not None:
-                fills[col.name] = _to_arrow(text_value_frame(self.spark, col.missing, col.type))
+                fills[col.name] = _to_arrow(text_value_frame(self.spark, col.missing, col.type, self.keeps_infinity))
         with self._lock, self._transaction(new):
             name = self._qualified(old)
             if any(c.kind == "rename_table" and c.apply for c in changes):
