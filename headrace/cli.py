@@ -132,8 +132,16 @@ def _format_tables(tables: list[dict[str, object]], source: bool) -> str:
         rate = "-" if t["changes_per_s"] is None else f"{t['changes_per_s']:.1f}"
         lag_b = "-" if t["lag_bytes"] is None else str(t["lag_bytes"])
         lines.append(f"{t['table']!s:36} {t['state']!s:10} {lag_b:>10} {lag_s:>7} {t['pending_changes']!s:>8} "
-                     f"{rate:>7}  {t['error'] or ''}")
+                     f"{rate:>7}  {t['error'] or ''}{_changed_values(t)}")
     return "\n".join(lines)
+
+
+def _changed_values(table: dict[str, object]) -> str:
+    """`` values changed: col reason=n`` when the values policy changed some (values.infinity: clamp)."""
+    changed = table.get("values_changed")
+    if not isinstance(changed, dict) or not changed:
+        return ""
+    return "  values changed: " + ", ".join(f"{k}={n}" for k, n in sorted(changed.items()))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

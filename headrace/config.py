@@ -200,6 +200,16 @@ class SchemaChangesConfig(_Frozen):
     )
 
 
+class ValuesConfig(_Frozen):
+    """Source values a target type cannot hold (README: "Values a target cannot hold")."""
+
+    infinity: Literal["stop", "clamp"] = Field(
+        "stop", description="infinity/-infinity dates and timestamps on a target without infinite values"
+        " (Iceberg), and timestamps past 294247 AD on any target: stop the table with an error naming the"
+        " value, or clamp them to 0001-01-01 / 9999-12-31 23:59:59.999999. DuckLake keeps infinity as is"
+    )
+
+
 class SparkConfig(_Frozen):
     """Where the Spark jobs run."""
 
@@ -273,6 +283,7 @@ class PipelineConfig(_Frozen):
     spark: SparkConfig = SparkConfig()
     api: ApiConfig = ApiConfig()
     schema_changes: SchemaChangesConfig = SchemaChangesConfig()
+    values: ValuesConfig = ValuesConfig()
 
     @field_validator("name")
     @classmethod

@@ -246,7 +246,7 @@ class Pipeline:
         if not todo:
             return False
         copy = InitialCopy(self.config, self.dsn, self.state_dsn, self.spark, self.target, self._fail,
-                           self._copy_stop)
+                           self._copy_stop, self.metrics.values_changed)
         self._copier = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
         self._copier.start()
         return True
@@ -267,7 +267,7 @@ class Pipeline:
                 continue
             try:
                 applied = apply_next(self.spark, state, self.target, row, self.config.apply.max_batch_files,
-                                     self.config.schema_changes)
+                                     self.config.schema_changes, self.config.values)
             except Exception as exc:
                 self._fail(state, row, exc, resume=row.resume_state or row.state)
                 continue

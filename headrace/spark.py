@@ -89,6 +89,15 @@ def build_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # DuckLake registers Spark's Parquet files as they are; it stores microsecond timestamps.
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # PostgreSQL stores dates and timestamps in the proleptic Gregorian calendar, as Spark 3 does;
+        # the default rebase modes refuse (EXCEPTION) or shift (LEGACY) dates before 1582-10-15.
+        # CORRECTED writes and reads the values as they are, which DuckDB and Iceberg readers expect.
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+        "spark.sql.avro.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.sql.avro.datetimeRebaseModeInRead": "CORRECTED",
     }
     if "spark.jars.packages" not in conf:
         jars = iceberg_jars()

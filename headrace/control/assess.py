@@ -22,6 +22,7 @@ from headrace.source.postgres.catalog import (
     server_problems,
     table_keys,
 )
+from headrace.source.postgres.replication import GENERATED_COLUMNS_VERSION
 
 Conn = psycopg.Connection[Any]
 
@@ -59,6 +60,15 @@ def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
         "SELECT has_table_privilege(%s::oid, 'SELECT'), pg_has_role(%s::oid, 'USAGE')", (oid, owner)
     ).fetchone()
     can_select, is_owner = privileges if privileges else (False, False)
+    # Left out of copy and stream alike (catalog._COLUMNS): stored ones before PostgreSQL 18, virtual always.
+    not_replicated = [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+        " AND attgenerated <> '' AND (attgenerated = 'v' OR current_setting('server_version_num')::int < %s)"
+        " ORDER BY attnum", (oid, GENERATED_COLUMNS_VERSION)).fetchall()]
+    # Declared with dimensions (int[][]): a multi-dimensional value would stop the table (a list holds one).
+    multi_dimensional = [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+        " AND attndims > 1 ORDER BY attnum", (oid,)).fetchall()]
     return {
         **out,
         "primary_key": list(primary),
@@ -66,6 +76,8 @@ def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
         "key": list(schema.key),
         "columns": len(schema.columns),
         "kept_as_text": as_text,  # no loss: their PostgreSQL text form is stored as a string
+        "generated_not_replicated": not_replicated,
+        "multi_dimensional_arrays": multi_dimensional,
         "unsupported_columns": [c["column"] for c in as_text if c["pg_type"].startswith("unknown type")],
         "can_select": bool(can_select),
         "can_publish": bool(is_owner) or int(oid) in published,
@@ -134,6 +146,12 @@ def format_assessment(pipeline: str, assessment: dict[str, Any]) -> str:
         note = f"key ({', '.join(t['key'])}), replica identity {t['replica_identity']}, {t['columns']} columns"
         if t["kept_as_text"]:
             note += "; kept as text: " + ", ".join(f"{c['column']} ({c['pg_type']})" for c in t["kept_as_text"])
+        if t.get("generated_not_replicated"):
+            note += ("; generated columns not replicated (pgoutput sends stored ones from PostgreSQL 18 on,"
+                     " virtual ones never; compute them in the target): " + ", ".join(t["generated_not_replicated"]))
+        if t.get("multi_dimensional_arrays"):
+            note += ("; declared multi-dimensional (a multi-dimensional value stops the table: lists hold one"
+                     " dimension): " + ", ".join(t["multi_dimensional_arrays"]))
         lines.append(f"  {t['table']}: {note}")
     for t in assessment.get("refused", []):
         lines.append(f"  {t['table']}: will be skipped: {'; '.join(t['problems'])}")

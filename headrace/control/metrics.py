@@ -57,6 +57,11 @@ class PipelineMetrics:
                            ["kind"], registry=r)
         for kind in DDL_KINDS:
             self.ddl.labels(kind)
+        self.changed_values = Counter(
+            "headrace_values_changed", "Source values stored changed under the values policy (values.infinity:"
+            " clamp), by column and reason", ["table", "column", "reason"], registry=r)
+        # table -> "column reason" -> count since start, for status (Prometheus counters are write-only)
+        self.changed_by_table: dict[str, dict[str, int]] = {}
         self.last_commit: dict[str, datetime] = {}  # table -> source commit time of last applied change
         self.samples: deque[tuple[float, dict[str, float]]] = deque(maxlen=SAMPLES_KEPT)
         self._lock = threading.Lock()
@@ -78,8 +83,16 @@ class PipelineMetrics:
                 self.last_commit[row.qualified_name] = max(prev, last_ts) if prev else last_ts
             for kind in applied.ddl:
                 self.ddl.labels(kind).inc()
+            self.values_changed(row.qualified_name, applied.values_changed)
         except Exception as exc:  # metrics must never stop replication
             log.debug("metrics: batch hook failed", exc_info=exc)
+
+    def values_changed(self, table: str, counts: dict[tuple[str, str], int]) -> None:
+        """Count values the casts changed under the values policy (the copy's and the stream's)."""
+        for (column, reason), n in counts.items():
+            self.changed_values.labels(table, column, reason).inc(n)
+            per_table = self.changed_by_table.setdefault(table, {})
+            per_table[f"{column} {reason}"] = per_table.get(f"{column} {reason}", 0) + n
 
     def ddl_applied(self, kind: str) -> None:
         """Count one schema change or table event (a ``DDL_KINDS`` member) applied to the target."""
@@ -150,6 +163,7 @@ class PipelineMetrics:
             t["lag_seconds"] = self.lag_seconds(t["table"], t["pending_changes"], applies)
             rate = self.throughput(t["table"])
             t["changes_per_s"] = round(rate, 3) if rate is not None else None
+            t["values_changed"] = dict(self.changed_by_table.get(t["table"], {}))
         return status
 
 

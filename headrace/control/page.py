@@ -76,6 +76,9 @@ def _row(t: dict[str, Any], history: list[float]) -> str:
     error = escape(t["error"] or "")
     if t["error"] and t.get("retry_at"):
         error += f'<br><span class="sub">attempt {t.get("error_count", "?")}, retry at {escape(t["retry_at"])}</span>'
+    if t.get("values_changed"):  # values.infinity: clamp changed some values
+        changed = ", ".join(f"{k}={n}" for k, n in sorted(t["values_changed"].items()))
+        error += f'<br><span class="sub">values changed: {escape(changed)}</span>'
     return (f'<tr data-table="{name}"><td>{name}</td><td><span class="st {escape(t["state"])}">'
             f'{escape(t["state"])}</span></td><td class="n">{_fmt_bytes(t["lag_bytes"])}</td>'
             f'<td class="n">{lag_s}</td><td class="n">{t["pending_changes"]}</td>'

@@ -40,6 +40,9 @@ class Target(ABC):
     """
 
     name: str = ""
+    # True when the target stores infinite dates and timestamps (DuckDB's largest int32 day and
+    # int64 microsecond, which the row shape's Spark values carry through unchanged).
+    keeps_infinity: bool = False
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:

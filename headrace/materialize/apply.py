@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from headrace.config import SchemaChangesConfig
+from headrace.config import SchemaChangesConfig, ValuesConfig
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
 from headrace.logs import event
 from headrace.materialize.batch import read_change_batch
 from headrace.materialize.evolve import evolve_table
+from headrace.materialize.types import value_rules
 from headrace.state.store import LogEntry, StateStore, TableRow
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class Applied:
     seconds: float
     drained: bool  # the batch reached the end of the table's log as it stood when planned
     ddl: tuple[str, ...] = ()  # schema change kinds applied to the target before this batch
+    # (column, reason) -> values the casts changed (``values.infinity: clamp``)
+    values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def current_cursor(state: StateStore, target: Target, row: TableRow) -> int:
@@ -65,7 +68,8 @@ def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int) ->
 
 
 def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
-               max_files: int, policy: SchemaChangesConfig | None = None) -> Applied | None:
+               max_files: int, policy: SchemaChangesConfig | None = None,
+               values: ValuesConfig | None = None) -> Applied | None:
     """Apply the table's next batch; None when the table is caught up with the staged log."""
     cursor = current_cursor(state, target, row)
     tail = state.last_offset(row.oid)
@@ -85,7 +89,8 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
         schema, ddl = evolve_table(state, target, row.schema, entries[0].schema, policy or SchemaChangesConfig(),
                                    entries[0].min_lsn)
         target.ensure_table(schema)
-    batch = read_change_batch(spark, [e.path for e in entries], schema, skip)
+    rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
+    batch = read_change_batch(spark, [e.path for e in entries], schema, skip, rules)
     target.apply_batch(schema, batch.changes, batch.truncate_before, last.offset)
     if (trunc := batch.truncate_before) is not None:
         state.record_ddl(row.oid, row.qualified_name, "truncate", f"TRUNCATE at {format_lsn(trunc.lsn)}", trunc.lsn)
@@ -93,7 +98,8 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
     crash_point("apply.after_target_commit")
     state.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
     applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
-                      time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl))
+                      time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl),
+                      values_changed=batch.values_changed)
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
           seconds=round(applied.seconds, 3))

@@ -14,7 +14,7 @@ batch into counts per distinct row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
@@ -23,7 +23,7 @@ from headrace.core.errors import TerminalError
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
 from headrace.log.staging import STAGING_SPARK_DDL
-from headrace.materialize.types import cast_text
+from headrace.materialize.types import ValueRules, cast_text, changed_value_counts
 
 _MAP = "map<string,string>"
 
@@ -37,6 +37,8 @@ class ChangeBatch:
     changes: DataFrame
     truncate_before: Position | None  # the latest TRUNCATE in the batch, if any
     rows_in: int  # staged rows read (before skipping and deduplication)
+    # (column, reason) -> values the casts changed under ``values.infinity: clamp`` (staged changes)
+    values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _after(lsn: Column, seq: Column, pos: Position) -> Column:
@@ -45,7 +47,8 @@ def _after(lsn: Column, seq: Column, pos: Position) -> Column:
 
 
 def read_change_batch(
-    spark: SparkSession, files: list[str], table: TableSchema, skip_through: Position | None
+    spark: SparkSession, files: list[str], table: TableSchema, skip_through: Position | None,
+    rules: ValueRules | None = None,
 ) -> ChangeBatch:
     """Read ``files`` (staged changes of ``table``) into a deduplicated ``ChangeBatch``.
 
@@ -64,6 +67,10 @@ def read_change_batch(
 
     # A keyless table's update must carry its whole old row (REPLICA IDENTITY FULL sends it).
     no_old_row = (op == "U") & F.col("_old_key").isNull() & after_skip if not table.key else F.lit(False)
+    data = F.from_json(F.col("_data"), _MAP)
+    counts = changed_value_counts(
+        [(c.name, c.type, F.when(after_skip & (op != "D"), data[c.name])) for c in table.columns],
+        rules or ValueRules())
     stats = staged.agg(
         F.count(F.lit(1)).alias("rows_in"),
         F.max(F.when((op == "T") & after_skip, F.struct(lsn, seq))).alias("trunc"),
@@ -71,7 +78,10 @@ def read_change_batch(
         F.max(no_old_row.cast("int")).alias("no_old_row"),
         F.max(((op == "U") & F.col("_old_key").isNotNull() & F.col("_unchanged_cols").isNotNull()).cast("int"))
         .alias("key_toast"),
+        *[total.alias(f"_vc{i}") for i, (_, _, total) in enumerate(counts)],
     ).collect()[0]
+    values_changed = {(name, reason): int(stats[f"_vc{i}"] or 0) for i, (name, reason, _) in enumerate(counts)}
+    values_changed = {k: n for k, n in values_changed.items() if n}
     truncate_before = Position(stats.trunc[0], stats.trunc[1]) if stats.trunc is not None else None
     if stats.no_old_row:
         raise TerminalError(
@@ -84,10 +94,13 @@ def read_change_batch(
         changes = changes.where(_after(lsn, seq, truncate_before))
     if not table.key:
         rows_in = int(stats.rows_in)
-        return ChangeBatch(changes=_row_images(changes, table), truncate_before=truncate_before, rows_in=rows_in)
+        return ChangeBatch(changes=_row_images(changes, table, rules), truncate_before=truncate_before, rows_in=rows_in,
+                           values_changed=values_changed)
     changes = _split_key_changes(changes)
-    changes = _last_per_key(changes, table, has_unchanged=bool(stats.toast), key_toast=bool(stats.key_toast))
-    return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in))
+    changes = _last_per_key(changes, table, rules, has_unchanged=bool(stats.toast),
+                            key_toast=bool(stats.key_toast))
+    return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in),
+                       values_changed=values_changed)
 
 
 def _split_key_changes(changes: DataFrame) -> DataFrame:
@@ -116,7 +129,7 @@ def _split_key_changes(changes: DataFrame) -> DataFrame:
     )
 
 
-def _row_images(changes: DataFrame, table: TableSchema) -> DataFrame:
+def _row_images(changes: DataFrame, table: TableSchema, rules: ValueRules | None) -> DataFrame:
     """A keyless table's changes as row images added (``I``) or removed (``D``), cast, not deduplicated.
 
     Capture stages a delete with the whole old row in ``_data`` and an update with the whole old
@@ -135,7 +148,7 @@ def _row_images(changes: DataFrame, table: TableSchema) -> DataFrame:
     )
     exploded = changes.select("_lsn", "_seq", "_ts", F.explode(images).alias("r"))
     return exploded.select(
-        *[cast_text(F.col("r.values")[c.name], c.type).alias(c.name) for c in table.columns],
+        *[cast_text(F.col("r.values")[c.name], c.type, rules, c.name).alias(c.name) for c in table.columns],
         F.col("_lsn").alias(HR_LSN),
         F.col("_seq").alias(HR_SEQ),
         F.col("_ts").alias(HR_COMMIT_TS),
@@ -178,7 +191,8 @@ KEY_CHANGE_HOPS = 2  # key changes of one row within a batch followed to find an
 HR_FROM = "_hr_from"  # in batches with key changes: the old key whose target row holds unchanged values
 
 
-def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool, key_toast: bool = False) -> DataFrame:
+def _last_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | None, has_unchanged: bool,
+                  key_toast: bool = False) -> DataFrame:
     """Keep the last change per key, cast to the table's types, in the Target row shape.
 
     With ``key_toast`` (an update changed the key and left a TOAST column unchanged), each such
@@ -187,7 +201,8 @@ def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool, k
     columns; NULL when the unchanged values are the key's own target row's).
     """
     key_cols = [
-        cast_text(F.col("_values")[k], table.column(k).type).alias(f"_k{i}") for i, k in enumerate(table.key)
+        cast_text(F.col("_values")[k], table.column(k).type, rules, k).alias(f"_k{i}")
+        for i, k in enumerate(table.key)
     ]
     changes = changes.select("*", *key_cols)
     by_key = [F.col(f"_k{i}") for i in range(len(table.key))]
@@ -234,14 +249,14 @@ def _last_per_key(changes: DataFrame, table: TableSchema, has_unchanged: bool, k
         if c.name in table.key:
             columns.append(F.col(f"_k{table.key.index(c.name)}").alias(c.name))
             continue
-        typed = cast_text(values[c.name], c.type)
+        typed = cast_text(values[c.name], c.type, rules, c.name)
         typed = F.when(is_delete, F.lit(None)).otherwise(typed)  # deletes carry the key only
         columns.append(typed.alias(c.name))
     remaining = F.concat_ws(",", *unchanged_after) if unchanged_after else F.lit("")
     extra = []
     if key_toast and froms:
         old_key = F.from_json(F.coalesce(*froms), _MAP)
-        from_key = F.struct(*[cast_text(old_key[k], table.column(k).type).alias(k) for k in table.key])
+        from_key = F.struct(*[cast_text(old_key[k], table.column(k).type, rules, k).alias(k) for k in table.key])
         extra.append(F.when(~is_delete & old_key.isNotNull(), from_key).alias(HR_FROM))
     return changes.select(
         *columns,

@@ -35,7 +35,8 @@ from headrace.core.position import Position, format_lsn
 from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.materialize.snapshot_job import snapshot_dataframe
+from headrace.materialize.snapshot_job import ValueCounts, snapshot_dataframe
+from headrace.materialize.types import value_rules
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import plan_chunks
 from headrace.source.postgres.replication import ExportedSnapshot
@@ -55,7 +56,8 @@ class InitialCopy:
     """Copies the tables that need it, one round per call of ``run``."""
 
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkSession, target: Target,
-                 on_error: FailHandler, stop: threading.Event) -> None:
+                 on_error: FailHandler, stop: threading.Event,
+                 on_values_changed: Callable[[str, ValueCounts], None] | None = None) -> None:
         self.config = config
         self.dsn = dsn
         self.state_dsn = state_dsn
@@ -63,6 +65,7 @@ class InitialCopy:
         self.target = target
         self.on_error = on_error
         self.stop = stop
+        self.on_values_changed = on_values_changed
         self.rows_copied: dict[str, int] = {}
 
     def run(self, oids: list[int]) -> None:
@@ -117,13 +120,18 @@ class InitialCopy:
                 event(log, "snapshot.paused", table=name, chunks_done=len(chunks) - len(todo) + start)
                 return  # progress is kept; the next run resumes here
             group = todo[start:start + group_size]
+            counted: list[Callable[[], ValueCounts]] = []
             df = snapshot_dataframe(self.spark, self.dsn, snapshot_name, schema,
-                                    [(c.start_page, c.end_page) for c in group], position)
+                                    [(c.start_page, c.end_page) for c in group], position,
+                                    value_rules(name, self.target, self.config.values.infinity), counted.append)
             if resume:
                 rows = self._merge(state, row, schema, df)
             else:
                 after = self.target.write_snapshot(schema, df, position, replace=start == 0)
                 rows, table_rows = after - table_rows, after
+            for read in counted:  # the write above ran the scan that counted them
+                if (changed := read()) and self.on_values_changed is not None:
+                    self.on_values_changed(name, changed)
             crash_point("snapshot.after_chunk")
             progress.mark_done(row.oid, group, snapshot_lsn, rows)
             done_rows += rows

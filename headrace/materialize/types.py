@@ -8,11 +8,20 @@ no expression for (a Python UDF; element values are then cast natively).
 The mapping from ``ColumnType`` to Spark type is a contract: the DuckLake target reads the same
 DataFrames, so change it only together with every target.
 
-Values a Spark type cannot hold become NULL (Spark's non-ANSI cast): ``infinity`` dates and
-timestamps, ``NaN``/``Infinity`` in a ``numeric(p,s)`` column. Everything else round-trips exactly.
+Never a silent NULL: Spark's (non-ANSI) cast gives NULL for text it cannot hold, so every cast is
+checked, and a non-NULL text that became NULL stops the table with a message naming the table,
+the column, the value and the fix (``TERMINAL_MARKER``, raised inside the Spark task).
+``infinity``/``-infinity`` dates and timestamps, and timestamps past Spark's range (after
+294247 AD), follow ``ValueRules``: a target that stores infinity keeps it (DuckDB's infinity is
+the largest int32 day / int64 microsecond, which Spark carries through Parquet and Arrow
+unchanged); otherwise the configured policy, ``clamp`` (to ``CLAMP_BOUNDS``) or ``stop``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -32,7 +41,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from headrace.core.errors import UnsupportedError
+from headrace.core.errors import TERMINAL_MARKER, UnsupportedError
 from headrace.core.schema import ColumnType, TypeKind
 
 # Spark's DecimalType holds at most 38 digits.
@@ -79,8 +88,79 @@ def spark_type(ct: ColumnType) -> DataType:
     raise UnsupportedError(f"{ct.pg_type}: no Spark type for logical type {ct.kind.value}")
 
 
-def cast_text(col: Column, ct: ColumnType) -> Column:
-    """``col`` (PostgreSQL text output, NULL for SQL NULL) cast to ``spark_type(ct)``."""
+# Values beyond a datetime target's range under ``infinity: clamp``: the bounds most readers can
+# represent (Python, Java, pandas all hold years 1..9999), instead of Spark's or PostgreSQL's
+# extremes, which many readers cannot.
+CLAMP_BOUNDS: dict[TypeKind, tuple[str, str]] = {
+    TypeKind.DATE: ("0001-01-01", "9999-12-31"),
+    TypeKind.TIMESTAMP: ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
+    TypeKind.TIMESTAMPTZ: ("0001-01-01 00:00:00+00", "9999-12-31 23:59:59.999999+00"),
+}
+DATETIME_KINDS = frozenset(CLAMP_BOUNDS)
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+InfinityPolicy = Literal["clamp", "stop"]
+
+
+@dataclass(frozen=True)
+class ValueRules:
+    """What the casts of one table do with values a target type cannot hold.
+
+    ``table`` names the table in error messages. With ``keep_infinity`` (the target has infinite
+    dates and timestamps) ``infinity``/``-infinity`` are stored as DuckDB stores them (largest
+    int32 day, largest int64 microsecond). ``infinity`` is the policy for the other values past a
+    date or timestamp range: ``clamp`` replaces them with ``CLAMP_BOUNDS``, ``stop`` stops the table.
+    """
+
+    table: str = "(unknown table)"
+    infinity: InfinityPolicy = "stop"
+    keep_infinity: bool = False
+
+
+def value_rules(table: str, target: object, infinity: InfinityPolicy) -> ValueRules:
+    """The rules for ``table`` written to ``target`` (a ``Target``) under the configured policy."""
+    return ValueRules(table, infinity, keep_infinity=bool(getattr(target, "keeps_infinity", False)))
+
+
+def cast_text(col: Column, ct: ColumnType, rules: ValueRules | None = None, column: str = "?") -> Column:
+    """``col`` (PostgreSQL text output, NULL for SQL NULL) cast to ``spark_type(ct)``.
+
+    A non-NULL text the cast cannot represent raises inside the Spark task (``TERMINAL_MARKER``),
+    naming ``rules.table``, ``column``, the value and the fix; nothing becomes NULL silently.
+    """
+    rules = rules or ValueRules()
+    return _checked(col, _cast(col, ct, rules, column), ct, rules, column)
+
+
+def _checked(text: Column, value: Column, ct: ColumnType, rules: ValueRules, column: str) -> Column:
+    """``value``, or a task failure where ``text`` was a value and ``value`` came out NULL."""
+    if isinstance(spark_type(ct), StringType):
+        return value
+    message = F.concat(
+        F.lit(f"{TERMINAL_MARKER}{rules.table} column {column}: value '"),
+        F.substring(text, 1, 100),
+        F.lit(f"' cannot be stored as {spark_type(ct).simpleString()} ({ct.pg_type}); {_fix(ct, rules)}"),
+    )
+    return F.when(text.isNotNull() & value.isNull(), F.raise_error(message)).otherwise(value)
+
+
+def _fix(ct: ColumnType, rules: ValueRules) -> str:
+    """The remedy the error message names, by kind."""
+    if ct.kind is TypeKind.LIST:
+        return ("arrays map to lists, which hold one dimension with lower bound 1: "
+                "store it one-dimensional in the source (or change the column's type to text) "
+                f"and run `headrace resync {rules.table}`")
+    if ct.kind is TypeKind.DECIMAL:
+        return ("a numeric(p,s) target holds no NaN or Infinity: change the source column to unconstrained "
+                f"numeric (kept as exact text) or replace the value, then run `headrace resync {rules.table}`")
+    if ct.kind in DATETIME_KINDS:
+        return ("set `values: {infinity: clamp}` in the pipeline config to store the nearest bound "
+                f"({' / '.join(CLAMP_BOUNDS[ct.kind])}) instead, then retry the table")
+    return f"this is a headrace bug: please report it with the value; `headrace resync {rules.table}` after a fix"
+
+
+def _cast(col: Column, ct: ColumnType, rules: ValueRules, column: str) -> Column:
     kind = ct.kind
     target = spark_type(ct)
     if kind is TypeKind.BOOLEAN:
@@ -92,24 +172,91 @@ def cast_text(col: Column, ct: ColumnType) -> Column:
     if kind is TypeKind.LIST:
         assert ct.element is not None
         element = ct.element
-        return F.transform(parse_array_udf(col), lambda item: cast_text(item, element))
+        return F.transform(parse_array_udf(col), lambda item: cast_text(item, element, rules, column + "[]"))
     if isinstance(target, StringType):
         return col
-    if kind in (TypeKind.DATE, TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
-        return _with_era(col, target)
+    if kind in DATETIME_KINDS:
+        return _beyond_range(col, _with_era(col, target), ct, rules)
     # Spark's string casts accept exactly what PostgreSQL prints for these types: integers,
     # shortest round-trip floats (and NaN, Infinity, -Infinity), fixed-scale decimals, ISO dates,
     # timestamps with up to six fractional digits, and UTC offsets like "+00" or "+05:30".
     return col.cast(target)
 
 
-def text_value_frame(spark: SparkSession, text: str | None, ct: ColumnType) -> DataFrame:
+def text_value_frame(spark: SparkSession, text: str | None, ct: ColumnType, keep_infinity: bool = False
+                     ) -> DataFrame:
     """A one-row DataFrame whose column ``v`` is PostgreSQL text ``text`` cast like any value of ``ct``.
 
-    Used to fill a newly added column with the value PostgreSQL gives the rows older than it.
+    Used to fill a newly added column with the value PostgreSQL gives the rows older than it. An
+    infinite default is kept where the target stores infinity (``keep_infinity``), else clamped.
     """
-    value = cast_text(F.lit(text).cast("string"), ct) if text is not None else F.lit(None).cast(spark_type(ct))
+    if text is None:
+        return spark.range(1).select(F.lit(None).cast(spark_type(ct)).alias("v"))
+    rules = ValueRules("(added column)", "clamp", keep_infinity)
+    value = cast_text(F.lit(text).cast("string"), ct, rules, "default value")
     return spark.range(1).select(value.alias("v"))
+
+
+def _beyond_range(col: Column, value: Column, ct: ColumnType, rules: ValueRules) -> Column:
+    """``value``, with infinities and values past Spark's range handled by ``rules.infinity``.
+
+    Under ``stop`` they stay NULL, and the check in ``cast_text`` stops the table.
+    """
+    target = spark_type(ct)
+    if rules.infinity == "clamp":
+        low_text, high_text = CLAMP_BOUNDS[ct.kind]
+        low, high = F.lit(low_text).cast(target), F.lit(high_text).cast(target)
+        past = value.isNull() & col.isNotNull()
+        below = col.startswith("-infinity") | col.endswith(" BC")
+        value = F.when(past & below, low).when(past, high).otherwise(value)
+    if not rules.keep_infinity:
+        return value
+    # DuckDB's infinities are the largest int32 day and int64 microsecond.
+    if ct.kind is TypeKind.DATE:
+        pos, neg = F.date_from_unix_date(F.lit(INT32_MAX)), F.date_from_unix_date(F.lit(-INT32_MAX))
+    else:
+        pos = F.timestamp_micros(F.lit(INT64_MAX)).cast(target)
+        neg = F.timestamp_micros(F.lit(-INT64_MAX)).cast(target)
+    return F.when(col == "infinity", pos).when(col == "-infinity", neg).otherwise(value)
+
+
+def changed_value_counts(texts: list[tuple[str, ColumnType, Column]], rules: ValueRules
+                         ) -> list[tuple[str, str, Column]]:
+    """Aggregates counting the values ``cast_text`` changes under ``clamp``: ``(column, reason, sum)``.
+
+    ``texts`` holds each column's name, type and text. Reasons: ``infinity_clamped`` (the target
+    has no infinity) and ``out_of_range_clamped`` (a timestamp past 294247 AD). Elements of arrays
+    count one by one. Nothing to count under ``stop`` (the table stops instead).
+    """
+    if rules.infinity != "clamp":
+        return []
+    out = []
+    for name, ct, text in texts:
+        element = ct.element if ct.kind is TypeKind.LIST else None
+        kind = element.kind if element is not None else ct.kind
+        if kind not in DATETIME_KINDS:
+            continue
+        target = _SIMPLE[kind]
+        for reason in ("infinity_clamped", "out_of_range_clamped"):
+            if reason == "infinity_clamped" and rules.keep_infinity:
+                continue
+
+            changed = _changed_test(target, infinite=reason == "infinity_clamped")
+            if element is not None:
+                n = F.size(F.filter(F.coalesce(parse_array_udf(text), F.array().cast("array<string>")), changed))
+            else:
+                n = changed(text).cast("int")
+            out.append((name, reason, F.sum(n)))
+    return out
+
+
+def _changed_test(target: DataType, infinite: bool) -> Callable[[Column], Column]:
+    """A one-argument test (``F.filter`` calls a two-argument one with the index) of clamped text."""
+    def changed(text: Column) -> Column:
+        is_infinite = text.isin("infinity", "-infinity")
+        past = text.isNotNull() & _with_era(text, target).isNull()
+        return past & (is_infinite if infinite else ~is_infinite)
+    return changed
 
 
 def _with_era(col: Column, target: DataType) -> Column:
@@ -129,13 +276,15 @@ def parse_array_literal(text: str | None) -> list[str | None] | None:
     """Split PostgreSQL's one-dimensional array output into element texts.
 
     ``{1,2,NULL,"a b","x\\"y"}`` gives ``["1", "2", None, "a b", 'x"y']``: an unquoted NULL is SQL
-    NULL, a quoted "NULL" is the string. A ``[lo:hi]=`` bounds prefix is ignored.
+    NULL, a quoted "NULL" is the string.
+
+    Raises ValueError for what a list cannot hold faithfully: a multi-dimensional array
+    (``{{1,2},{3,4}}``) and non-default lower bounds (``[0:1]={1,2}``, which print with a prefix).
     """
     if text is None:
         return None
     if text.startswith("["):
-        # Non-default lower bounds print as "[0:2]={...}"; a list keeps only the order.
-        text = text[text.index("=") + 1 :]
+        raise ValueError(f"array with non-default bounds has no list form: {text[:80]!r}")
     if len(text) < 2 or text[0] != "{" or text[-1] != "}":
         raise ValueError(f"not a PostgreSQL array literal: {text[:80]!r}")
     items: list[str | None] = []
@@ -167,9 +316,20 @@ def parse_array_literal(text: str | None) -> list[str | None] | None:
 
 
 def parse_array_udf(col: Column) -> Column:
-    """``col`` parsed by ``parse_array_literal`` as an ``array<string>`` column."""
+    """``col`` parsed by ``parse_array_literal`` as an ``array<string>`` column.
+
+    An array a list cannot hold comes out NULL, which the check in ``cast_text`` turns into an
+    error naming the table, the column and the value.
+    """
     return _parse_array(col)
 
 
+def _parse_or_none(text: str | None) -> list[str | None] | None:
+    try:
+        return parse_array_literal(text)
+    except ValueError:
+        return None
+
+
 # Defined at import time so every use shares one UDF (and Spark ships it once per plan).
-_parse_array = F.udf(parse_array_literal, ArrayType(StringType(), containsNull=True))
+_parse_array = F.udf(_parse_or_none, ArrayType(StringType(), containsNull=True))

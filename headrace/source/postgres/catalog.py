@@ -24,12 +24,15 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass(%s)
 """
 
-# Generated columns are left out: pgoutput does not send them (before PG18), and a snapshot that
-# copied them would give the target columns the change stream never fills.
+# Generated columns are left out before PostgreSQL 18: pgoutput does not send them, and a snapshot
+# that copied them would give the target columns the change stream never fills. From 18 on, stored
+# generated columns are replicated (the publication sets publish_generated_columns = stored);
+# virtual ones (18+) are never published, so never copied.
 _COLUMNS = """
 SELECT a.attname, a.atttypid, a.atttypmod, NOT a.attnotnull
 FROM pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+  AND (a.attgenerated = '' OR (a.attgenerated = 's' AND current_setting('server_version_num')::int >= 180000))
 ORDER BY a.attnum
 """
 

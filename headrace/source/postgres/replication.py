@@ -34,6 +34,8 @@ SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
     " -c bytea_output=hex -c client_encoding=UTF8"
 )
+# The first PostgreSQL whose pgoutput can send (stored) generated columns.
+GENERATED_COLUMNS_VERSION = 180000
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
@@ -62,13 +64,17 @@ def ensure_publication(conn: Conn, name: str, tables: list[str]) -> None:
     and REPLICA IDENTITY DEFAULT in a publication makes the application's own UPDATE and DELETE on it
     fail). Discovered tables are added here one by one. ``publish_via_partition_root`` makes a
     partitioned table's changes, from every partition present or future, arrive under its own oid.
+    On PostgreSQL 18+, ``publish_generated_columns = stored`` streams stored generated columns, which
+    the copy then includes too (``catalog._COLUMNS``); before 18 both leave them out.
     """
+    generated = conn.info.server_version >= GENERATED_COLUMNS_VERSION
     with conn.transaction():
         wanted = _resolve_tables(conn, tables)
         row = conn.execute("SELECT oid, puballtables, pubviaroot FROM pg_publication WHERE pubname = %s",
                            (name,)).fetchone()
         table_list = sql.SQL(", ").join(wanted.values())
-        via_root = sql.SQL("WITH (publish_via_partition_root = true)")
+        via_root = sql.SQL("WITH (publish_via_partition_root = true{})").format(
+            sql.SQL(", publish_generated_columns = stored" if generated else ""))
         if row is None:
             if wanted:
                 conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} {}").format(
@@ -79,6 +85,10 @@ def ensure_publication(conn: Conn, name: str, tables: list[str]) -> None:
         pub_oid, all_tables, pubviaroot = row
         if not pubviaroot:
             conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
+                sql.Identifier(name)))
+        if generated:
+            # Cheap and idempotent; a publication made by hand may lack it (pg_publication.pubgencols).
+            conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
                 sql.Identifier(name)))
         if all_tables:
             return

@@ -140,7 +140,8 @@ def list_of(element: ColumnType) -> ColumnType:
 
 _LOOKUP = """
 SELECT t.typtype, t.typbasetype, t.typtypmod, t.typelem, format_type(t.oid, %s),
-       EXISTS (SELECT FROM pg_type e WHERE e.oid = t.typelem AND e.typarray = t.oid)
+       EXISTS (SELECT FROM pg_type e WHERE e.oid = t.typelem AND e.typarray = t.oid
+               AND e.typdelim = ',')
 FROM pg_type t WHERE t.oid = %s
 """
 
@@ -187,6 +188,7 @@ class TypeCatalog:
         if is_array:
             # The array type of its element, not merely a type with a typelem: int2vector,
             # oidvector, name and point have one too, but their text form is no array literal.
+            # Arrays of box separate elements with ';' (typdelim): kept as text, like the box itself.
             element = self.column_type(elem_oid, typmod)
             return ColumnType(TypeKind.LIST, spelling, element=element)
         # Enums (category 'E'), composites, ranges, extension types: their text output is exact.

@@ -29,7 +29,6 @@ from headrace.core.schema import (
     HR_UNCHANGED,
     SchemaChange,
     TableSchema,
-    TypeKind,
     rename_collision,
 )
 from headrace.materialize.batch import HR_DELTA, HR_FROM, net_row_changes
@@ -38,7 +37,6 @@ from headrace.targets.ducklake.types import (
     cast_in,
     cast_out,
     duck_type,
-    interval_value_to_text,
     quote_ident,
     registers_directly,
     spark_type,
@@ -57,6 +55,7 @@ class DuckLakeTarget(Target):
     """Keeps tables of one DuckLake in sync; see the module docstring."""
 
     name = "ducklake"
+    keeps_infinity = True  # DuckDB has infinite dates and timestamps
     stores_cursor = True
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
@@ -96,7 +95,7 @@ class DuckLakeTarget(Target):
         """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in.
 
         Tables whose types Spark writes as DuckLake stores them get the files registered with
-        ``ducklake_add_data_files`` (no rewrite). Tables with UUID/JSON/INTERVAL/TIME columns
+        ``ducklake_add_data_files`` (no rewrite). Tables with UUID/JSON/TIME columns
         (text in Spark) are copied by DuckDB itself with ``INSERT ... SELECT`` casts from the
         same files (no rows through Python); the files are then deleted.
         """
@@ -222,7 +221,7 @@ class DuckLakeTarget(Target):
         for change in changes:
             col = change.column
             if change.apply and change.kind == "add_column" and col is not None:
-                fills[col.name] = _to_arrow(text_value_frame(self.spark, col.missing, col.type))
+                fills[col.name] = _to_arrow(text_value_frame(self.spark, col.missing, col.type, self.keeps_infinity))
         with self._lock, self._transaction(new):
             name = self._qualified(old)
             if any(c.kind == "rename_table" and c.apply for c in changes):
@@ -305,14 +304,6 @@ class DuckLakeTarget(Target):
             if not isinstance(data, pa.Table):  # a reader: drain it before another query on _con ends it
                 data = data.read_all()
         columns = data.to_pydict()
-        for col in table.columns:
-            kind = (
-                col.type.element.kind
-                if col.type.kind is TypeKind.LIST and col.type.element
-                else col.type.kind
-            )
-            if kind is TypeKind.INTERVAL:
-                columns[col.name] = [interval_value_to_text(v) for v in columns[col.name]]
         fields = [T.StructField(c.name, spark_type(c.type)) for c in table.columns]
         fields += [
             T.StructField(HR_LSN, T.LongType()),

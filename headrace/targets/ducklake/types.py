@@ -1,7 +1,9 @@
 """Logical types as DuckDB types, and the casts from the Spark row shape into them.
 
-DuckDB has closer matches than Spark for several PostgreSQL types (UUID, JSON, INTERVAL, TIME),
-which arrive as PostgreSQL's text output and are cast inside DuckDB. Spark writes the other types
+DuckDB has closer matches than Spark for several PostgreSQL types (UUID, JSON, TIME), which
+arrive as PostgreSQL's text output and are cast inside DuckDB. Intervals stay PostgreSQL's text:
+DuckLake stores DuckDB's INTERVAL as Parquet's INTERVAL, which holds milliseconds and no negative
+part, so ``-1 day`` could not be written and microseconds would be dropped. Spark writes the other types
 to Parquet exactly as DuckLake stores them, so those files can be registered without a rewrite.
 """
 
@@ -26,11 +28,11 @@ _SIMPLE: dict[TypeKind, str] = {
     TypeKind.BINARY: "BLOB",
     TypeKind.UUID: "UUID",
     TypeKind.JSON: "JSON",
-    TypeKind.INTERVAL: "INTERVAL",
+    TypeKind.INTERVAL: "VARCHAR",  # PostgreSQL's text: see the module docstring
 }
 
 # Kinds that travel as text in Spark and so cannot be registered from Spark's Parquet as they are.
-TEXT_KINDS = frozenset({TypeKind.UUID, TypeKind.JSON, TypeKind.INTERVAL, TypeKind.TIME})
+TEXT_KINDS = frozenset({TypeKind.UUID, TypeKind.JSON, TypeKind.TIME})
 
 
 def quote_ident(name: str) -> str:
@@ -63,12 +65,6 @@ def registers_directly(col_type: ColumnType) -> bool:
 
 def cast_in(expr: str, col_type: ColumnType) -> str:
     """SQL turning a value of the incoming Spark shape into the DuckDB type of ``col_type``."""
-    if col_type.kind is TypeKind.INTERVAL:
-        # PostgreSQL writes '+' before a positive part that follows a negative one
-        # ('-2 days +01:00:00'); DuckDB's parser rejects '+', and dropping it keeps the value.
-        return f"CAST(replace({expr}, '+', '') AS INTERVAL)"
-    if col_type.kind is TypeKind.LIST and col_type.element and col_type.element.kind is TypeKind.INTERVAL:
-        return f"list_transform({expr}, x -> {cast_in('x', col_type.element)})"
     return f"CAST({expr} AS {duck_type(col_type)})"
 
 
@@ -79,39 +75,10 @@ def cast_out(expr: str, col_type: ColumnType) -> str:
     if (
         col_type.kind is TypeKind.LIST
         and col_type.element
-        and col_type.element.kind in TEXT_KINDS - {TypeKind.INTERVAL}
+        and col_type.element.kind in TEXT_KINDS
     ):
         return f"CAST({expr} AS VARCHAR[])"
     return expr
-
-
-def pg_interval_text(months: int, days: int, micros: int) -> str:
-    """An interval as PostgreSQL prints it (IntervalStyle 'postgres'), e.g. ``1 year 2 mons``."""
-    parts: list[str] = []
-    before_negative = False
-    years, mons = int(months / 12), int(months - int(months / 12) * 12)  # truncate toward zero
-    for value, unit in ((years, "year"), (mons, "mon"), (days, "day")):
-        if value:
-            sign = "+" if before_negative and value > 0 else ""
-            parts.append(f"{sign}{value} {unit}{'' if value == 1 else 's'}")
-            before_negative = value < 0
-    if not parts or micros:
-        sign = "-" if micros < 0 else ("+" if before_negative else "")
-        whole, frac = divmod(abs(micros), 1_000_000)
-        text = f"{sign}{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
-        if frac:
-            text += f".{frac:06d}".rstrip("0")
-        parts.append(text)
-    return " ".join(parts)
-
-
-def interval_value_to_text(value: Any) -> Any:
-    """Arrow's month-day-nano value (or a list of them) as PostgreSQL interval text."""
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [interval_value_to_text(v) for v in value]
-    return pg_interval_text(value.months, value.days, value.nanoseconds // 1000)
 
 
 def spark_type(col_type: ColumnType) -> Any:
