@@ -141,7 +141,9 @@ class TableWatch:
                            f" {row.qualified_name}) and add it again (headrace add-table {row.qualified_name})"
                            " to copy the new table, or set recreated_table: resync")
                 state.set_state(row.oid, TableState.ERRORED, error=message, error_count=RETRY_BUDGET,
-                                retry_at=None, resume_state=None)
+                                retry_at=None, resume_state=None, error_kind="terminal",
+                                error_fix=f"headrace remove-table {row.qualified_name}; headrace add-table "
+                                          f"{row.qualified_name}")
                 p.metrics.table_failed(row.qualified_name, "terminal")
                 event(log, "table.recreated_refused", logging.ERROR, table=row.qualified_name, error=message)
                 self._refused_recreate.add(row.oid)
