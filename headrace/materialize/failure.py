@@ -21,6 +21,7 @@ from headrace.core import errors as core_errors
 from headrace.core.errors import (
     TERMINAL_MARKER,
     HeadraceError,
+    PrivilegeError,
     SchemaChangeError,
     SourceError,
     TerminalError,
@@ -120,7 +121,7 @@ def _from_sqlstate(sqlstate: str | None, text: str, name: str) -> HeadraceError:
     if sqlstate in _TRANSIENT_STATES or sqlstate[:2] in _TRANSIENT_CLASSES:
         return TransientError(message)
     if sqlstate == "42501":
-        return _Privilege(message)
+        return PrivilegeError(message)
     if sqlstate in ("42P01", "42703", "42704", "3F000"):
         return SchemaChangeError(message)  # the table or a column is gone or renamed: copy it again
     if sqlstate == "0A000":
@@ -130,10 +131,6 @@ def _from_sqlstate(sqlstate: str | None, text: str, name: str) -> HeadraceError:
     if sqlstate[:2] in ("28", "3D", "42", "55"):  # authentication, database gone, other statement errors
         return SourceError(message)
     return UnclassifiedError(message)
-
-
-class _Privilege(SourceError):
-    """The source role lacks a privilege; the fix is a GRANT."""
 
 
 def _postgres_name_state(name: str) -> str | None:
@@ -270,7 +267,7 @@ def _python_exception(text: str) -> tuple[str, str]:
 def _fix(error: TerminalError, table: str, user: str | None) -> str:
     name = shlex.quote(table)
     match error:
-        case _Privilege():
+        case PrivilegeError():
             return (f"GRANT SELECT ON {table} TO {user or '<headrace role>'}; then `headrace resume {name}`")
         case SchemaChangeError():
             return f"`headrace resync {name}` (copies the table again in its current shape)"

@@ -22,6 +22,7 @@ from pyspark.sql.types import StringType
 
 from headrace.core.errors import (
     TERMINAL_MARKER,
+    PrivilegeError,
     SchemaChangeError,
     SourceError,
     TransientError,
@@ -135,7 +136,7 @@ def test_a_missing_privilege_in_a_copy_task_says_which_grant(spark: Any, source_
         yield from ()
 
     _, failure = _failure(lambda: spark.range(1).mapInArrow(copy, "id long").collect())
-    assert failure.kind == "terminal" and isinstance(failure.error, SourceError), failure
+    assert failure.kind == "terminal" and isinstance(failure.error, PrivilegeError), failure
     assert str(failure.error) == "PostgreSQL InsufficientPrivilege: permission denied for table t"
     assert failure.fix == "GRANT SELECT ON public.t TO replicator; then `headrace resume public.t`"
 
