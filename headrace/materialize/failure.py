@@ -65,9 +65,11 @@ def classify(exc: BaseException, table: str, user: str | None = None) -> Failure
 
 def translate(exc: BaseException, table: str) -> HeadraceError:
     """The headrace error ``exc`` stands for, its message the root cause rather than a wrapper's."""
-    for link in _chain(exc):  # a headrace error raised from a driver error already says what it is
+    link: BaseException | None = exc
+    while link is not None:  # a headrace error raised from a driver error already says what it is
         if isinstance(link, HeadraceError):
             return link
+        link = link.__cause__  # explicit causes only: an implicit context may be another failure
     root = _spark_root(exc)
     if root is not None:
         return root
@@ -179,6 +181,7 @@ _JAVA_VALUE = ("org.apache.spark.SparkUpgradeException", "org.apache.spark.Spark
 _JAVA_SCHEMA = ("org.apache.spark.sql.AnalysisException", "org.apache.iceberg.exceptions.NoSuchTableException",
                 "java.io.FileNotFoundException", "org.apache.spark.SparkFileNotFoundException")
 _TRACEBACK_FRAME = re.compile(r"^\s+File \".*\", line \d+")
+_LOST_TASK = re.compile(r"^.*?most recent failure: Lost task .*? executor [^)]*\): ")
 
 
 def _spark_root(exc: BaseException) -> HeadraceError | None:
@@ -193,7 +196,10 @@ def _spark_root(exc: BaseException) -> HeadraceError | None:
         except Exception:  # the JVM is gone: all that is left is the text
             return _from_text(str(getattr(exc, "errmsg", exc)))
     if module.startswith("pyspark"):  # e.g. PythonException: its text holds the worker's traceback
-        return _from_text(str(getattr(exc, "desc", None) or exc))
+        text = str(getattr(exc, "desc", None) or exc)
+        if type(exc).__name__ == "AnalysisException" and TERMINAL_MARKER not in text:
+            return SchemaChangeError(_first_lines(text))
+        return _from_text(text)
     return None
 
 
@@ -207,7 +213,8 @@ def _from_java(java: Any) -> HeadraceError:
     if "Traceback (most recent call last)" in message or TERMINAL_MARKER in message:
         return _from_text(message)
     classes = _java_classes(root)
-    sentence = _first_lines(message)
+    # A task failure whose exception could not travel as a cause: its text follows the task's name.
+    sentence = _LOST_TASK.sub("", _first_lines(message), count=1)
     if any(c.startswith("org.postgresql.util.PSQLException") for c in classes):
         return _from_sqlstate(str(root.getSQLState() or "") or None, sentence, "PSQLException")
     if any(c.startswith(_JAVA_TRANSIENT) for c in classes):
