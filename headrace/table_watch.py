@@ -224,7 +224,8 @@ class TableWatch:
     def _still_applying(self, state: StateStore, row: TableRow) -> bool:
         """The table has staged changes left that the loop will still apply (now or at a retry)."""
         resumes = row.resume_state is not None and row.resume_state.applies_changes
-        retrying = row.state is TableState.ERRORED and resumes and row.error_count < RETRY_BUDGET
+        retrying = (row.state is TableState.ERRORED and resumes and not row.waits_for_operator
+                    and row.error_count < RETRY_BUDGET)
         paused = row.state is TableState.PAUSED and resumes  # waits for the operator's resume
         if not (row.state.applies_changes or retrying or paused):
             return False

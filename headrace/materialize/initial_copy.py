@@ -112,7 +112,10 @@ class InitialCopy:
         name = schema.qualified_name
         chunks = progress.chunks(row.oid)
         # A keyless table cannot merge re-copied rows by key (duplicates are legitimate): start over.
-        resume = row.state is not TableState.PENDING and any(c.done for c in chunks) and bool(schema.key)
+        # A copy retried after failing before it planned (resume_state PENDING) starts over too.
+        fresh = row.state is TableState.PENDING or (row.state is TableState.ERRORED
+                                                     and row.resume_state is TableState.PENDING)
+        resume = not fresh and any(c.done for c in chunks) and bool(schema.key)
         if resume:
             table_lsn = min(c.snapshot_lsn for c in chunks if c.done and c.snapshot_lsn is not None)
         else:
