@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print one JSON object")
     for name, text, table in [
         ("pause", "pause the running pipeline, or one table (copy and apply stop; capture goes on)", "?"),
-        ("resume", "resume the running pipeline, or one paused table", "?"),
+        ("resume", "resume the running pipeline, or one paused table (or retry an ERRORED one, once fixed)", "?"),
         ("resync", "copy a table again (the copy replaces the target's rows), then stream", "1"),
         ("add-table", "check a source table, publish it, copy it and stream it (no restart)", "1"),
         ("remove-table", "stop replicating a table (also remove it from the config file)", "1"),

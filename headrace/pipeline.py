@@ -1,7 +1,8 @@
 """A pipeline run: set up the source, copy what needs copying, and keep every table streaming.
 
 The driver runs capture in a thread and, in its main loop, the Spark jobs: initial copies and apply
-batches. One table's failure puts that table in ERRORED (retried with backoff); the others go on.
+batches. One table's failure puts that table in ERRORED; the others go on. A transient error is
+retried with backoff, a terminal one waits for the operator (``headrace.materialize.failure``).
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.control.metrics import PipelineMetrics
 from headrace.control.operations import Operations, published_names
-from headrace.core.errors import SourceError, TerminalError, TransientError
+from headrace.core.errors import SourceError, TerminalError
 from headrace.core.interfaces import Target, load_target
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.materialize.apply import apply_next, current_cursor
+from headrace.materialize.failure import classify
 from headrace.materialize.initial_copy import InitialCopy
 from headrace.materialize.retention import collect_applied
 from headrace.source.postgres.catalog import check_source, list_tables, read_table_schema, table_problems
@@ -68,6 +71,7 @@ class Pipeline:
         self.operations = Operations(self)  # API commands, run by the loop between steps
         self.table_watch = TableWatch(self)  # tables created, dropped and recreated in the source
         self.api_address: str | None = None  # host:port the control API serves on, while running
+        self.loop_passes = 0  # passes of the run loop so far (tests wait on these, not on time)
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -153,6 +157,12 @@ class Pipeline:
               resync=True)
 
     @property
+    def _source_user(self) -> str | None:
+        """The role headrace connects to the source as (named in GRANT fixes)."""
+        user = conninfo_to_dict(self.dsn).get("user")
+        return str(user) if user else None
+
+    @property
     def copy_running(self) -> bool:
         """An initial copy round is under way (in its thread)."""
         return self._copier is not None and self._copier.is_alive()
@@ -199,6 +209,7 @@ class Pipeline:
         next_gc = time.monotonic() + self.config.staging.gc_seconds
         try:
             while not stop.is_set():
+                self.loop_passes += 1
                 self.operations.run_pending(state)
                 did_work = self.table_watch.step(state)
                 if not self.operations.paused:
@@ -292,22 +303,29 @@ class Pipeline:
         return row.snapshot_lsn is None or captured >= row.snapshot_lsn
 
     def _fail(self, state: StateStore, row: TableRow, exc: Exception, resume: TableState) -> None:
+        """Put the table in ERRORED: transient errors retry with backoff, terminal ones wait for the operator.
+
+        An error no rule classifies (``unknown``) is retried ``RETRY_BUDGET`` times, then waits too:
+        retrying forever what may need a person only hides it.
+        """
+        failure = classify(exc, row.qualified_name, self._source_user)
         count = row.error_count + 1
-        retry_at = next_retry(count)
-        kind = "transient" if isinstance(exc, TransientError) else "terminal" if isinstance(exc, TerminalError) else "error"
-        message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        state.set_state(row.oid, TableState.ERRORED, error=message[:2000], error_count=count, retry_at=retry_at,
-                        resume_state=resume)
-        self.metrics.table_failed(row.qualified_name, kind)
-        event(log, "table.errored", logging.ERROR, table=row.qualified_name, kind=kind, error=message,
-              attempt=count, retry_at=retry_at.isoformat())
-        log.debug("traceback", exc_info=exc)
+        retries = failure.kind == "transient" or (failure.kind == "unknown" and count < RETRY_BUDGET)
+        retry_at = next_retry(count) if retries else None
+        fix = failure.fix if retry_at is None else None
+        state.set_state(row.oid, TableState.ERRORED, error=failure.message[:2000], error_count=count,
+                        retry_at=retry_at, resume_state=resume, error_kind=failure.kind, error_fix=fix)
+        self.metrics.table_failed(row.qualified_name, failure.kind)
+        event(log, "table.errored", logging.ERROR, table=row.qualified_name, kind=failure.kind,
+              error=failure.message, attempt=count, retry_at=retry_at.isoformat() if retry_at else None, fix=fix)
+        # An unclassified error's traceback is the operator's only lead; the others say enough.
+        log.log(logging.WARNING if failure.kind == "unknown" else logging.DEBUG, "traceback", exc_info=exc)
 
     def _caught_up(self, state: StateStore, start_lsn: int) -> tuple[bool, list[str]]:
         assert self.capture is not None
         rows = state.tables()
         failed = [r.qualified_name for r in rows
-                  if r.state is TableState.ERRORED and r.error_count >= RETRY_BUDGET]
+                  if r.waits_for_operator or (r.state is TableState.ERRORED and r.error_count >= RETRY_BUDGET)]
         if failed:
             return False, failed
         if self.capture.captured_lsn < start_lsn:

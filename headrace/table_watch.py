@@ -141,7 +141,9 @@ class TableWatch:
                            f" {row.qualified_name}) and add it again (headrace add-table {row.qualified_name})"
                            " to copy the new table, or set recreated_table: resync")
                 state.set_state(row.oid, TableState.ERRORED, error=message, error_count=RETRY_BUDGET,
-                                retry_at=None, resume_state=None)
+                                retry_at=None, resume_state=None, error_kind="terminal",
+                                error_fix=f"headrace remove-table {row.qualified_name}; headrace add-table "
+                                          f"{row.qualified_name}")
                 p.metrics.table_failed(row.qualified_name, "terminal")
                 event(log, "table.recreated_refused", logging.ERROR, table=row.qualified_name, error=message)
                 self._refused_recreate.add(row.oid)
@@ -222,7 +224,8 @@ class TableWatch:
     def _still_applying(self, state: StateStore, row: TableRow) -> bool:
         """The table has staged changes left that the loop will still apply (now or at a retry)."""
         resumes = row.resume_state is not None and row.resume_state.applies_changes
-        retrying = row.state is TableState.ERRORED and resumes and row.error_count < RETRY_BUDGET
+        retrying = (row.state is TableState.ERRORED and resumes and not row.waits_for_operator
+                    and row.error_count < RETRY_BUDGET)
         paused = row.state is TableState.PAUSED and resumes  # waits for the operator's resume
         if not (row.state.applies_changes or retrying or paused):
             return False

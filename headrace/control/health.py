@@ -11,9 +11,6 @@ from headrace.state.store import StateStore
 if TYPE_CHECKING:
     from headrace.pipeline import Pipeline
 
-# Consecutive failures after which an ERRORED table counts against readiness (as in
-# ``Pipeline._caught_up``); before that it is retrying within its budget.
-
 STARTED = time.time()
 
 
@@ -29,7 +26,7 @@ def liveness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
 
 
 def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
-    """Ready when capture is connected and no table is ERRORED beyond its retry budget."""
+    """Ready when capture is connected and no table waits for the operator or failed past its retry budget."""
     reasons = []
     capture = pipeline.capture
     if capture is None or not capture.connected:
@@ -46,9 +43,17 @@ def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
         reasons.append(f"cannot read the state tables: {str(exc).strip()}")
         rows = []
     for row in rows:
-        if row.state is TableState.ERRORED and row.error_count >= RETRY_BUDGET:
-            failed.append({"table": row.qualified_name, "error_count": row.error_count, "error": row.error})
-            reasons.append(f"table {row.qualified_name} failed {row.error_count} times: {row.error}")
+        # A table waiting for the operator (terminal error, or an unknown one past its retries) fails
+        # readiness at once; a transient one only once it has failed RETRY_BUDGET times in a row.
+        if row.waits_for_operator or (row.state is TableState.ERRORED and row.error_count >= RETRY_BUDGET):
+            failed.append({"table": row.qualified_name, "error_count": row.error_count, "error": row.error,
+                           "kind": row.error_kind, "fix": row.error_fix, "retrying": not row.waits_for_operator})
+            if row.waits_for_operator:
+                reasons.append(f"table {row.qualified_name} waits for the operator ({row.error_kind or 'terminal'}"
+                               f" error): {row.error}; fix: {row.error_fix or 'see the error'}")
+            else:
+                reasons.append(f"table {row.qualified_name} failed {row.error_count} times ({row.error_kind}"
+                               f" error, retrying): {row.error}")
     ready = not reasons
     return ready, {
         "ready": ready,

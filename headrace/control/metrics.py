@@ -51,7 +51,7 @@ class PipelineMetrics:
         self.batch_seconds = Histogram(
             "headrace_apply_batch_duration_seconds", "Time to apply one batch to the target", ["table"],
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)
-        self.errors = Counter("headrace_errors", "Table failures, by kind (transient, terminal, error)",
+        self.errors = Counter("headrace_errors", "Table failures, by kind (transient, terminal, unknown)",
                               ["table", "kind"], registry=r)
         self.ddl = Counter("headrace_ddl_events", "Schema changes applied to target tables, by kind",
                            ["kind"], registry=r)

@@ -39,7 +39,7 @@ OPENAPI: dict[str, Any] = {
     "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     "paths": {
         "/healthz": {"get": _op("Liveness: the process is serving")},
-        "/readyz": {"get": {**_op("Readiness: capture connected, no table ERRORED beyond its retry budget"),
+        "/readyz": {"get": {**_op("Readiness: capture connected, no table waiting for the operator or past its retry budget"),
                             "responses": {"200": {"description": "ready", "content": _JSON},
                                           "503": {"description": "not ready; reasons in the body",
                                                   "content": _JSON}}}},
@@ -64,7 +64,7 @@ OPENAPI: dict[str, Any] = {
         },
         "/api/tables/{table}/pause": {"post": _op("Pause one table", mutating=True, name=True,
                                                   codes=(202, 404))},
-        "/api/tables/{table}/resume": {"post": _op("Resume a paused table", mutating=True, name=True,
+        "/api/tables/{table}/resume": {"post": _op("Resume a paused table, or retry an ERRORED one now", mutating=True, name=True,
                                                    codes=(202, 404, 409))},
         "/api/tables/{table}/resync": {"post": _op("Copy the table again; the copy replaces the target's rows",
                                                    mutating=True, name=True, codes=(202, 404))},

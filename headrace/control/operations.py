@@ -117,10 +117,13 @@ class Operations:
         return command
 
     def resume_table(self, name: str) -> Command:
+        """Resume a PAUSED table, or try an ERRORED one again now (after the operator fixed the cause)."""
         def command(state: StateStore) -> dict[str, Any]:
             row = find_table(state, name)
-            if row.state is not TableState.PAUSED:
-                raise OperationError(f"table {row.qualified_name} is {row.state.value}, not PAUSED", 409)
+            if row.state is TableState.ERRORED and row.resume_state is None:
+                raise OperationError(f"table {row.qualified_name} cannot resume: {row.error}", 409)
+            if row.state not in (TableState.PAUSED, TableState.ERRORED):
+                raise OperationError(f"table {row.qualified_name} is {row.state.value}, not PAUSED or ERRORED", 409)
             to = row.resume_state or TableState.CATCHUP
             state.set_state(row.oid, to, resume_state=None, error=None, error_count=0, retry_at=None)
             event(log, "table.resumed", table=row.qualified_name, state=to.value)

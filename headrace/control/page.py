@@ -5,6 +5,8 @@ from __future__ import annotations
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from headrace.control.status import error_summary
+
 if TYPE_CHECKING:
     from headrace.pipeline import Pipeline
 
@@ -66,7 +68,7 @@ def _sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
 def _row(t: dict[str, Any], history: list[float]) -> str:
     name = escape(t["table"])
     js_name = escape(repr(t["table"]))
-    if t["state"] == "PAUSED":
+    if t["state"] == "PAUSED" or t.get("waits_for_operator"):
         actions = f'<button onclick="tableAct({js_name}, \'resume\')">Resume</button>'
     else:
         actions = f'<button onclick="tableAct({js_name}, \'pause\')">Pause</button>'
@@ -74,8 +76,8 @@ def _row(t: dict[str, Any], history: list[float]) -> str:
     lag_s = "–" if t.get("lag_seconds") is None else f"{t['lag_seconds']:.1f} s"
     rate = "–" if t.get("changes_per_s") is None else f"{t['changes_per_s']:.1f}/s"
     error = escape(t["error"] or "")
-    if t["error"] and t.get("retry_at"):
-        error += f'<br><span class="sub">attempt {t.get("error_count", "?")}, retry at {escape(t["retry_at"])}</span>'
+    if t["state"] == "ERRORED":
+        error += f'<br><span class="sub">{escape(error_summary(t))}</span>'
     if t.get("values_changed"):  # values.infinity: clamp changed some values
         changed = ", ".join(f"{k}={n}" for k, n in sorted(t["values_changed"].items()))
         error += f'<br><span class="sub">values changed: {escape(changed)}</span>'

@@ -45,6 +45,9 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "rows_copied": row.rows_copied,
                 "rows_applied": row.rows_applied,
                 "error": row.error,
+                "error_kind": row.error_kind if row.error else None,  # transient, terminal or unknown
+                "error_fix": row.error_fix if row.error else None,  # what the operator runs or changes
+                "waits_for_operator": row.waits_for_operator,  # ERRORED with no retry planned
                 "error_count": row.error_count,
                 "retry_at": row.retry_at.isoformat() if row.retry_at else None,
                 "snapshot": progress.get(row.oid),
@@ -100,6 +103,8 @@ def format_status(status: dict[str, Any]) -> str:
             lines.append(f"{t['table']:32} {t['state']:10} {t['rows_copied']:>10} {t['rows_applied']:>10} "
                          f"{t['pending_changes']:>8} {str(t['lag_bytes'] if t['lag_bytes'] is not None else '-'):>10}"
                          f"  {t['error'] or ''}")
+            if t["state"] == "ERRORED":
+                lines.append(f"  {error_summary(t)}")
     for r in status.get("refused_tables") or []:
         lines.append(f"refused {r['table']}: {r['reason']}")
     ddl = status.get("ddl") or {}
@@ -108,3 +113,11 @@ def format_status(status: dict[str, Any]) -> str:
         for e in ddl.get("recent") or []:
             lines.append(f"  {e['applied_at']}  {e['kind']:16} {e['table']}  {e['detail']}")
     return "\n".join(lines)
+
+
+def error_summary(table: dict[str, Any]) -> str:
+    """One line on an ERRORED table: its kind, and whether it retries by itself or what fixes it."""
+    kind = table.get("error_kind") or "unknown"
+    if table.get("waits_for_operator"):
+        return f"{kind} error, waiting for the operator; fix: {table.get('error_fix') or 'see the error'}"
+    return f"{kind} error, attempt {table.get('error_count')}, retrying by itself at {table.get('retry_at')}"

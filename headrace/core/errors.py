@@ -28,6 +28,10 @@ class SourceError(TerminalError):
     """The source database is not set up the way replication needs."""
 
 
+class PrivilegeError(SourceError):
+    """The source role lacks a privilege it needs (SELECT on a table): the fix is a GRANT."""
+
+
 class UnsupportedError(TerminalError):
     """The source sent something this version of headrace cannot express in the target."""
 

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +75,13 @@ class InitialCopy:
         progress = ProgressStore(self.state_dsn, self.config.name)
         try:
             slot = f"{self.config.slot_name}_copy"[:63]
-            with ExportedSnapshot(self.dsn, slot) as snap:
+            with ExitStack() as stack:
+                try:
+                    snap = stack.enter_context(ExportedSnapshot(self.dsn, slot))
+                except Exception as exc:  # no snapshot, no copy: each table of the round fails (retried or not)
+                    for oid in oids:
+                        self._failed(state, oid, exc)
+                    return
                 for oid in oids:
                     row = state.table(oid)
                     if row is None or self.stop.is_set():
@@ -82,10 +89,25 @@ class InitialCopy:
                     try:
                         self._copy(state, progress, row, snap.snapshot_name, snap.lsn)
                     except Exception as exc:  # one table's failure must not stop the others
-                        self.on_error(state, row, exc, TableState.SNAPSHOT)
+                        self._failed(state, oid, exc)
         finally:
             progress.close()
             state.close()
+
+    def _failed(self, state: StateStore, oid: int, exc: Exception) -> None:
+        """Hand a table's copy failure to the run loop, with the state its copy resumes from.
+
+        A copy that failed before planning its chunks (still PENDING) starts afresh: resuming from
+        SNAPSHOT would trust chunks an earlier copy left done.
+        """
+        row = state.table(oid)
+        if row is None:
+            return
+        if row.state is TableState.ERRORED:
+            resume = row.resume_state or TableState.SNAPSHOT
+        else:
+            resume = TableState.PENDING if row.state is TableState.PENDING else TableState.SNAPSHOT
+        self.on_error(state, row, exc, resume)
 
     def _copy(self, state: StateStore, progress: ProgressStore, row: TableRow, snapshot_name: str,
               snapshot_lsn: int) -> None:
@@ -93,7 +115,10 @@ class InitialCopy:
         name = schema.qualified_name
         chunks = progress.chunks(row.oid)
         # A keyless table cannot merge re-copied rows by key (duplicates are legitimate): start over.
-        resume = row.state is not TableState.PENDING and any(c.done for c in chunks) and bool(schema.key)
+        # A copy retried after failing before it planned (resume_state PENDING) starts over too.
+        fresh = row.state is TableState.PENDING or (row.state is TableState.ERRORED
+                                                     and row.resume_state is TableState.PENDING)
+        resume = not fresh and any(c.done for c in chunks) and bool(schema.key)
         if resume:
             table_lsn = min(c.snapshot_lsn for c in chunks if c.done and c.snapshot_lsn is not None)
         else:

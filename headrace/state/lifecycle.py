@@ -11,7 +11,7 @@ class TableState(str, Enum):
     SNAPSHOT = "SNAPSHOT"  # initial copy under way
     CATCHUP = "CATCHUP"  # copied; applying changes staged since the copy's position
     STREAMING = "STREAMING"  # caught up; applying changes as they arrive
-    ERRORED = "ERRORED"  # failed; retried with backoff, others go on
+    ERRORED = "ERRORED"  # failed; transient errors retried with backoff, terminal ones wait; others go on
     PAUSED = "PAUSED"  # set and cleared by the operator
 
     @property

@@ -95,6 +95,9 @@ CREATE TABLE IF NOT EXISTS _headrace.refused_tables (
     seen_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pipeline, table_oid)
 );
+-- What an ERRORED table's error is (transient, terminal, unknown) and what fixes it (status, readyz).
+ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_kind text;
+ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_fix text;
 """
 
 
@@ -113,10 +116,17 @@ class TableRow:
     error: str | None
     error_count: int
     retry_at: datetime | None
+    error_kind: str | None = None  # transient, terminal or unknown (headrace.materialize.failure)
+    error_fix: str | None = None  # the command or change that fixes a terminal error
 
     @property
     def qualified_name(self) -> str:
         return self.schema.qualified_name
+
+    @property
+    def waits_for_operator(self) -> bool:
+        """ERRORED with no retry planned: only an operator's resume or resync brings it back."""
+        return self.state is TableState.ERRORED and self.retry_at is None
 
 
 @dataclass(frozen=True)
@@ -238,10 +248,12 @@ class StateStore:
     def set_state(self, oid: int, state: TableState, **fields: Any) -> None:
         """Move a table to ``state``, updating any other columns given (e.g. snapshot_lsn=...)."""
         allowed = {"snapshot_lsn", "applied_lsn", "rows_copied", "error", "error_count", "retry_at",
-                   "resume_state"}
+                   "resume_state", "error_kind", "error_fix"}
         unknown = set(fields) - allowed
         if unknown:
             raise ValueError(f"unknown table fields {unknown}")
+        if "error" in fields and fields["error"] is None:  # a cleared error takes its kind and fix along
+            fields = {"error_kind": None, "error_fix": None, **fields}
         sets = ["state = %s", "updated_at = now()"]
         params: list[Any] = [state.value]
         for name, value in fields.items():
@@ -429,4 +441,6 @@ def _table_row(r: dict[str, Any]) -> TableRow:
         error=r["error"],
         error_count=int(r["error_count"]),
         retry_at=r["retry_at"],
+        error_kind=r.get("error_kind"),
+        error_fix=r.get("error_fix"),
     )

@@ -4,7 +4,7 @@ failing table's changes wait in the staged log); once the cause is gone the tabl
 
 The failure is real, not mocked: the failing table's DuckLake data folder is replaced by a plain
 file (root ignores permission bits, so a read-only folder would not do), which makes DuckDB raise
-an IOException; the DuckLake target translates it into a TransientError.
+an IOException, which the error boundary (headrace.materialize.failure) classifies as transient.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from headrace.pipeline import Pipeline
-from headrace.state.lifecycle import TableState
-from headrace.state.store import StateStore
+from headrace.state.lifecycle import BACKOFF_BASE_SECONDS, TableState
+from headrace.state.store import StateStore, TableRow
 from tests.e2e.helpers import make_config, running, source_rows, target_rows, wait_until
 
 SETUP = """
@@ -30,6 +30,14 @@ def _same(pipeline: Pipeline, dsn: str, table: str, target_as: tuple[str, str] |
         raise AssertionError(f"{table}: cannot read the target: {exc}") from exc
     assert actual == expected, f"{table}: target differs: {len(actual)} rows vs {len(expected)}"
     return True
+
+
+def _table_row(pipeline: Pipeline, table: str) -> TableRow:
+    state = StateStore(pipeline.state_dsn, pipeline.config.name)
+    try:
+        return next(r for r in state.tables() if r.qualified_name == table)
+    finally:
+        state.close()
 
 
 class Updater(threading.Thread):
@@ -169,6 +177,16 @@ def test_a_change_the_target_cannot_follow_errors_that_table_until_resync(
             return row.state is TableState.ERRORED and expect in (row.error or "") and "resync" in (row.error or "")
         wait_until(errored, 120, f"{table} goes to ERRORED naming the change and the fix")
         wait_until(lambda: _same(pipeline, source_dsn, "public.other"), 60, "the other table streams")
+        # A terminal error waits for the operator: no retry planned, none made over more loop passes
+        # than a transient error's first backoff lasts, and status says the command.
+        first = _table_row(pipeline, table)
+        assert (first.error_kind, first.retry_at) == ("terminal", None), first
+        assert first.error_fix is not None and f"headrace resync {table}" in first.error_fix
+        passes = pipeline.loop_passes
+        wait_until(lambda: pipeline.loop_passes >= passes + 3 * BACKOFF_BASE_SECONDS / 0.1, 120, "loop passes")
+        later = _table_row(pipeline, table)
+        assert (later.state, later.error_count, later.retry_at) == (TableState.ERRORED, first.error_count, None)
+        assert pipeline.metrics.errors.labels(table, "terminal")._value.get() == 1
 
         done, _ = pipeline.operations.call(pipeline.operations.resync_table(table))
         assert done

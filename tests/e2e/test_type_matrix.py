@@ -307,16 +307,14 @@ def test_a_value_no_list_can_hold_stops_its_table_only_naming_column_value_and_f
 
             wait_until(grid_errored, 120, "grid did not stop")
             wait_until(lambda: assert_same(pipeline, source_dsn, "public.notes") == 2, 60, "notes stopped too")
-            error = next(r.error for r in state.tables() if r.qualified_name == "public.grid") or ""
+            grid = next(r for r in state.tables() if r.qualified_name == "public.grid")
+            error = grid.error or ""
     finally:
         state.close()
-    if error.startswith("Py4JJavaError"):
-        # The message travels in the task failure (TERMINAL_MARKER); the Spark boundary of the errors
-        # work unwraps it into ValueNotStorableError. Without it only py4j's first line is kept.
-        pytest.xfail(f"Spark errors not unwrapped on this branch: {error}")
     assert "public.grid column cells: value '{{1,2},{3,4}}' cannot be stored as array<int> (integer[])" in error
     assert "one-dimensional" in error and "headrace resync public.grid" in error
     assert "Traceback" not in error
+    assert grid.error_kind == "terminal" and grid.waits_for_operator  # a value only a person can fix
 
 
 def test_generated_columns_left_out_by_copy_and_stream_and_check_names_them_and_declared_dimensions(

@@ -14,9 +14,10 @@ import psycopg
 import pytest
 
 from headrace.config import DuckLakeConfig
-from headrace.core.errors import ConfigError, TransientError
+from headrace.core.errors import ConfigError, TransientError, ValueNotStorableError
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.materialize.failure import classify
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.target import CURSOR_TABLE, SNAPSHOT_FOLDER, DuckLakeTarget
@@ -416,11 +417,15 @@ def test_failure_mid_transaction_changes_nothing(
     monkeypatch.undo()
     assert rows_of(target, SIMPLE) == before
     assert target.read_cursor(SIMPLE) == 1
-    # A DuckDB error mid-way (bad JSON cast) is translated and rolls back too.
+    # A DuckDB error mid-way (bad JSON cast) rolls back too; the run loop's error boundary then
+    # classifies it (a value the target cannot hold, naming the column).
     bad = batch_df(spark, ALL_TYPES, [("I", 200, 0, None, 9, *([None] * 7), "{not json", *([None] * 8))])
     target.ensure_table(ALL_TYPES)
-    with pytest.raises(Exception, match="all_types"):
+    with pytest.raises(duckdb.ConversionException) as info:
         target.apply_batch(ALL_TYPES, bad, None, 3)
+    failure = classify(info.value, ALL_TYPES.qualified_name)
+    assert isinstance(failure.error, ValueNotStorableError) and "c_json" in failure.message, failure
+    assert ALL_TYPES.qualified_name in failure.message
     assert target.read_cursor(ALL_TYPES) is None
     target.apply_batch(SIMPLE, batch, None, 2)  # the connection is usable afterwards
     assert sorted(rows_of(target, SIMPLE)) == [1, 3]

@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from headrace.config import DuckLakeConfig
-from headrace.core.errors import SchemaChangeError, TerminalError, TransientError
+from headrace.core.errors import SchemaChangeError
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
 from headrace.core.schema import (
@@ -197,10 +197,9 @@ class DuckLakeTarget(Target):
         try:
             yield
             self._con.execute("COMMIT")
-        except duckdb.Error as exc:
-            self._rollback()
-            raise _translate(exc, table) from exc
         except BaseException:
+            # The run loop's error boundary (headrace.materialize.failure) tells a conflict (retried)
+            # from what needs an operator.
             self._rollback()
             raise
 
@@ -484,12 +483,3 @@ def _to_arrow(changes: DataFrame) -> pa.Table:
     batches = changes._collect_as_arrow()
     schema = to_arrow_schema(changes.schema)
     return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
-
-
-def _translate(exc: duckdb.Error, table: TableSchema) -> Exception:
-    """DuckDB errors as headrace errors: conflicts and I/O retry, the rest needs an operator."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    first = " ".join(lines[:2])  # a refused commit names its cause (the conflict) on the second line
-    if isinstance(exc, duckdb.TransactionException | duckdb.IOException):
-        return TransientError(f"DuckLake commit for {table.qualified_name} failed: {first}; will retry")
-    return TerminalError(f"DuckLake write for {table.qualified_name} failed: {first}")
