@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from headrace.config import PipelineConfig
+from headrace.core.backoff import Backoff
 from headrace.core.changes import (
     UNCHANGED,
     Begin,
@@ -40,6 +41,7 @@ from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
 from headrace.log.staging import StagingBuffer, encode_row, write_staging_file
 from headrace.logs import event
+from headrace.outage import storage_unavailable
 from headrace.source.postgres.catalog import relation_to_schema
 from headrace.source.postgres.replication import ReplicationStream, emit_heartbeat
 from headrace.source.postgres.types import TypeCatalog
@@ -50,8 +52,6 @@ log = logging.getLogger("headrace.capture")
 HEARTBEAT_PREFIX = "headrace"
 STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
 PAUSED_STATUS_S = 1.0  # while paused by backpressure, confirm this often (keeps the walsender alive)
-RECONNECT_FIRST_S = 1.0  # wait before reconnecting after a drop; doubles per failed attempt ...
-RECONNECT_MAX_S = 30.0  # ... up to this
 
 
 @dataclass
@@ -77,7 +77,9 @@ class Capture:
         self._heartbeat_due = True
         self._lock = threading.Lock()
         self._source: psycopg.Connection[Any] | None = None
-        self._streamed = False  # the current connection attempt got as far as streaming
+        self._streamed = False  # the current connection attempt registered a flush
+        self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
+        self._stop = threading.Event()  # run()'s stop: ends a wait for staging space too
         self.paused = False  # backpressure: not reading WAL until the backlog shrinks
         self.pending_rows = 0
         self.pending_bytes = 0
@@ -95,29 +97,41 @@ class Capture:
             self.known[schema.oid] = schema
 
     def run(self, stop: threading.Event) -> None:
-        """Capture until ``stop`` is set, reconnecting after transient failures.
+        """Capture until ``stop`` is set, reconnecting after transient failures, however long they last.
 
-        A dropped replication connection (walsender terminated, server restart, network) or a
-        state/source connection that fails is retried with backoff; each attempt resumes from the
-        position registered in state, so what was buffered but not registered is read again.
-        The backoff starts over once an attempt has streamed, so a drop after days of streaming
-        reconnects within a second.
+        A dropped replication connection (walsender terminated, server restart, network), a
+        state/source connection that fails, or a staging directory that is full or unwritable is
+        retried with the ``reconnect`` backoff; each attempt resumes from the position registered in
+        state, so what was buffered but not registered is read again (the slot kept it), and staged
+        files left unregistered by the failure are removed first. The backoff starts over once an
+        attempt has streamed, so a drop after days of streaming reconnects within a second. One log
+        line when capture stops streaming and one when it streams again, not one per attempt.
         """
-        backoff = RECONNECT_FIRST_S
+        backoff = self._backoff()
+        self._stop = stop
+        failures = 0
         while not stop.is_set():
             self._streamed = False
             try:
                 self._run_once(stop)
-            except (TransientError, psycopg.OperationalError) as exc:
+            except (TransientError, psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
                 # psycopg (3) errors come from the state and heartbeat connections: a source or
                 # state server that went away is as passing as a dropped replication connection.
-                if self._streamed:
-                    backoff = RECONNECT_FIRST_S
+                # An OSError is the staging directory refusing a file (full, read-only): capture
+                # pauses, the slot keeps the WAL, and it resumes once the directory takes files.
+                failures = 1 if self._streamed else failures + 1
                 self.connected = False
-                self.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                event(log, "capture.reconnect", logging.WARNING, error=self.last_error, wait_s=backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX_S)
+                error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                if storage_unavailable(exc):
+                    error = (f"staging directory {self.staging_root} cannot take files ({error}):"
+                             " free space or fix its permissions; capture resumes by itself")
+                if failures == 1:
+                    event(log, "capture.interrupted", logging.WARNING, error=error,
+                          captured_lsn=_fmt(self.captured_lsn))
+                else:
+                    log.debug("capture attempt %d failed: %s", failures, error)
+                self.last_error = error
+                stop.wait(backoff.delay(failures))
 
     # -- the loop -------------------------------------------------------------------------------
     def _run_once(self, stop: threading.Event) -> None:
@@ -144,7 +158,8 @@ class Capture:
     def _stream(self, stop: threading.Event, state: StateStore, source: psycopg.Connection[Any],
                 types: TypeCatalog, stream: ReplicationStream) -> None:
         self.connected = True
-        self._streamed = True
+        if self.last_error is not None:
+            event(log, "capture.reconnected", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
         self.last_error = None
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
         buffers: dict[int, _TableBuffer] = {}
@@ -377,7 +392,7 @@ class Capture:
 
     def _flush(self, state: StateStore, stream: ReplicationStream, buffers: dict[int, _TableBuffer],
                spilled: list[StagedFile], end_lsn: int) -> None:
-        files = spilled + [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
+        files = spilled + self._write_waiting(stream, buffers)
         if files:
             crash_point("capture.after_write")
         # Anything psycopg2 forwarded the confirmation to came from a keepalive already read, so
@@ -387,12 +402,52 @@ class Capture:
         if files:
             crash_point("capture.after_register")
         self.captured_lsn = max(self.captured_lsn, end_lsn)
+        self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
         self._staged_rows += sum(f.rows for f in files)
         self._staged_bytes += sum(f.bytes for f in files)
         stream.acknowledge(self.captured_lsn)
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
                   captured_lsn=_fmt(self.captured_lsn))
+
+
+    def _write_waiting(self, stream: ReplicationStream, buffers: dict[int, _TableBuffer]) -> list[StagedFile]:
+        """Write one file per buffered table; while staging cannot take them (full, read-only), wait.
+
+        Nothing is read from the slot meanwhile (the server keeps the WAL) and what is buffered
+        stays in memory; the slot is confirmed at its current position now and then so the server
+        does not time the connection out. Files of a failed attempt are removed before the next.
+        """
+        backoff, failures = self._backoff(), 0
+        try:
+            while True:
+                written: list[StagedFile] = []
+                try:
+                    for oid, tb in buffers.items():
+                        if len(tb.buffer):
+                            written.append(self._write(oid, tb))
+                    return written
+                except OSError as exc:
+                    if not storage_unavailable(exc) or self._stop.is_set():
+                        raise
+                    for path in [f.path for f in written] + [str(p) for p in self.staging_root.rglob("*.tmp")]:
+                        with contextlib.suppress(OSError):
+                            os.remove(path)
+                    failures += 1
+                    if failures == 1:
+                        self.storage_error = (f"staging directory {self.staging_root} cannot take files"
+                                              f" ({str(exc).strip()}): free space or fix its permissions;"
+                                              " capture waits (the slot keeps the WAL) and resumes by itself")
+                        event(log, "capture.staging_unavailable", logging.WARNING, error=self.storage_error)
+                    self._stop.wait(backoff.delay(failures))
+                    stream.acknowledge(self.captured_lsn)  # a status message: keeps the walsender alive
+        finally:
+            if failures and self.storage_error is not None:
+                self.storage_error = None
+                event(log, "capture.staging_available", waited_attempts=failures)
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.config.reconnect.first_seconds, self.config.reconnect.max_seconds)
 
 
 def _wal_flush_lsn(conn: psycopg.Connection[Any]) -> int:

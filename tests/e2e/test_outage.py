@@ -1,0 +1,259 @@
+"""Outages: the source or state server restarts, crashes or stays down; the staging disk fills up.
+
+Each server test runs its own PostgreSQL (never the session's shared one) under a continuous
+small mixed workload: the server is restarted fast, crashed (``pg_ctl stop -m immediate``, then
+started) and kept down for longer than the backoff cap (``reconnect.max_seconds``, 1 s here). The
+run never exits, reports the outage (``/readyz`` reasons, ``headrace_source_up`` 0), and the target
+ends equal to the source: no change lost, none applied twice. DuckLake is the target of these
+tests (its apply is the faster one); the outage handling is the run loop's, the same for Iceberg.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from headrace.config import parse_config
+from headrace.control.health import readiness
+from headrace.pipeline import Pipeline
+from headrace.source.postgres.throwaway import ThrowawayPostgres
+from headrace.state.lifecycle import TableState
+from headrace.state.store import StateStore
+from tests.e2e.helpers import (
+    assert_same,
+    create_items_and_lines,
+    raw_config,
+    running,
+    wait_until,
+    wal_insert_lsn,
+)
+
+TABLES = ("public.items", "public.lines")
+CAP_SECONDS = 1.0
+RECONNECT = {"first_seconds": 0.2, "max_seconds": CAP_SECONDS, "connect_timeout_seconds": 2}
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[ThrowawayPostgres]:
+    """A PostgreSQL server this test may restart, crash and stop."""
+    with ThrowawayPostgres() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def resilient_workload(dsn: str, seed: int) -> Iterator[list[int]]:
+    """Small mixed transactions over items and lines in a thread, reconnecting whenever the server is
+    gone; yields a one-item list counting committed transactions."""
+    stop = threading.Event()
+    committed = [0]
+    ids = itertools.count(100_000)  # never reused, even for a transaction whose commit was in doubt
+
+    def write() -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
+                    while not stop.is_set():
+                        with conn.transaction():
+                            for _ in range(rng.randint(1, 5)):
+                                some, roll = rng.randint(1, 300), rng.random()
+                                if roll < 0.3:
+                                    new = next(ids)
+                                    conn.execute("INSERT INTO items VALUES (%s, 0, 'new')", (new,))
+                                    conn.execute("INSERT INTO lines VALUES (%s, 1, 1)", (new,))
+                                elif roll < 0.7:
+                                    conn.execute("UPDATE items SET v = v + 1 WHERE id = %s", (some,))
+                                    conn.execute("UPDATE lines SET qty = qty + 1 WHERE order_id = %s", (some,))
+                                elif roll < 0.85:
+                                    conn.execute("DELETE FROM items WHERE id = %s", (some,))
+                                    conn.execute("DELETE FROM lines WHERE order_id = %s AND line = 2", (some,))
+                                else:
+                                    conn.execute("UPDATE items SET id = %s WHERE id = %s", (next(ids), some))
+                        committed[0] += 1
+                        time.sleep(0.02)
+            except psycopg.OperationalError:
+                stop.wait(0.1)  # the server is going or gone: try again
+
+    writer = threading.Thread(target=write, name="resilient-workload")
+    writer.start()
+    try:
+        yield committed
+    finally:
+        stop.set()
+        writer.join()
+
+
+def _streaming(state_dsn: str, name: str) -> bool:
+    with contextlib.suppress(psycopg.Error):  # not installed yet, or the server is restarting
+        state = StateStore(state_dsn, name)
+        try:
+            return len(state.tables()) == 2 and all(r.state is TableState.STREAMING for r in state.tables())
+        finally:
+            state.close()
+    return False
+
+
+def _more_commits(committed: list[int], n: int = 20) -> None:
+    """Let the workload commit ``n`` more transactions (changes in flight across the next outage)."""
+    start = committed[0]
+    wait_until(lambda: committed[0] >= start + n, 60, "the workload does not commit")
+
+
+def _back(pipeline: Pipeline) -> None:
+    wait_until(lambda: pipeline.capture is not None and pipeline.capture.connected and pipeline.outage.up("source")
+               and pipeline.outage.up("state"), 60, "the run did not reconnect")
+
+
+def _converges(pipeline: Pipeline, dsn: str) -> None:
+    end = wal_insert_lsn(dsn)
+    wait_until(lambda: pipeline.capture is not None and pipeline.capture.captured_lsn >= end, 60,
+               "capture did not catch up after the outages")
+    for table in TABLES:
+        wait_until(lambda t=table: assert_same(pipeline, dsn, t) > 250, 120, f"{table} did not converge")
+
+
+def _reports_outage(pipeline: Pipeline, role: str) -> None:
+    """While ``role`` is down: /readyz is 503 with the reason, and (for the source) source_up is 0."""
+    wait_until(lambda: not pipeline.outage.up(role), 30, f"the run did not notice the {role} server is down")
+    ready, body = readiness(pipeline)
+    assert not ready and any(f"the {role} server" in r for r in body["reasons"]), body
+    if role == "source":
+        assert b"headrace_source_up 0.0" in pipeline.metrics.exposition()
+
+
+def test_source_restarted_crashed_and_kept_down_while_streaming(own_server: ThrowawayPostgres, tmp_path: Path,
+                                                                spark: Any) -> None:
+    dsn = own_server.dsn
+    create_items_and_lines(dsn, 300)
+    config = parse_config(raw_config(dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT))
+    pipeline = Pipeline(config, spark=spark)
+    with running(pipeline):
+        wait_until(lambda: _streaming(dsn, config.name), 180, "the tables never reached STREAMING")
+        with resilient_workload(dsn, seed=1) as committed:
+            _more_commits(committed)
+            own_server.restart("fast")
+            _back(pipeline)
+            _more_commits(committed)
+            own_server.stop_server("immediate")  # a crash: the server recovers from WAL at start
+            own_server.start_server()
+            _back(pipeline)
+            _more_commits(committed)
+            own_server.stop_server("fast")
+            _reports_outage(pipeline, "source")
+            time.sleep(4 * CAP_SECONDS)  # down for longer than the backoff cap: the waits stay at the cap
+            own_server.start_server()
+            _back(pipeline)
+            _more_commits(committed)
+        assert pipeline.outage.outages >= 2, "the run loop never waited out an outage"
+        _converges(pipeline, dsn)
+
+
+def test_state_server_separate_from_the_source_restarted_and_kept_down(own_server: ThrowawayPostgres,
+                                                                        tmp_path: Path, spark: Any) -> None:
+    dsn = own_server.dsn
+    create_items_and_lines(dsn, 300)
+    with ThrowawayPostgres() as state_server:
+        state_dsn = state_server.dsn
+        raw = raw_config(dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT)
+        raw["source"]["state_dsn"] = state_dsn
+        config = parse_config(raw)
+        pipeline = Pipeline(config, spark=spark)
+        with running(pipeline):
+            wait_until(lambda: _streaming(state_dsn, config.name), 180, "the tables never reached STREAMING")
+            with resilient_workload(dsn, seed=2) as committed:
+                _more_commits(committed)
+                state_server.restart("fast")
+                _back(pipeline)
+                _more_commits(committed)
+                state_server.stop_server("immediate")
+                _reports_outage(pipeline, "state")
+                time.sleep(4 * CAP_SECONDS)
+                state_server.start_server()
+                _back(pipeline)
+                _more_commits(committed)
+                own_server.stop_server("immediate")  # and the source crashes, the state server up
+                own_server.start_server()
+                _back(pipeline)
+                _more_commits(committed)
+            _converges(pipeline, dsn)
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full staging disk needs a small tmpfs: run the test as root (mount -t tmpfs)")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for the full-disk test: {proc.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def full_disk(path: Path) -> Iterator[None]:
+    """Keep the filesystem at ``path`` full for the block (space freed meanwhile, e.g. by the staging
+    GC, is taken again at once); free it all on leaving."""
+    filler = path / "filler"
+    stop = threading.Event()
+    full = threading.Event()
+
+    def fill() -> None:
+        with filler.open("wb", buffering=0) as fh:
+            while not stop.is_set():
+                try:
+                    fh.write(b"\0" * 4096)
+                except OSError:
+                    full.set()
+                    stop.wait(0.02)
+
+    thread = threading.Thread(target=fill, name="disk-filler")
+    thread.start()
+    try:
+        assert full.wait(30), "could not fill the staging filesystem"
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        filler.unlink()
+
+
+def test_a_full_staging_disk_pauses_capture_until_space_returns(source_dsn: str, tmp_path: Path,
+                                                                spark: Any) -> None:
+    staging = tmp_path / "staging"
+    _mount_tmpfs(staging, "16m")
+    try:
+        create_items_and_lines(source_dsn, 300)
+        config = parse_config(raw_config(source_dsn, tmp_path, list(TABLES), target="ducklake",
+                                         reconnect=RECONNECT))
+        pipeline = Pipeline(config, spark=spark)
+        with running(pipeline):
+            wait_until(lambda: _streaming(source_dsn, config.name), 180, "the tables never reached STREAMING")
+            with resilient_workload(source_dsn, seed=3) as committed:
+                _more_commits(committed)
+                capture = pipeline.capture
+                assert capture is not None
+                with full_disk(staging):
+                    wait_until(lambda: capture.storage_error is not None, 60,
+                               "capture did not pause on the full staging disk")
+                    ready, body = readiness(pipeline)
+                    assert not ready and any("cannot take files" in r for r in body["reasons"]), body
+                    paused_at = capture.captured_lsn
+                    _more_commits(committed, 100)  # these wait in the slot
+                    assert capture.storage_error is not None and capture.captured_lsn == paused_at
+                wait_until(lambda: capture.storage_error is None and capture.captured_lsn > paused_at, 60,
+                           "capture did not resume once space returned")
+                _more_commits(committed)
+            _converges(pipeline, source_dsn)
+    finally:
+        subprocess.run(["umount", "-l", str(staging)], check=False)
