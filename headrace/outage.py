@@ -22,11 +22,14 @@ import psycopg2
 
 from headrace.config import redacted_dsn
 from headrace.core.backoff import Backoff
-from headrace.core.errors import TransientError
+from headrace.core.errors import SourceError, TransientError
 from headrace.logs import event
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from headrace.config import PipelineConfig
+    from headrace.state.store import StateStore
 
 log = logging.getLogger("headrace.outage")
 
@@ -143,3 +146,47 @@ class OutageWatch:
             failures += 1
             stop.wait(self.backoff.delay(failures))
         return False
+
+
+def check_same_source(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> None:
+    """After a reconnection: the server is still the cluster the pipeline was set up on, and its slot
+    is where the pipeline left it; ``SourceError`` (the start-up check's, with its remedy) if not.
+
+    A failover to a promoted physical standby keeps the system identifier but, before PostgreSQL 17
+    failover slots, not the slot; a DSN now pointing at another cluster changes the identifier.
+    Streaming on regardless would silently skip the changes the lost slot held.
+    """
+    from headrace.state.invariants import check_slot
+
+    meta = state.meta()
+    if meta is None:
+        return
+    row = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
+    sysid = str(row[0]) if row else ""
+    if sysid != meta["system_identifier"]:
+        raise SourceError(
+            f"the source is now another PostgreSQL cluster (system identifier {sysid}, pipeline"
+            f" {state.pipeline} was set up on {meta['system_identifier']}): its positions mean nothing"
+            " there. Point source.dsn back at the original cluster, or start over with a new pipeline name"
+        )
+    check_slot(conn, state, slot)
+
+
+def recorded_source_problems(config: PipelineConfig, conn: psycopg.Connection[Any]) -> list[str]:
+    """``check_same_source`` for ``headrace check``: the problem as a sentence, none before the first run."""
+    from headrace.state.store import StateStore
+
+    dsn = config.source.resolved_dsn()
+    try:
+        state = StateStore(config.source.state_dsn or dsn, config.name)
+    except psycopg.OperationalError as exc:
+        return [f"cannot connect to the state database {redacted_dsn(config.source.state_dsn or dsn)}:"
+                f" {str(exc).strip()}"]
+    try:
+        if state.installed():
+            check_same_source(conn, state, config.slot_name)
+    except SourceError as exc:
+        return [str(exc)]
+    finally:
+        state.close()
+    return []

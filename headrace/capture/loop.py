@@ -41,7 +41,7 @@ from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
 from headrace.log.staging import StagingBuffer, encode_row, write_staging_file
 from headrace.logs import event
-from headrace.outage import storage_unavailable
+from headrace.outage import check_same_source, storage_unavailable
 from headrace.source.postgres.catalog import relation_to_schema
 from headrace.source.postgres.replication import ReplicationStream, emit_heartbeat
 from headrace.source.postgres.types import TypeCatalog
@@ -132,6 +132,11 @@ class Capture:
                     log.debug("capture attempt %d failed: %s", failures, error)
                 self.last_error = error
                 stop.wait(backoff.delay(failures))
+            except Exception as exc:
+                self.connected = False
+                self.last_error = str(exc).strip() or type(exc).__name__
+                event(log, "capture.failed", logging.ERROR, error=self.last_error)
+                raise
 
     # -- the loop -------------------------------------------------------------------------------
     def _run_once(self, stop: threading.Event) -> None:
@@ -145,6 +150,7 @@ class Capture:
             self._source = source
             opened.callback(setattr, self, "_source", None)
             types = TypeCatalog(source)
+            check_same_source(source, state, self.config.slot_name)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
             self._remove_orphans(state)
             # No periodic status updates from psycopg2: it forwards the confirmed position to the

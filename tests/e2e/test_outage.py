@@ -75,10 +75,14 @@ def resilient_workload(dsn: str, seed: int) -> Iterator[list[int]]:
                                     conn.execute("INSERT INTO lines VALUES (%s, 1, 1)", (new,))
                                 elif roll < 0.7:
                                     conn.execute("UPDATE items SET v = v + 1 WHERE id = %s", (some,))
-                                    conn.execute("UPDATE lines SET qty = qty + 1 WHERE order_id = %s", (some,))
+                                    conn.execute(
+                                        "UPDATE lines SET qty = qty + 1 WHERE order_id = %s", (some,)
+                                    )
                                 elif roll < 0.85:
                                     conn.execute("DELETE FROM items WHERE id = %s", (some,))
-                                    conn.execute("DELETE FROM lines WHERE order_id = %s AND line = 2", (some,))
+                                    conn.execute(
+                                        "DELETE FROM lines WHERE order_id = %s AND line = 2", (some,)
+                                    )
                                 else:
                                     conn.execute("UPDATE items SET id = %s WHERE id = %s", (next(ids), some))
                         committed[0] += 1
@@ -112,14 +116,25 @@ def _more_commits(committed: list[int], n: int = 20) -> None:
 
 
 def _back(pipeline: Pipeline) -> None:
-    wait_until(lambda: pipeline.capture is not None and pipeline.capture.connected and pipeline.outage.up("source")
-               and pipeline.outage.up("state"), 60, "the run did not reconnect")
+    wait_until(
+        lambda: (
+            pipeline.capture is not None
+            and pipeline.capture.connected
+            and pipeline.outage.up("source")
+            and pipeline.outage.up("state")
+        ),
+        60,
+        "the run did not reconnect",
+    )
 
 
 def _converges(pipeline: Pipeline, dsn: str) -> None:
     end = wal_insert_lsn(dsn)
-    wait_until(lambda: pipeline.capture is not None and pipeline.capture.captured_lsn >= end, 60,
-               "capture did not catch up after the outages")
+    wait_until(
+        lambda: pipeline.capture is not None and pipeline.capture.captured_lsn >= end,
+        60,
+        "capture did not catch up after the outages",
+    )
     for table in TABLES:
         wait_until(lambda t=table: assert_same(pipeline, dsn, t) > 250, 120, f"{table} did not converge")
 
@@ -133,11 +148,16 @@ def _reports_outage(pipeline: Pipeline, role: str) -> None:
         assert b"headrace_source_up 0.0" in pipeline.metrics.exposition()
 
 
-def test_source_restarted_crashed_and_kept_down_while_streaming(own_server: ThrowawayPostgres, tmp_path: Path,
-                                                                spark: Any) -> None:
+def test_source_restarted_crashed_and_kept_down_while_streaming(
+    own_server: ThrowawayPostgres, tmp_path: Path, spark: Any
+) -> None:
     dsn = own_server.dsn
     create_items_and_lines(dsn, 300)
-    config = parse_config(raw_config(dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT))
+    config = parse_config(
+        raw_config(
+            dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT, api={"listen": "127.0.0.1:0"}
+        )
+    )
     pipeline = Pipeline(config, spark=spark)
     with running(pipeline):
         wait_until(lambda: _streaming(dsn, config.name), 180, "the tables never reached STREAMING")
@@ -160,13 +180,16 @@ def test_source_restarted_crashed_and_kept_down_while_streaming(own_server: Thro
         _converges(pipeline, dsn)
 
 
-def test_state_server_separate_from_the_source_restarted_and_kept_down(own_server: ThrowawayPostgres,
-                                                                        tmp_path: Path, spark: Any) -> None:
+def test_state_server_separate_from_the_source_restarted_and_kept_down(
+    own_server: ThrowawayPostgres, tmp_path: Path, spark: Any
+) -> None:
     dsn = own_server.dsn
     create_items_and_lines(dsn, 300)
     with ThrowawayPostgres() as state_server:
         state_dsn = state_server.dsn
-        raw = raw_config(dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT)
+        raw = raw_config(
+            dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT, api={"listen": "127.0.0.1:0"}
+        )
         raw["source"]["state_dsn"] = state_dsn
         config = parse_config(raw)
         pipeline = Pipeline(config, spark=spark)
@@ -194,8 +217,9 @@ def _mount_tmpfs(path: Path, size: str) -> None:
     path.mkdir(parents=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("a full staging disk needs a small tmpfs: run the test as root (mount -t tmpfs)")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs for the full-disk test: {proc.stderr.strip()}")
 
@@ -228,14 +252,23 @@ def full_disk(path: Path) -> Iterator[None]:
         filler.unlink()
 
 
-def test_a_full_staging_disk_pauses_capture_until_space_returns(source_dsn: str, tmp_path: Path,
-                                                                spark: Any) -> None:
+def test_a_full_staging_disk_pauses_capture_until_space_returns(
+    source_dsn: str, tmp_path: Path, spark: Any
+) -> None:
     staging = tmp_path / "staging"
     _mount_tmpfs(staging, "16m")
     try:
         create_items_and_lines(source_dsn, 300)
-        config = parse_config(raw_config(source_dsn, tmp_path, list(TABLES), target="ducklake",
-                                         reconnect=RECONNECT))
+        config = parse_config(
+            raw_config(
+                source_dsn,
+                tmp_path,
+                list(TABLES),
+                target="ducklake",
+                reconnect=RECONNECT,
+                api={"listen": "127.0.0.1:0"},
+            )
+        )
         pipeline = Pipeline(config, spark=spark)
         with running(pipeline):
             wait_until(lambda: _streaming(source_dsn, config.name), 180, "the tables never reached STREAMING")
@@ -244,16 +277,56 @@ def test_a_full_staging_disk_pauses_capture_until_space_returns(source_dsn: str,
                 capture = pipeline.capture
                 assert capture is not None
                 with full_disk(staging):
-                    wait_until(lambda: capture.storage_error is not None, 60,
-                               "capture did not pause on the full staging disk")
+                    wait_until(
+                        lambda: capture.storage_error is not None,
+                        60,
+                        "capture did not pause on the full staging disk",
+                    )
                     ready, body = readiness(pipeline)
                     assert not ready and any("cannot take files" in r for r in body["reasons"]), body
                     paused_at = capture.captured_lsn
                     _more_commits(committed, 100)  # these wait in the slot
                     assert capture.storage_error is not None and capture.captured_lsn == paused_at
-                wait_until(lambda: capture.storage_error is None and capture.captured_lsn > paused_at, 60,
-                           "capture did not resume once space returned")
+                wait_until(
+                    lambda: capture.storage_error is None and capture.captured_lsn > paused_at,
+                    60,
+                    "capture did not resume once space returned",
+                )
                 _more_commits(committed)
             _converges(pipeline, source_dsn)
     finally:
         subprocess.run(["umount", "-l", str(staging)], check=False)
+
+
+def test_ducklake_catalog_server_restarted_and_kept_down(
+    own_server: ThrowawayPostgres, source_dsn: str, tmp_path: Path, spark: Any
+) -> None:
+    """The target side: the DuckLake catalog's PostgreSQL restarts and stays down a while; capture
+    goes on staging, apply waits, and the lake is attached anew once the catalog answers."""
+    create_items_and_lines(source_dsn, 300)
+    raw = raw_config(
+        source_dsn,
+        tmp_path,
+        list(TABLES),
+        target="ducklake",
+        reconnect=RECONNECT,
+        api={"listen": "127.0.0.1:0"},
+    )
+    raw["target"]["ducklake"]["catalog"] = (
+        f"postgres:host=127.0.0.1 port={own_server.port} user=postgres dbname=postgres"
+    )
+    config = parse_config(raw)
+    pipeline = Pipeline(config, spark=spark)
+    with running(pipeline):
+        wait_until(lambda: _streaming(source_dsn, config.name), 180, "the tables never reached STREAMING")
+        with resilient_workload(source_dsn, seed=4) as committed:
+            _more_commits(committed)
+            own_server.restart("fast")
+            _more_commits(committed)
+            own_server.stop_server("immediate")
+            _reports_outage(pipeline, "ducklake catalog")
+            _more_commits(committed)  # staged meanwhile: capture does not depend on the lake
+            own_server.start_server()
+            _more_commits(committed)
+        wait_until(lambda: pipeline.outage.up("ducklake catalog"), 60, "the run did not see the catalog back")
+        _converges(pipeline, source_dsn)
