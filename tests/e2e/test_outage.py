@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import random
 import shutil
@@ -30,6 +31,7 @@ from headrace.control.health import readiness
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.state.lifecycle import TableState
+from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore
 from tests.e2e.helpers import (
     assert_same,
@@ -330,3 +332,46 @@ def test_ducklake_catalog_server_restarted_and_kept_down(
             _more_commits(committed)
         wait_until(lambda: pipeline.outage.up("ducklake catalog"), 60, "the run did not see the catalog back")
         _converges(pipeline, source_dsn)
+
+
+def _chunks(dsn: str) -> tuple[int, int]:
+    """(chunks done, chunks planned) of the copy under way; (0, 0) when unknown."""
+    with contextlib.suppress(psycopg.Error):
+        store = ProgressStore(dsn, "t")
+        try:
+            progress = list(store.progress().values())
+        finally:
+            store.close()
+        if progress:
+            return progress[0].chunks_done, progress[0].chunks_total
+    return 0, 0
+
+
+def test_a_copy_cut_short_by_a_source_restart_resumes_by_chunk(own_server: ThrowawayPostgres, tmp_path: Path,
+                                                               spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    dsn = own_server.dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, pad text)")
+        conn.execute("INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(1, 10000) g")
+    # About 300 heap pages: 8 chunks of 40 pages, one chunk per Spark job.
+    raw = raw_config(dsn, tmp_path, ["public.big"], target="ducklake", reconnect=RECONNECT,
+                     api={"listen": "127.0.0.1:0"}, snapshot={"chunk_pages": 40, "max_connections": 1})
+    pipeline = Pipeline(parse_config(raw), spark=spark)
+    with caplog.at_level(logging.INFO, logger="headrace"), running(pipeline):
+        wait_until(lambda: 2 <= _chunks(dsn)[0] < _chunks(dsn)[1] - 3, 120, "the copy did not get under way")
+        own_server.restart("fast")
+        wait_until(lambda: _streaming_one(dsn), 180, "the table never reached STREAMING after the restart")
+        assert assert_same(pipeline, dsn, "public.big") == 10_000
+    starts = [r for r in caplog.records if r.getMessage() == "snapshot.start"]
+    assert any(getattr(r, "resume", False) and getattr(r, "chunks_todo", 0) < getattr(r, "chunks", 0)
+               for r in starts), [(getattr(r, "resume", None), getattr(r, "chunks_todo", None)) for r in starts]
+
+
+def _streaming_one(dsn: str) -> bool:
+    with contextlib.suppress(psycopg.Error):
+        state = StateStore(dsn, "t")
+        try:
+            return [r.state for r in state.tables()] == [TableState.STREAMING]
+        finally:
+            state.close()
+    return False
