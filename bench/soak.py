@@ -61,15 +61,15 @@ def load(dsn: str, rate: int, stop: threading.Event, counter: list[int]) -> None
             stop.wait(0.2)
 
 
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of ``pid`` and all its descendants (the driver and Spark's JVM), MiB."""
+def tree_rss_mib(pid: int, children: bool = True) -> float:
+    """Resident memory of ``pid`` and (with ``children``) all its descendants (Spark's JVM), MiB."""
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/status") as fh:
                 total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
-            for task in os.listdir(f"/proc/{p}/task"):
+            for task in os.listdir(f"/proc/{p}/task") if children else []:
                 with open(f"/proc/{p}/task/{task}/children") as fh:
                     todo += [int(c) for c in fh.read().split()]
         except (OSError, StopIteration):
@@ -140,6 +140,9 @@ def plot(samples: list[dict[str, Any]], events: list[tuple[float, str]], png: Pa
     colors = {"restart": "tab:blue", "crash": "tab:red", "kill9": "tab:purple"}
     for ax, (key, label) in zip(axes, series, strict=True):
         ax.plot(t, [s[key] if s[key] is not None else float("nan") for s in samples], lw=1)
+        if key == "rss_mib":
+            ax.plot(t, [s["driver_rss_mib"] for s in samples], lw=1, ls="--", label="Python driver alone")
+            ax.legend(fontsize=7, loc="lower right")
         ax.set_ylabel(label, fontsize=8)
         for when, kind in events:
             ax.axvline(when / 60, color=colors[kind], lw=0.8, alpha=0.6)
@@ -189,6 +192,7 @@ def main() -> int:
             if now >= next_sample:
                 assert headrace.proc is not None
                 samples.append({"t": now - start, "rss_mib": tree_rss_mib(headrace.proc.pid),
+                                "driver_rss_mib": tree_rss_mib(headrace.proc.pid, children=False),
                                 "slot_lag_mib": slot_lag_mib(dsn, "headrace_soak"),
                                 "staged_mib": staged_mib(work / "staging"), "changes": counter[0]})
                 next_sample += args.sample
@@ -235,7 +239,7 @@ def main() -> int:
         "minutes": args.minutes, "rate_target": args.rate,
         "changes": counter[0], "changes_per_s": round(counter[0] / (args.minutes * 60)),
         "events": {k: sum(1 for _, e in events if e == k) for k in ("restart", "crash", "kill9")},
-        "rss_mib_peak_after_2min": peak("rss_mib"), "slot_lag_mib_peak": peak("slot_lag_mib"),
+        "rss_mib_peak_after_2min": peak("rss_mib"), "driver_rss_mib_peak_after_2min": peak("driver_rss_mib"), "slot_lag_mib_peak": peak("slot_lag_mib"),
         "staged_mib_peak": peak("staged_mib"), "exit_code_after_sigterm": code,
         "source_rows": len(source), "target_equals_source": source == target,
     }

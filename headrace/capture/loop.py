@@ -104,7 +104,7 @@ class Capture:
         retried with the ``reconnect`` backoff; each attempt resumes from the position registered in
         state, so what was buffered but not registered is read again (the slot kept it), and staged
         files left unregistered by the failure are removed first. The backoff starts over once an
-        attempt has streamed, so a drop after days of streaming reconnects within a second. One log
+        attempt has registered a flush, so a drop after days of streaming reconnects within a second. One log
         line when capture stops streaming and one when it streams again, not one per attempt.
         """
         backoff = self._backoff()
@@ -119,13 +119,14 @@ class Capture:
                 # state server that went away is as passing as a dropped replication connection.
                 # An OSError is the staging directory refusing a file (full, read-only): capture
                 # pauses, the slot keeps the WAL, and it resumes once the directory takes files.
+                was_streaming = self.connected
                 failures = 1 if self._streamed else failures + 1
                 self.connected = False
                 error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 if storage_unavailable(exc):
                     error = (f"staging directory {self.staging_root} cannot take files ({error}):"
                              " free space or fix its permissions; capture resumes by itself")
-                if failures == 1:
+                if failures == 1 or was_streaming:  # pairs with capture.reconnected, never per attempt
                     event(log, "capture.interrupted", logging.WARNING, error=error,
                           captured_lsn=_fmt(self.captured_lsn))
                 else:

@@ -151,7 +151,7 @@ class StateStore:
     def __init__(self, dsn: str, pipeline: str) -> None:
         self.pipeline = pipeline
         self._dsn = dsn
-        self._conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+        self._conn = self._connect()
 
     @property
     def conn(self) -> psycopg.Connection[dict[str, Any]]:
@@ -162,8 +162,15 @@ class StateStore:
         """
         if self._conn.broken:
             self._conn.close()
-            self._conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row)
+            self._conn = self._connect()
         return self._conn
+
+    def _connect(self) -> psycopg.Connection[dict[str, Any]]:
+        conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row)
+        # A registration lost in a crash of the state server, after the slot was confirmed past it,
+        # would lose changes: state commits are durable even where the server's default is not.
+        conn.execute("SET synchronous_commit = on")
+        return conn
 
     def close(self) -> None:
         self._conn.close()

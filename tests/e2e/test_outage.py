@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +150,11 @@ def _reports_outage(pipeline: Pipeline, role: str) -> None:
     assert not ready and any(f"the {role} server" in r for r in body["reasons"]), body
     if role == "source":
         assert b"headrace_source_up 0.0" in pipeline.metrics.exposition()
+    # Over HTTP too: 503 with the reason, not a 500 (the status reads the source and the state).
+    for path in ("/readyz", "/api/status") if role in ("source", "state") else ("/readyz",):
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(f"http://{pipeline.api_address}{path}", timeout=30)
+        assert answer.value.code == 503 and f"the {role} server" in answer.value.read().decode(), path
 
 
 def test_source_restarted_crashed_and_kept_down_while_streaming(
