@@ -1,11 +1,14 @@
-"""Outages: the source or state server restarts, crashes or stays down; the staging disk fills up.
+"""Outages: the source, state or DuckLake catalog server restarts, crashes or stays down; the staging
+disk fills up; a copy is cut short.
 
 Each server test runs its own PostgreSQL (never the session's shared one) under a continuous
 small mixed workload: the server is restarted fast, crashed (``pg_ctl stop -m immediate``, then
 started) and kept down for longer than the backoff cap (``reconnect.max_seconds``, 1 s here). The
-run never exits, reports the outage (``/readyz`` reasons, ``headrace_source_up`` 0), and the target
-ends equal to the source: no change lost, none applied twice. DuckLake is the target of these
-tests (its apply is the faster one); the outage handling is the run loop's, the same for Iceberg.
+run never exits, reports the outage (``/readyz`` 503 with the reason, ``headrace_source_up`` 0),
+and the target ends equal to the source: no change lost, none applied twice. The full-disk test
+mounts a 16 MB tmpfs as the staging directory (skipped, saying why, where mounting is not allowed).
+DuckLake is the target of these tests (its apply is the faster one); the outage handling is the
+run loop's and capture's, the same for Iceberg.
 """
 
 from __future__ import annotations
