@@ -22,7 +22,7 @@ import psycopg2
 
 from headrace.config import redacted_dsn
 from headrace.core.backoff import Backoff
-from headrace.core.errors import SourceError, TransientError
+from headrace.core.errors import ConfigError, SourceError, TransientError
 from headrace.logs import event
 
 if TYPE_CHECKING:
@@ -69,7 +69,10 @@ def servers_of(config: PipelineConfig, dsn: str, state_dsn: str) -> dict[str, st
     if config.target.kind == "ducklake":
         from headrace.targets.ducklake.extension import resolve_catalog
 
-        catalog = resolve_catalog(config.target.settings)  # type: ignore[arg-type]
+        try:
+            catalog = resolve_catalog(config.target.settings)  # type: ignore[arg-type]
+        except ConfigError:
+            return servers  # reported, with its fix, when the target is opened
         if catalog.kind == "postgres":
             servers["ducklake catalog"] = catalog.location.partition(":")[2]
     return servers

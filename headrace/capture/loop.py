@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -22,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from headrace.capture.staging import remove_orphans, write_waiting
 from headrace.config import PipelineConfig
 from headrace.core.backoff import Backoff
 from headrace.core.changes import (
@@ -153,7 +153,7 @@ class Capture:
             types = TypeCatalog(source)
             check_same_source(source, state, self.config.slot_name)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
-            self._remove_orphans(state)
+            remove_orphans(self.staging_root, state)
             # No periodic status updates from psycopg2: it forwards the confirmed position to the
             # keepalives' wal_end on its own, and each confirmation must be bounded in state first
             # (acked_lsn) so start-up can tell our advances from someone else's. ``_flush`` confirms.
@@ -380,23 +380,6 @@ class Capture:
             self.paused = False
         event(log, "capture.resumed", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
 
-    def _remove_orphans(self, state: StateStore) -> None:
-        """Delete staged files written but never registered (a crash between write and register).
-
-        Runs before this capture writes anything, so every unregistered file is a leftover; its
-        changes are read from the slot again.
-        """
-        if not self.staging_root.exists():
-            return
-        registered = {os.path.abspath(p) for p in state.registered_paths()}
-        removed = 0
-        for path in self.staging_root.rglob("*"):
-            if path.is_file() and path.suffix in (".parquet", ".tmp") and os.path.abspath(path) not in registered:
-                path.unlink(missing_ok=True)
-                removed += 1
-        if removed:
-            event(log, "capture.orphans_removed", files=removed)
-
     def _flush(self, state: StateStore, stream: ReplicationStream, buffers: dict[int, _TableBuffer],
                spilled: list[StagedFile], end_lsn: int) -> None:
         files = spilled + self._write_waiting(stream, buffers)
@@ -419,39 +402,15 @@ class Capture:
 
 
     def _write_waiting(self, stream: ReplicationStream, buffers: dict[int, _TableBuffer]) -> list[StagedFile]:
-        """Write one file per buffered table; while staging cannot take them (full, read-only), wait.
+        """One file per buffered table, waiting while staging cannot take them (``capture.staging``)."""
+        def write(written: list[StagedFile]) -> None:
+            written.extend(self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer))
 
-        Nothing is read from the slot meanwhile (the server keeps the WAL) and what is buffered
-        stays in memory; the slot is confirmed at its current position now and then so the server
-        does not time the connection out. Files of a failed attempt are removed before the next.
-        """
-        backoff, failures = self._backoff(), 0
-        try:
-            while True:
-                written: list[StagedFile] = []
-                try:
-                    for oid, tb in buffers.items():
-                        if len(tb.buffer):
-                            written.append(self._write(oid, tb))
-                    return written
-                except OSError as exc:
-                    if not storage_unavailable(exc) or self._stop.is_set():
-                        raise
-                    for path in [f.path for f in written] + [str(p) for p in self.staging_root.rglob("*.tmp")]:
-                        with contextlib.suppress(OSError):
-                            os.remove(path)
-                    failures += 1
-                    if failures == 1:
-                        self.storage_error = (f"staging directory {self.staging_root} cannot take files"
-                                              f" ({str(exc).strip()}): free space or fix its permissions;"
-                                              " capture waits (the slot keeps the WAL) and resumes by itself")
-                        event(log, "capture.staging_unavailable", logging.WARNING, error=self.storage_error)
-                    self._stop.wait(backoff.delay(failures))
-                    stream.acknowledge(self.captured_lsn)  # a status message: keeps the walsender alive
-        finally:
-            if failures and self.storage_error is not None:
-                self.storage_error = None
-                event(log, "capture.staging_available", waited_attempts=failures)
+        def report(error: str | None) -> None:
+            self.storage_error = error
+
+        return write_waiting(write, self.staging_root, self._backoff(), self._stop,
+                             lambda: stream.acknowledge(self.captured_lsn), report)
 
     def _backoff(self) -> Backoff:
         return Backoff(self.config.reconnect.first_seconds, self.config.reconnect.max_seconds)
