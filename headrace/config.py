@@ -271,6 +271,16 @@ class ApiConfig(_Frozen):
         return token or None
 
 
+class ReconnectConfig(_Frozen):
+    """How long to wait between attempts while a server (source, state, DuckLake catalog) or the
+    staging directory is unavailable: ``first_seconds``, doubling per failed attempt up to
+    ``max_seconds``, for as long as it takes. Nothing is lost meanwhile: the slot keeps the WAL."""
+
+    first_seconds: float = Field(1.0, gt=0, description="wait after the first failed attempt")
+    max_seconds: float = Field(30.0, gt=0, description="longest wait between two attempts (the backoff cap)")
+    connect_timeout_seconds: int = Field(5, gt=0, description="how long one probe connection may take")
+
+
 class PipelineConfig(_Frozen):
     """A whole pipeline, as read from the YAML file."""
 
@@ -284,6 +294,7 @@ class PipelineConfig(_Frozen):
     api: ApiConfig = ApiConfig()
     schema_changes: SchemaChangesConfig = SchemaChangesConfig()
     values: ValuesConfig = ValuesConfig()
+    reconnect: ReconnectConfig = ReconnectConfig()
 
     @field_validator("name")
     @classmethod

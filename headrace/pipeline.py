@@ -30,6 +30,7 @@ from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.failure import classify
 from headrace.materialize.initial_copy import InitialCopy
 from headrace.materialize.retention import collect_applied
+from headrace.outage import OutageWatch
 from headrace.source.postgres.catalog import check_source, list_tables, read_table_schema, table_problems
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
 from headrace.state.invariants import check_slot, check_staged_files, check_tables
@@ -72,6 +73,7 @@ class Pipeline:
         self.table_watch = TableWatch(self)  # tables created, dropped and recreated in the source
         self.api_address: str | None = None  # host:port the control API serves on, while running
         self.loop_passes = 0  # passes of the run loop so far (tests wait on these, not on time)
+        self.outage = OutageWatch.for_config(config, self.dsn, self.state_dsn)  # servers gone away, and back
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -207,30 +209,44 @@ class Pipeline:
               target=self.config.target.kind, tables=len(rows), until_lsn=format_lsn(start_lsn))
         code = 0
         next_gc = time.monotonic() + self.config.staging.gc_seconds
+        interrupted = 0  # consecutive loop steps an outage cut short
         try:
             while not stop.is_set():
                 self.loop_passes += 1
-                self.operations.run_pending(state)
-                did_work = self.table_watch.step(state)
-                if not self.operations.paused:
-                    did_work |= self._copy_pending(state)
-                    did_work |= self._apply_all(state)
-                if time.monotonic() >= next_gc:
-                    collect_applied(state, self.target)
-                    next_gc = time.monotonic() + self.config.staging.gc_seconds
-                if until_caught_up:
-                    done, failed = self._caught_up(state, start_lsn)
-                    if failed:
-                        event(log, "run.failed", logging.ERROR, tables=",".join(failed))
-                        code = 1
-                        break
-                    if done:
-                        event(log, "run.caught_up", captured_lsn=format_lsn(self.capture.captured_lsn))
-                        break
-                if not thread.is_alive():
-                    raise TerminalError(f"capture stopped: {self.capture.last_error}")
-                if not did_work:
-                    self.operations.wait(self.config.apply.idle_sleep_seconds)
+                try:
+                    self.operations.run_pending(state)
+                    did_work = self.table_watch.step(state)
+                    if not self.operations.paused:
+                        did_work |= self._copy_pending(state)
+                        did_work |= self._apply_all(state)
+                    if time.monotonic() >= next_gc:
+                        collect_applied(state, self.target)
+                        next_gc = time.monotonic() + self.config.staging.gc_seconds
+                    if until_caught_up:
+                        done, failed = self._caught_up(state, start_lsn)
+                        if failed:
+                            event(log, "run.failed", logging.ERROR, tables=",".join(failed))
+                            code = 1
+                            break
+                        if done:
+                            event(log, "run.caught_up", captured_lsn=format_lsn(self.capture.captured_lsn))
+                            break
+                    if not thread.is_alive():
+                        raise TerminalError(f"capture stopped: {self.capture.last_error}")
+                    if not did_work:
+                        self.operations.wait(self.config.apply.idle_sleep_seconds)
+                    if interrupted:
+                        event(log, "run.resumed", after_attempts=interrupted)
+                        interrupted = 0
+                except TerminalError:
+                    raise
+                except Exception as exc:
+                    # A server restarting, crashing or failing over is not the tables' fault: wait
+                    # for it, then go on where the loop was (headrace.outage).
+                    if stop.is_set() or not self.outage.explains(exc):
+                        raise
+                    interrupted += 1
+                    self._ride_out(exc, interrupted, stop)
         finally:
             if server is not None:
                 server.stop()
@@ -244,6 +260,28 @@ class Pipeline:
             state.close()
             event(log, "run.stop", pipeline=self.config.name)
         return code
+
+    def _ride_out(self, exc: Exception, attempt: int, stop: threading.Event) -> None:
+        """Wait until every server answers again, dropping the connections the outage broke.
+
+        Logged once per outage (``run.interrupted`` here, ``run.resumed`` by the loop), not per attempt.
+        """
+        if attempt == 1:
+            self.outage.outages += 1
+            event(log, "run.interrupted", logging.WARNING, error=_first_line(exc))
+        else:
+            log.debug("still interrupted (attempt %d): %s", attempt, _first_line(exc))
+        self._stop_copier()  # its progress is kept per chunk; the next round resumes after the last one done
+        with self._target_lock:
+            if self._target is not None:
+                try:
+                    self._target.close()  # a DuckLake catalog connection the outage broke is attached anew
+                except Exception as close_exc:
+                    log.debug("closing the target after an outage failed", exc_info=close_exc)
+                self._target = None
+        if self.outage.wait_until_up(stop):
+            # Every server answers, yet the step failed: wait before the next one rather than spin.
+            stop.wait(self.outage.backoff.delay(attempt - 1))
 
     def _copy_pending(self, state: StateStore) -> bool:
         """Start a copy round, in its own thread, for the tables that need one.
@@ -280,6 +318,8 @@ class Pipeline:
                 applied = apply_next(self.spark, state, self.target, row, self.config.apply.max_batch_files,
                                      self.config.schema_changes, self.config.values)
             except Exception as exc:
+                if not isinstance(exc, TerminalError) and self.outage.explains(exc):
+                    raise  # a server went away: the run waits for it (``_ride_out``); the table did nothing wrong
                 self._fail(state, row, exc, resume=row.resume_state or row.state)
                 continue
             if applied is not None:
@@ -347,3 +387,8 @@ def _retry_copy(row: TableRow, now: datetime) -> bool:
 def _retry_apply(row: TableRow, now: datetime) -> bool:
     return (row.state is TableState.ERRORED and row.resume_state is not None
             and row.resume_state.applies_changes and row.retry_at is not None and row.retry_at <= now)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -22,7 +21,9 @@ from typing import Any
 
 import psycopg
 
+from headrace.capture.staging import remove_orphans, write_waiting
 from headrace.config import PipelineConfig
+from headrace.core.backoff import Backoff
 from headrace.core.changes import (
     UNCHANGED,
     Begin,
@@ -40,6 +41,7 @@ from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
 from headrace.log.staging import StagingBuffer, encode_row, write_staging_file
 from headrace.logs import event
+from headrace.outage import check_same_source, storage_unavailable
 from headrace.source.postgres.catalog import relation_to_schema
 from headrace.source.postgres.replication import ReplicationStream, emit_heartbeat
 from headrace.source.postgres.types import TypeCatalog
@@ -50,8 +52,6 @@ log = logging.getLogger("headrace.capture")
 HEARTBEAT_PREFIX = "headrace"
 STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
 PAUSED_STATUS_S = 1.0  # while paused by backpressure, confirm this often (keeps the walsender alive)
-RECONNECT_FIRST_S = 1.0  # wait before reconnecting after a drop; doubles per failed attempt ...
-RECONNECT_MAX_S = 30.0  # ... up to this
 
 
 @dataclass
@@ -77,7 +77,9 @@ class Capture:
         self._heartbeat_due = True
         self._lock = threading.Lock()
         self._source: psycopg.Connection[Any] | None = None
-        self._streamed = False  # the current connection attempt got as far as streaming
+        self._streamed = False  # the current connection attempt registered a flush
+        self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
+        self._stop = threading.Event()  # run()'s stop: ends a wait for staging space too
         self.paused = False  # backpressure: not reading WAL until the backlog shrinks
         self.pending_rows = 0
         self.pending_bytes = 0
@@ -95,29 +97,47 @@ class Capture:
             self.known[schema.oid] = schema
 
     def run(self, stop: threading.Event) -> None:
-        """Capture until ``stop`` is set, reconnecting after transient failures.
+        """Capture until ``stop`` is set, reconnecting after transient failures, however long they last.
 
-        A dropped replication connection (walsender terminated, server restart, network) or a
-        state/source connection that fails is retried with backoff; each attempt resumes from the
-        position registered in state, so what was buffered but not registered is read again.
-        The backoff starts over once an attempt has streamed, so a drop after days of streaming
-        reconnects within a second.
+        A dropped replication connection (walsender terminated, server restart, network), a
+        state/source connection that fails, or a staging directory that is full or unwritable is
+        retried with the ``reconnect`` backoff; each attempt resumes from the position registered in
+        state, so what was buffered but not registered is read again (the slot kept it), and staged
+        files left unregistered by the failure are removed first. The backoff starts over once an
+        attempt has registered a flush, so a drop after days of streaming reconnects within a second. One log
+        line when capture stops streaming and one when it streams again, not one per attempt.
         """
-        backoff = RECONNECT_FIRST_S
+        backoff = self._backoff()
+        self._stop = stop
+        failures = 0
         while not stop.is_set():
             self._streamed = False
             try:
                 self._run_once(stop)
-            except (TransientError, psycopg.OperationalError) as exc:
+            except (TransientError, psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
                 # psycopg (3) errors come from the state and heartbeat connections: a source or
                 # state server that went away is as passing as a dropped replication connection.
-                if self._streamed:
-                    backoff = RECONNECT_FIRST_S
+                # An OSError is the staging directory refusing a file (full, read-only): capture
+                # pauses, the slot keeps the WAL, and it resumes once the directory takes files.
+                was_streaming = self.connected
+                failures = 1 if self._streamed else failures + 1
                 self.connected = False
-                self.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                event(log, "capture.reconnect", logging.WARNING, error=self.last_error, wait_s=backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX_S)
+                error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                if storage_unavailable(exc):
+                    error = (f"staging directory {self.staging_root} cannot take files ({error}):"
+                             " free space or fix its permissions; capture resumes by itself")
+                if failures == 1 or was_streaming:  # pairs with capture.reconnected, never per attempt
+                    event(log, "capture.interrupted", logging.WARNING, error=error,
+                          captured_lsn=_fmt(self.captured_lsn))
+                else:
+                    log.debug("capture attempt %d failed: %s", failures, error)
+                self.last_error = error
+                stop.wait(backoff.delay(failures))
+            except Exception as exc:
+                self.connected = False
+                self.last_error = str(exc).strip() or type(exc).__name__
+                event(log, "capture.failed", logging.ERROR, error=self.last_error)
+                raise
 
     # -- the loop -------------------------------------------------------------------------------
     def _run_once(self, stop: threading.Event) -> None:
@@ -131,8 +151,9 @@ class Capture:
             self._source = source
             opened.callback(setattr, self, "_source", None)
             types = TypeCatalog(source)
+            check_same_source(source, state, self.config.slot_name)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
-            self._remove_orphans(state)
+            remove_orphans(self.staging_root, state)
             # No periodic status updates from psycopg2: it forwards the confirmed position to the
             # keepalives' wal_end on its own, and each confirmation must be bounded in state first
             # (acked_lsn) so start-up can tell our advances from someone else's. ``_flush`` confirms.
@@ -144,7 +165,8 @@ class Capture:
     def _stream(self, stop: threading.Event, state: StateStore, source: psycopg.Connection[Any],
                 types: TypeCatalog, stream: ReplicationStream) -> None:
         self.connected = True
-        self._streamed = True
+        if self.last_error is not None:
+            event(log, "capture.reconnected", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
         self.last_error = None
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
         buffers: dict[int, _TableBuffer] = {}
@@ -358,26 +380,9 @@ class Capture:
             self.paused = False
         event(log, "capture.resumed", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
 
-    def _remove_orphans(self, state: StateStore) -> None:
-        """Delete staged files written but never registered (a crash between write and register).
-
-        Runs before this capture writes anything, so every unregistered file is a leftover; its
-        changes are read from the slot again.
-        """
-        if not self.staging_root.exists():
-            return
-        registered = {os.path.abspath(p) for p in state.registered_paths()}
-        removed = 0
-        for path in self.staging_root.rglob("*"):
-            if path.is_file() and path.suffix in (".parquet", ".tmp") and os.path.abspath(path) not in registered:
-                path.unlink(missing_ok=True)
-                removed += 1
-        if removed:
-            event(log, "capture.orphans_removed", files=removed)
-
     def _flush(self, state: StateStore, stream: ReplicationStream, buffers: dict[int, _TableBuffer],
                spilled: list[StagedFile], end_lsn: int) -> None:
-        files = spilled + [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
+        files = spilled + self._write_waiting(stream, buffers)
         if files:
             crash_point("capture.after_write")
         # Anything psycopg2 forwarded the confirmation to came from a keepalive already read, so
@@ -387,12 +392,28 @@ class Capture:
         if files:
             crash_point("capture.after_register")
         self.captured_lsn = max(self.captured_lsn, end_lsn)
+        self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
         self._staged_rows += sum(f.rows for f in files)
         self._staged_bytes += sum(f.bytes for f in files)
         stream.acknowledge(self.captured_lsn)
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
                   captured_lsn=_fmt(self.captured_lsn))
+
+
+    def _write_waiting(self, stream: ReplicationStream, buffers: dict[int, _TableBuffer]) -> list[StagedFile]:
+        """One file per buffered table, waiting while staging cannot take them (``capture.staging``)."""
+        def write(written: list[StagedFile]) -> None:
+            written.extend(self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer))
+
+        def report(error: str | None) -> None:
+            self.storage_error = error
+
+        return write_waiting(write, self.staging_root, self._backoff(), self._stop,
+                             lambda: stream.acknowledge(self.captured_lsn), report)
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.config.reconnect.first_seconds, self.config.reconnect.max_seconds)
 
 
 def _wal_flush_lsn(conn: psycopg.Connection[Any]) -> int:

@@ -26,6 +26,7 @@ from headrace.control.operations import Command, OperationError, find_table
 from headrace.control.page import render_page
 from headrace.core.schema import TableSchema
 from headrace.logs import event
+from headrace.outage import lost_connection
 from headrace.state.store import StateStore
 
 if TYPE_CHECKING:
@@ -183,6 +184,11 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError as exc:
             self._error(400, f"the request body is not JSON: {exc}")
         except Exception as exc:
+            if lost_connection(exc):  # a server is away: the run waits for it, the client may retry
+                reasons = self.api.pipeline.outage.reasons() or [str(exc).strip().splitlines()[0]]
+                log.debug("api: %s %s during an outage: %s", self.command, self.path, exc)
+                self._error(503, "; ".join(reasons))
+                return
             log.warning("api: %s %s failed: %s", self.command, self.path, exc, exc_info=exc)
             self._error(500, f"{type(exc).__name__}: {str(exc).strip()}")
 

@@ -13,6 +13,7 @@ import psycopg
 
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.schema import TypeKind
+from headrace.outage import recorded_source_problems
 from headrace.source.postgres.catalog import (
     RELATION_SQL,
     list_tables,
@@ -109,6 +110,10 @@ def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None)
                 discovered = list(list_tables(conn, config.source.schemas or None).values())
             tables += [t for t in discovered + list(extra_tables or []) if t not in tables]
             result = assess(conn, tables, config.publication_name)
+            # The source the pipeline was set up on, and its slot, still there (a failover can lose it).
+            recorded = recorded_source_problems(config, conn)
+            result["server_problems"] += recorded
+            result["problems"] = recorded + result["problems"]
             if discovered:
                 # Discovered tables that cannot be replicated are skipped (and noted), not fatal.
                 result["refused"] = [t for t in result["tables"] if t["table"] in discovered and t["problems"]]

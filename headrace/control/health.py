@@ -26,12 +26,14 @@ def liveness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
 
 
 def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
-    """Ready when capture is connected and no table waits for the operator or failed past its retry budget."""
-    reasons = []
+    """Ready when every server answers, capture is connected and no table waits for the operator."""
+    reasons = pipeline.outage.reasons()  # a server that went away: the run waits for it
     capture = pipeline.capture
     if capture is None or not capture.connected:
         why = f": {capture.last_error}" if capture and capture.last_error else ""
         reasons.append(f"capture is not connected to slot {pipeline.config.slot_name}{why}")
+    if capture is not None and capture.storage_error:
+        reasons.append(capture.storage_error)
     failed: list[dict[str, Any]] = []
     try:
         state = StateStore(pipeline.state_dsn, pipeline.config.name)

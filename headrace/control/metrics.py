@@ -218,11 +218,15 @@ class _LiveCollector(Collector):
         try:
             status = self.metrics.live_status()
         except Exception as exc:
-            log.warning("metrics: cannot read the source or state: %s", exc)
+            # Once per scrape would be once per retry: the outage itself is logged by the run.
+            level = logging.DEBUG if p.outage.reasons() else logging.WARNING
+            log.log(level, "metrics: cannot read the source or state: %s", exc)
             up.add_metric([], 0.0)
             yield up
             return
-        up.add_metric([], 1.0)
+        # The run's own probes know of an outage the scrape's fresh connections may not meet (a
+        # state or DuckLake catalog server down while the source answers).
+        up.add_metric([], 1.0 if p.outage.up("source") else 0.0)
         yield up
         names = {t["oid"]: t["table"] for t in status["tables"]}
         captured = CounterMetricFamily("headrace_changes_captured", "Changes staged by capture",

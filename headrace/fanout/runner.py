@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from headrace.core.backoff import Backoff
 from headrace.core.errors import ConfigError, HeadraceError, TransientError
 from headrace.core.faults import crash_point
 from headrace.fanout.config import DestinationConfig, FanoutConfig
@@ -46,6 +47,7 @@ class FanoutRunner:
         self.instance_id = config.instance.id
         self.metrics = FanoutMetrics()
         self.pool = LakePool(config.pool.max_open)
+        self._backoff = Backoff(config.retry.initial_seconds, config.retry.max_seconds)
         try:
             lake = config.source.ducklake
             alias = self.pool.attach_source(lake)
@@ -86,7 +88,7 @@ class FanoutRunner:
                 event(log, "fanout.cycle_failed", level=logging.WARNING, error=str(exc), attempt=failures)
                 if until_caught_up and failures >= self.config.retry.give_up_after:
                     return 1
-                stop.wait(min(self.config.retry.max_seconds, self.config.retry.initial_seconds * 2**failures))
+                stop.wait(self._backoff.delay(failures + 1))
                 continue
             if until_caught_up:
                 lagging = [d for d in self.mine if (self.metrics.destination(d.id).last_snapshot or -1) < target]
@@ -219,7 +221,7 @@ class FanoutRunner:
                 message = f"{what}: {exc}" if what not in str(exc) else str(exc)
             attempts.failures += 1
             attempts.verified = False
-            delay = min(self.config.retry.max_seconds, self.config.retry.initial_seconds * 2 ** (attempts.failures - 1))
+            delay = self._backoff.delay(attempts.failures)
             attempts.retry_at = time.monotonic() + delay
             self.pool.release(d.ducklake, what)
             m = self.metrics.destination(d.id)

@@ -38,6 +38,7 @@ from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.snapshot_job import ValueCounts, snapshot_dataframe
 from headrace.materialize.types import value_rules
+from headrace.outage import lost_connection
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import plan_chunks
 from headrace.source.postgres.replication import ExportedSnapshot
@@ -70,7 +71,20 @@ class InitialCopy:
         self.rows_copied: dict[str, int] = {}
 
     def run(self, oids: list[int]) -> None:
-        """Copy the given tables under one exported snapshot."""
+        """Copy the given tables under one exported snapshot.
+
+        A server going away ends the round quietly: the run loop waits for it, and the next round
+        resumes each table after its last chunk recorded as done, as after a crash.
+        """
+        try:
+            self._round(oids)
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
+            event(log, "snapshot.interrupted", logging.WARNING, error=str(exc).strip().splitlines()[0][:500]
+                  if str(exc).strip() else type(exc).__name__)
+
+    def _round(self, oids: list[int]) -> None:
         state = StateStore(self.state_dsn, self.config.name)
         progress = ProgressStore(self.state_dsn, self.config.name)
         try:
@@ -89,6 +103,8 @@ class InitialCopy:
                     try:
                         self._copy(state, progress, row, snap.snapshot_name, snap.lsn)
                     except Exception as exc:  # one table's failure must not stop the others
+                        if lost_connection(exc):
+                            raise  # not the table's failure: the whole round waits for the server
                         self._failed(state, oid, exc)
         finally:
             progress.close()

@@ -160,10 +160,30 @@ class StateStore:
 
     def __init__(self, dsn: str, pipeline: str) -> None:
         self.pipeline = pipeline
-        self.conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+        self._dsn = dsn
+        self._conn = self._connect()
+
+    @property
+    def conn(self) -> psycopg.Connection[dict[str, Any]]:
+        """The connection, opened again if the server dropped the last one (a restart, a failover).
+
+        The call that met the drop has failed already; reconnecting on the next use lets the run
+        carry on with the same store once the server answers (``headrace.outage``).
+        """
+        if self._conn.broken:
+            self._conn.close()
+            self._conn = self._connect()
+        return self._conn
+
+    def _connect(self) -> psycopg.Connection[dict[str, Any]]:
+        conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row)
+        # A registration lost in a crash of the state server, after the slot was confirmed past it,
+        # would lose changes: state commits are durable even where the server's default is not.
+        conn.execute("SET synchronous_commit = on")
+        return conn
 
     def close(self) -> None:
-        self.conn.close()
+        self._conn.close()
 
     def install(self) -> None:
         """Create the state schema if missing (idempotent)."""

@@ -113,6 +113,22 @@ class ThrowawayPostgres:
                     raise
                 time.sleep(0.1)
 
+    def stop_server(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data: ``fast``, or ``immediate`` (a crash: recovery at start)."""
+        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def start_server(self) -> None:
+        """Start a server stopped by ``stop_server`` and wait until it accepts connections."""
+        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+                  "-w", "-t", "60", "start")
+        self._wait_ready()
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m mode``: every connection is dropped, the data stays."""
+        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+                  "-m", mode, "-w", "-t", "60", "restart")
+        self._wait_ready()
+
     def stop(self) -> None:
         """Stop the server (fast mode) and delete its directory."""
         if self.data.exists():
