@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 
+from headrace.core.backoff import Backoff
+
 
 class TableState(str, Enum):
     PENDING = "PENDING"  # tracked, not copied yet
@@ -26,10 +28,10 @@ class TableState(str, Enum):
 BACKOFF_BASE_SECONDS = 2.0
 RETRY_BUDGET = 5  # consecutive failures after which a table counts as failed (readyz, --until-caught-up)
 BACKOFF_MAX_SECONDS = 300.0
+TABLE_RETRY = Backoff(BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS)  # the one backoff rule (core.backoff)
 
 
 def next_retry(error_count: int, now: datetime | None = None) -> datetime:
     """When to retry after the ``error_count``-th consecutive failure (exponential, capped)."""
     now = now or datetime.now(timezone.utc)
-    delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * (2 ** max(0, error_count - 1)))
-    return now + timedelta(seconds=delay)
+    return now + timedelta(seconds=TABLE_RETRY.delay(max(1, error_count)))
