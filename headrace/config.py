@@ -58,6 +58,18 @@ class SourceConfig(_Frozen):
     state_dsn: str | None = Field(
         None, description="Postgres holding the _headrace state schema; default: the source itself"
     )
+    max_retained_wal: int = Field(
+        10 << 30, description="warn (status, /metrics, /readyz, log) when the slot makes the source keep more"
+        " WAL than this: bytes or a size such as 10GB (the default); keep it well below the source's"
+        " max_slot_wal_keep_size"
+    )
+
+    @field_validator("max_retained_wal", mode="before")
+    @classmethod
+    def _size(cls, value: int | str) -> int:
+        from headrace.core.size import parse_size
+
+        return parse_size(value)
 
     @field_validator("tables")
     @classmethod

@@ -29,6 +29,7 @@ from headrace.materialize.initial_copy import InitialCopy
 from headrace.materialize.retention import collect_applied
 from headrace.source.postgres.catalog import check_source, list_tables, read_table_schema, table_problems
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
+from headrace.source.postgres.wal_guard import WalGuard
 from headrace.state.invariants import check_slot, check_staged_files, check_tables
 from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
 from headrace.state.progress import DDL as PROGRESS_DDL
@@ -68,6 +69,7 @@ class Pipeline:
         self.operations = Operations(self)  # API commands, run by the loop between steps
         self.table_watch = TableWatch(self)  # tables created, dropped and recreated in the source
         self.api_address: str | None = None  # host:port the control API serves on, while running
+        self.wal_guard = WalGuard(config, self.dsn)  # WAL the slot keeps; a slot PostgreSQL invalidated
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -200,6 +202,7 @@ class Pipeline:
         try:
             while not stop.is_set():
                 self.operations.run_pending(state)
+                self.wal_guard.step()
                 did_work = self.table_watch.step(state)
                 if not self.operations.paused:
                     did_work |= self._copy_pending(state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from headrace.source.postgres.wal_guard import warning
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore
 
@@ -49,6 +50,9 @@ def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
         if row.state is TableState.ERRORED and row.error_count >= RETRY_BUDGET:
             failed.append({"table": row.qualified_name, "error_count": row.error_count, "error": row.error})
             reasons.append(f"table {row.qualified_name} failed {row.error_count} times: {row.error}")
+    wal = pipeline.wal_guard.current()
+    if wal is not None and (wal.lost or wal.over_limit):
+        reasons.append(warning(wal) or "")
     ready = not reasons
     return ready, {
         "ready": ready,
@@ -56,4 +60,5 @@ def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
         "capture_connected": bool(capture and capture.connected),
         "tables_over_retry_budget": failed,
         "retry_budget": RETRY_BUDGET,
+        "wal": wal.as_dict() | {"retained_wal_bytes": wal.retained_bytes} if wal is not None else None,
     }

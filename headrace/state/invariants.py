@@ -16,6 +16,7 @@ import psycopg
 from headrace.core.errors import SourceError
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
+from headrace.source.postgres.wal_guard import lost_message
 from headrace.state.store import StateStore, TableRow
 
 _TABLE_STATE = ("tables", "mat_cursor", "log_index", "snapshot_progress")
@@ -44,9 +45,11 @@ def check_slot(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> N
         return  # first run: the slot is created (or adopted) now
     captured = int(meta["captured_lsn"])
     acked = max(captured, int(meta.get("acked_lsn") or 0))
-    row = conn.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                       (slot,)).fetchone()
+    row = conn.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn, wal_status FROM pg_replication_slots"
+                       " WHERE slot_name = %s", (slot,)).fetchone()
     forget = forget_pipeline_sql(state.pipeline)
+    if row is not None and row[1] == "lost":
+        raise SourceError(lost_message(state.pipeline, slot))
     if row is None:
         raise SourceError(
             f"replication slot {slot} of pipeline {state.pipeline} no longer exists (dropped, or lost with a "
