@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
+from headrace.lineage.config import LineageConfig
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
@@ -285,6 +286,7 @@ class PipelineConfig(_Frozen):
     spark: SparkConfig = SparkConfig()
     api: ApiConfig = ApiConfig()
     schema_changes: SchemaChangesConfig = SchemaChangesConfig()
+    lineage: LineageConfig = LineageConfig()  # OpenLineage events (off by default)
 
     @field_validator("name")
     @classmethod

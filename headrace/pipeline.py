@@ -23,6 +23,7 @@ from headrace.core.errors import SourceError, TerminalError, TransientError
 from headrace.core.interfaces import Target, load_target
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.core.schema import TableSchema
+from headrace.lineage.emitter import Lineage
 from headrace.logs import event
 from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.initial_copy import InitialCopy
@@ -70,6 +71,7 @@ class Pipeline:
         self.table_watch = TableWatch(self)  # tables created, dropped and recreated in the source
         self.api_address: str | None = None  # host:port the control API serves on, while running
         self.wal_guard = WalGuard(config, self.dsn)  # WAL the slot keeps; a slot PostgreSQL invalidated
+        self.lineage = Lineage(config, self.dsn)  # OpenLineage events (off unless configured)
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -203,6 +205,7 @@ class Pipeline:
             while not stop.is_set():
                 self.operations.run_pending(state)
                 self.wal_guard.step()
+                self.lineage.step(state)
                 did_work = self.table_watch.step(state)
                 if not self.operations.paused:
                     did_work |= self._copy_pending(state)
@@ -233,6 +236,7 @@ class Pipeline:
             if self._target is not None:
                 self._target.close()
                 self._target = None  # reopened on next use (DuckLake allows one attach per process)
+            self.lineage.close(state)
             state.close()
             event(log, "run.stop", pipeline=self.config.name)
         return code
@@ -278,6 +282,7 @@ class Pipeline:
                 did_work = True
                 self.stats.batches += 1
                 self.metrics.batch_applied(state, row, applied)
+                self.lineage.batch_applied(state, row, applied)
                 self.stats.rows_applied[row.qualified_name] = (
                     self.stats.rows_applied.get(row.qualified_name, 0) + applied.rows_in
                 )
