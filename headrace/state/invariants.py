@@ -55,7 +55,7 @@ def check_slot(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> N
             f"replication slot {slot} of pipeline {state.pipeline} no longer exists (dropped, or lost with a "
             f"failover), so the changes after {format_lsn(captured)} are gone from the WAL: the target can no "
             f"longer be kept exact. Copy every table again: drop this pipeline's state ({forget}) and run again; "
-            "the copies replace the target tables"
+            "the copies replace the target tables (`headrace reset -c <pipeline file> --yes` does the same)"
         )
     confirmed = int(row[0]) if row[0] is not None else 0
     if confirmed > acked:
@@ -63,7 +63,8 @@ def check_slot(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> N
             f"replication slot {slot} is at {format_lsn(confirmed)}, beyond the {format_lsn(acked)} pipeline "
             f"{state.pipeline} confirmed: someone else advanced or consumed it, or dropped and recreated it, so "
             f"changes in between were skipped. Copy every table again: drop this pipeline's state ({forget}) and "
-            "the slot (SELECT pg_drop_replication_slot('" + slot + "')), then run again"
+            "the slot (SELECT pg_drop_replication_slot('" + slot + "')), then run again (`headrace reset -c <pipeline "
+            "file> --yes` does both)"
         )
 
 
