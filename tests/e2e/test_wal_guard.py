@@ -17,6 +17,7 @@ import yaml
 
 from headrace.config import parse_config
 from headrace.control.health import readiness
+from headrace.control.page import render_page
 from headrace.control.status import pipeline_status
 from headrace.core.errors import SourceError
 from headrace.pipeline import Pipeline
@@ -70,6 +71,7 @@ def test_retained_wal_is_reported_while_paused(source_dsn: str, tmp_path: Path, 
         assert metrics["headrace_slot_max_retained_wal_bytes"] == 4 << 20
         assert metrics["headrace_slot_retained_wal_bytes"] > 4 << 20
         assert metrics["headrace_slot_wal_lost"] == 0
+        assert 'id="wal-warning"' in render_page(pipeline, auth=False)  # the status page shows it too
 
         pipeline.operations.paused = False
         _more_wal(source_dsn, 0, checkpoint=True)  # a running-xacts record: the slot's restart point moves on
