@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
+import psycopg
+
 from headrace.config import load_config
+from headrace.core.errors import SourceError
 from headrace.core.interfaces import Target
 
 
+def _reachable(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A source or state server that cannot be reached is an error that names it, not a traceback."""
+    @functools.wraps(func)
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except psycopg.OperationalError as exc:
+            raise SourceError(f"cannot connect to the source or state database: {str(exc).strip()}. Run "
+                              f"`headrace {args.command}` again once it is reachable: it removes what is left") from None
+    return wrapped
+
+
+@_reachable
 def cmd_drop(args: argparse.Namespace) -> int:
     """Remove everything the pipeline created (target tables too with --targets)."""
     from headrace.teardown import confirm, drop_pipeline, refuse_if_running, survey
@@ -32,6 +50,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     return 0
 
 
+@_reachable
 def cmd_reset(args: argparse.Namespace) -> int:
     """Forget the pipeline's position so the next run copies every table again under a new slot."""
     from headrace.teardown import confirm, drop_pipeline, refuse_if_running, survey
