@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output", default="demo-output", help="folder for the warehouse and staging files")
     demo.add_argument("--seconds", type=float, default=20.0, help="how long to make live changes")
     demo.set_defaults(func=cmd_demo)
+    from headrace.teardown_cli import add_commands as add_teardown_commands
+
+    add_teardown_commands(sub)  # drop, reset
     return parser
 
 

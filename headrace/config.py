@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
+from headrace.lineage.config import LineageConfig
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
@@ -58,6 +59,18 @@ class SourceConfig(_Frozen):
     state_dsn: str | None = Field(
         None, description="Postgres holding the _headrace state schema; default: the source itself"
     )
+    max_retained_wal: int = Field(
+        10 << 30, description="warn (status, /metrics, /readyz, log) when the slot makes the source keep more"
+        " WAL than this: bytes or a size such as 10GB (the default); keep it well below the source's"
+        " max_slot_wal_keep_size"
+    )
+
+    @field_validator("max_retained_wal", mode="before")
+    @classmethod
+    def _size(cls, value: int | str) -> int:
+        from headrace.core.size import parse_size
+
+        return parse_size(value)
 
     @field_validator("tables")
     @classmethod
@@ -295,6 +308,7 @@ class PipelineConfig(_Frozen):
     schema_changes: SchemaChangesConfig = SchemaChangesConfig()
     values: ValuesConfig = ValuesConfig()
     reconnect: ReconnectConfig = ReconnectConfig()
+    lineage: LineageConfig = LineageConfig()  # OpenLineage events (off by default)
 
     @field_validator("name")
     @classmethod

@@ -25,6 +25,7 @@ from headrace.core.errors import SourceError, TerminalError
 from headrace.core.interfaces import Target, load_target
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.core.schema import TableSchema
+from headrace.lineage.emitter import Lineage
 from headrace.logs import event
 from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.failure import classify
@@ -33,6 +34,7 @@ from headrace.materialize.retention import collect_applied
 from headrace.outage import OutageWatch
 from headrace.source.postgres.catalog import check_source, list_tables, read_table_schema, table_problems
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
+from headrace.source.postgres.wal_guard import WalGuard
 from headrace.state.invariants import check_slot, check_staged_files, check_tables
 from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
 from headrace.state.progress import DDL as PROGRESS_DDL
@@ -74,6 +76,8 @@ class Pipeline:
         self.api_address: str | None = None  # host:port the control API serves on, while running
         self.loop_passes = 0  # passes of the run loop so far (tests wait on these, not on time)
         self.outage = OutageWatch.for_config(config, self.dsn, self.state_dsn)  # servers gone away, and back
+        self.wal_guard = WalGuard(config, self.dsn)  # WAL the slot keeps; a slot PostgreSQL invalidated
+        self.lineage = Lineage(config, self.dsn)  # OpenLineage events (off unless configured)
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -215,6 +219,8 @@ class Pipeline:
                 self.loop_passes += 1
                 try:
                     self.operations.run_pending(state)
+                    self.wal_guard.step()
+                    self.lineage.step(state)
                     did_work = self.table_watch.step(state)
                     if not self.operations.paused:
                         did_work |= self._copy_pending(state)
@@ -257,6 +263,7 @@ class Pipeline:
             if self._target is not None:
                 self._target.close()
                 self._target = None  # reopened on next use (DuckLake allows one attach per process)
+            self.lineage.close(state)
             state.close()
             event(log, "run.stop", pipeline=self.config.name)
         return code
@@ -326,6 +333,7 @@ class Pipeline:
                 did_work = True
                 self.stats.batches += 1
                 self.metrics.batch_applied(state, row, applied)
+                self.lineage.batch_applied(state, row, applied)
                 self.stats.rows_applied[row.qualified_name] = (
                     self.stats.rows_applied.get(row.qualified_name, 0) + applied.rows_in
                 )

@@ -24,6 +24,7 @@ from headrace.source.postgres.catalog import (
     table_keys,
 )
 from headrace.source.postgres.replication import GENERATED_COLUMNS_VERSION
+from headrace.source.postgres.wal_guard import keep_size_advice
 
 Conn = psycopg.Connection[Any]
 
@@ -114,6 +115,7 @@ def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None)
             recorded = recorded_source_problems(config, conn)
             result["server_problems"] += recorded
             result["problems"] = recorded + result["problems"]
+            result["wal"] = keep_size_advice(conn, config.source.max_retained_wal)
             if discovered:
                 # Discovered tables that cannot be replicated are skipped (and noted), not fatal.
                 result["refused"] = [t for t in result["tables"] if t["table"] in discovered and t["problems"]]
@@ -145,7 +147,7 @@ def format_assessment(pipeline: str, assessment: dict[str, Any]) -> str:
         ready = sum(1 for t in assessment["tables"] if t["ready"])
         if ready:
             lines.append(f"{ready} other table(s) ready")
-        return "\n".join(lines)
+        return "\n".join(lines + _wal_lines(assessment))
     lines = [f"pipeline {pipeline}: config and source OK ({len(assessment['tables'])} tables)"]
     for t in assessment["tables"]:
         note = f"key ({', '.join(t['key'])}), replica identity {t['replica_identity']}, {t['columns']} columns"
@@ -160,4 +162,9 @@ def format_assessment(pipeline: str, assessment: dict[str, Any]) -> str:
         lines.append(f"  {t['table']}: {note}")
     for t in assessment.get("refused", []):
         lines.append(f"  {t['table']}: will be skipped: {'; '.join(t['problems'])}")
-    return "\n".join(lines)
+    return "\n".join(lines + _wal_lines(assessment))
+
+
+def _wal_lines(assessment: dict[str, Any]) -> list[str]:
+    wal = assessment.get("wal")
+    return [f"source max_slot_wal_keep_size: {wal['advice']}"] if wal else []

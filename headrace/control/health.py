@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from headrace.source.postgres.wal_guard import warning
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore
 
@@ -56,6 +57,9 @@ def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
             else:
                 reasons.append(f"table {row.qualified_name} failed {row.error_count} times ({row.error_kind}"
                                f" error, retrying): {row.error}")
+    wal = pipeline.wal_guard.current()
+    if wal is not None and (wal.lost or wal.over_limit):
+        reasons.append(warning(wal) or "")
     ready = not reasons
     return ready, {
         "ready": ready,
@@ -63,4 +67,5 @@ def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
         "capture_connected": bool(capture and capture.connected),
         "tables_over_retry_budget": failed,
         "retry_budget": RETRY_BUDGET,
+        "wal": wal.as_dict() | {"retained_wal_bytes": wal.retained_bytes} if wal is not None else None,
     }

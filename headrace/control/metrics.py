@@ -196,6 +196,21 @@ def _count_ops(paths: list[str], snapshot_lsn: int | None) -> tuple[dict[str, in
     return ops, last
 
 
+def _wal_gauges(wal: dict[str, Any] | None, limit: int) -> Iterator[Metric]:
+    """The WAL guard's figures: the warning threshold, the slot's WAL state, its remaining safe WAL."""
+    threshold = GaugeMetricFamily("headrace_slot_max_retained_wal_bytes",
+                                  "source.max_retained_wal: retained WAL above this is warned about")
+    threshold.add_metric([], float(limit))
+    lost = GaugeMetricFamily("headrace_slot_wal_lost", "1 when PostgreSQL invalidated the slot (wal_status lost)")
+    safe = GaugeMetricFamily("headrace_slot_safe_wal_bytes",
+                             "WAL the source may still write before it invalidates the slot (max_slot_wal_keep_size)")
+    if wal is not None:
+        lost.add_metric([], 1.0 if wal["wal_status"] == "lost" else 0.0)
+        if wal["safe_wal_bytes"] is not None:
+            safe.add_metric([], float(wal["safe_wal_bytes"]))
+    yield from (threshold, lost, safe)
+
+
 class _LiveCollector(Collector):
     """Positions, backlogs and states, read from the source and the state tables at scrape time."""
 
@@ -245,6 +260,7 @@ class _LiveCollector(Collector):
             if value is not None:
                 g.add_metric([], float(value))
             yield g
+        yield from _wal_gauges(status.get("wal"), p.config.source.max_retained_wal)
         per_table = {
             "headrace_table_state": ("Table lifecycle state (1 for the current one)", ["table", "state"]),
             "headrace_staged_changes_pending": ("Staged changes not yet applied", ["table"]),

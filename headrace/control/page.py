@@ -89,6 +89,12 @@ def _row(t: dict[str, Any], history: list[float]) -> str:
             f'<td class="err">{error}</td><td>{actions}</td></tr>')
 
 
+def _wal_warning(status: dict[str, Any]) -> str:
+    """The WAL guard's warning (slot over source.max_retained_wal, or lost), when there is one."""
+    warning = (status.get("wal") or {}).get("wal_warning")
+    return f'<div id="wal-warning" class="err">{escape(warning)}</div>' if warning else ""
+
+
 def render_page(pipeline: Pipeline, auth: bool) -> str:
     """The whole page for the pipeline as it is now."""
     status = pipeline.metrics.live_status()
@@ -114,7 +120,7 @@ def render_page(pipeline: Pipeline, auth: bool) -> str:
 <span>slot retains: {_fmt_bytes(slot.get('retained_wal_bytes'))}</span>{pipe_btn}
 <span><input id="add" placeholder="schema.table" size="18"><button id="add-btn" onclick="addTable()">Add table</button></span>
 <a href="/metrics">metrics</a><a href="/openapi.json">API</a></div>
-<div id="msg"></div>
+<div id="msg"></div>{_wal_warning(status)}
 <table id="tables"><thead><tr><th>table</th><th>state</th><th>lag</th><th>lag (time)</th><th>pending</th>
 <th>copied</th><th>applied</th><th>throughput (1 min)</th><th>last 5 min</th><th>last error</th><th></th></tr></thead>
 <tbody>{rows}</tbody></table>

@@ -62,6 +62,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "capture_lag_bytes": max(0, int(slot[3])) if slot and slot[3] is not None else None,
             },
             "captured_lsn": format_lsn(captured),
+            "wal": _slot_wal(config, dsn),
             "current_wal_lsn": format_lsn(int(current)),
             "tables": tables,
             "refused_tables": [{"table": r["table"], "oid": int(r["oid"]), "reason": r["reason"],
@@ -75,6 +76,15 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
         }
     finally:
         state.close()
+
+
+def _slot_wal(config: PipelineConfig, dsn: str) -> dict[str, Any] | None:
+    """WAL the slot keeps against ``source.max_retained_wal`` (None when there is no slot)."""
+    from headrace.source.postgres.wal_guard import read_slot_wal
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wal = read_slot_wal(conn, config.slot_name, config.source.max_retained_wal)
+    return wal.as_dict() if wal else None
 
 
 def _copy_progress(dsn: str, pipeline: str) -> dict[int, dict[str, int]]:
@@ -94,6 +104,8 @@ def format_status(status: dict[str, Any]) -> str:
     if slot:
         lines.append(f"slot {slot['name']}  confirmed_flush_lsn={slot['confirmed_flush_lsn']}  "
                      f"retained_wal={slot['retained_wal_bytes']} bytes  active={slot['active']}")
+    if (status.get("wal") or {}).get("wal_warning"):
+        lines.append(f"WARNING: {status['wal']['wal_warning']}")
     if status.get("note"):
         lines.append(status["note"])
     if status["tables"]:

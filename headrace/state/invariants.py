@@ -16,6 +16,7 @@ import psycopg
 from headrace.core.errors import SourceError
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
+from headrace.source.postgres.wal_guard import lost_message
 from headrace.state.store import StateStore, TableRow
 
 _TABLE_STATE = ("tables", "mat_cursor", "log_index", "snapshot_progress")
@@ -44,15 +45,17 @@ def check_slot(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> N
         return  # first run: the slot is created (or adopted) now
     captured = int(meta["captured_lsn"])
     acked = max(captured, int(meta.get("acked_lsn") or 0))
-    row = conn.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                       (slot,)).fetchone()
+    row = conn.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn, wal_status FROM pg_replication_slots"
+                       " WHERE slot_name = %s", (slot,)).fetchone()
     forget = forget_pipeline_sql(state.pipeline)
+    if row is not None and row[1] == "lost":
+        raise SourceError(lost_message(state.pipeline, slot))
     if row is None:
         raise SourceError(
             f"replication slot {slot} of pipeline {state.pipeline} no longer exists (dropped, or lost with a "
             f"failover), so the changes after {format_lsn(captured)} are gone from the WAL: the target can no "
             f"longer be kept exact. Copy every table again: drop this pipeline's state ({forget}) and run again; "
-            "the copies replace the target tables"
+            "the copies replace the target tables (`headrace reset -c <pipeline file> --yes` does the same)"
         )
     confirmed = int(row[0]) if row[0] is not None else 0
     if confirmed > acked:
@@ -60,7 +63,8 @@ def check_slot(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> N
             f"replication slot {slot} is at {format_lsn(confirmed)}, beyond the {format_lsn(acked)} pipeline "
             f"{state.pipeline} confirmed: someone else advanced or consumed it, or dropped and recreated it, so "
             f"changes in between were skipped. Copy every table again: drop this pipeline's state ({forget}) and "
-            "the slot (SELECT pg_drop_replication_slot('" + slot + "')), then run again"
+            "the slot (SELECT pg_drop_replication_slot('" + slot + "')), then run again (`headrace reset -c <pipeline "
+            "file> --yes` does both)"
         )
 
 

@@ -1,0 +1,1 @@
+"""OpenLineage run events for each initial copy and each apply batch (or a summary per interval)."""
