@@ -18,8 +18,9 @@ import duckdb
 import pyarrow as pa
 
 from headrace.config import DuckLakeConfig
-from headrace.core.errors import SchemaChangeError, TerminalError, TransientError
+from headrace.core.errors import SchemaChangeError, TerminalError, TransientError, UnsupportedError
 from headrace.core.interfaces import Target
+from headrace.core.names import display_ident, quote_ident, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
     HR_COMMIT_TS,
@@ -39,7 +40,6 @@ from headrace.targets.ducklake.types import (
     cast_out,
     duck_type,
     interval_value_to_text,
-    quote_ident,
     registers_directly,
     spark_type,
 )
@@ -87,6 +87,7 @@ class DuckLakeTarget(Target):
     # -- Target ------------------------------------------------------------------------------
     def ensure_table(self, table: TableSchema) -> str:
         """Create the schema and table (source columns + position columns) if missing."""
+        _refuse_case_twins(table)
         with self._lock:
             self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
             self._con.execute(self._create_sql(table).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
@@ -443,7 +444,7 @@ class DuckLakeTarget(Target):
         # Spark's default INT96 timestamps are not a DuckLake type; micros are (with/without zone).
         conf.set(key, "TIMESTAMP_MICROS")
         try:
-            rows.select(*[F.col(f"`{n}`") for n in names]).write.mode("errorifexists").parquet(folder)
+            rows.select(*[F.col(quote_spark(n)) for n in names]).write.mode("errorifexists").parquet(folder)
         finally:
             if previous is None:
                 conf.unset(key)
@@ -502,3 +503,17 @@ def _translate(exc: duckdb.Error, table: TableSchema) -> Exception:
     if isinstance(exc, duckdb.TransactionException | duckdb.IOException):
         return TransientError(f"DuckLake commit for {table.qualified_name} failed: {first}; will retry")
     return TerminalError(f"DuckLake write for {table.qualified_name} failed: {first}")
+
+
+def _refuse_case_twins(table: TableSchema) -> None:
+    """DuckDB (and so DuckLake) matches names case-insensitively: columns "ID" and "id" cannot live
+    in one table. Refuse such a table with the fix rather than fail on a DuckDB catalog error."""
+    seen: dict[str, str] = {}
+    for name in table.column_names:
+        twin = seen.setdefault(name.lower(), name)
+        if twin != name:
+            raise UnsupportedError(
+                f"table {table.qualified_name} has columns {display_ident(twin)} and {display_ident(name)}, which"
+                " differ only in case: DuckLake (DuckDB) names are case-insensitive and cannot hold both;"
+                f" rename one in the source (ALTER TABLE {table.qualified_name} RENAME COLUMN"
+                f" {display_ident(name)} TO <new name>) and resync the table, or replicate it to Iceberg")
