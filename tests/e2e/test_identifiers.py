@@ -160,11 +160,20 @@ def test_awkward_schemas_are_discovered(source_dsn: str, tmp_path: Path, spark: 
 
 
 def test_ducklake_refuses_case_twins(source_dsn: str, tmp_path: Path, spark: Any) -> None:
-    """DuckDB names are case-insensitive: a table with columns "ID" and id is refused with the fix."""
+    """DuckDB names are case-insensitive: columns "ID" and id in one table, or tables "Pair" and pair,
+    are refused with the fix, never mixed."""
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         _create(conn, TableName("public", "Twins"), 0)
-        schema = read_table_schema(conn, '"Twins"')
+        _create(conn, TableName("public", "Pair"), 0, twins=False)
+        _create(conn, TableName("public", "pair"), 0, twins=False)
+        twins, pair, pair_lower = (read_table_schema(conn, t) for t in ('"Twins"', '"Pair"', "pair"))
     pipeline = Pipeline(make_config(source_dsn, tmp_path, ['"Twins"'], "ducklake"), spark=spark)
-    with pytest.raises(UnsupportedError, match=r'columns "ID" and id, which differ only in case.*RENAME COLUMN'):
-        pipeline.target.ensure_table(schema)
-    pipeline.target.close()
+    try:
+        with pytest.raises(UnsupportedError, match=r'columns "ID" and id, which differ only in case.*RENAME COLUMN'):
+            pipeline.target.ensure_table(twins)
+        pipeline.target.ensure_table(pair)
+        with pytest.raises(UnsupportedError, match=r'public.pair would be DuckLake table public.pair, but the lake'
+                                                   r' has public."Pair"'):
+            pipeline.target.ensure_table(pair_lower)
+    finally:
+        pipeline.target.close()

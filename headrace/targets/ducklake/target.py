@@ -20,7 +20,7 @@ import pyarrow as pa
 from headrace.config import DuckLakeConfig
 from headrace.core.errors import SchemaChangeError, TerminalError, TransientError, UnsupportedError
 from headrace.core.interfaces import Target
-from headrace.core.names import display_ident, quote_ident, quote_spark
+from headrace.core.names import TableName, display_ident, quote_ident, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
     HR_COMMIT_TS,
@@ -84,11 +84,26 @@ class DuckLakeTarget(Target):
         # REPLICA IDENTITY FULL: every column identifies the row.
         return table.key or table.column_names
 
+    def _refuse_table_twin(self, table: TableSchema) -> None:
+        """Refuse a table whose name matches another lake table's but for case: DuckDB would take
+        one for the other and mix two source tables' rows."""
+        schema, name = self._schema(table), table.target_table
+        for have_schema, have_name in self._con.execute(
+                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?"
+                " AND lower(schema_name) = lower(?) AND lower(table_name) = lower(?)", [L, schema, name]).fetchall():
+            if (have_schema, have_name) != (schema, name):
+                raise UnsupportedError(
+                    f"table {table.qualified_name} would be DuckLake table {TableName(schema, name)}, but the lake"
+                    f" has {TableName(have_schema, have_name)}, a name that differs only in case: DuckDB names are"
+                    " case-insensitive; replicate only one of the two tables to this lake (remove"
+                    f" {table.qualified_name} from the pipeline), or rename one in the source")
+
     # -- Target ------------------------------------------------------------------------------
     def ensure_table(self, table: TableSchema) -> str:
         """Create the schema and table (source columns + position columns) if missing."""
         _refuse_case_twins(table)
         with self._lock:
+            self._refuse_table_twin(table)
             self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
             self._con.execute(self._create_sql(table).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
         return f"{self._schema(table)}.{table.target_table}"

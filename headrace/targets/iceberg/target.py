@@ -80,15 +80,19 @@ class IcebergTarget(Target):
         spark.conf.set(f"{prefix}.type", "hadoop")
         spark.conf.set(f"{prefix}.warehouse", settings.warehouse)
 
+    def _namespace(self, table: TableSchema) -> str:
+        """``catalog.namespace``, quoted for Spark SQL."""
+        namespace = self.settings.namespace or table.target_schema
+        return f"{quote_spark(self.settings.catalog_name)}.{quote_spark(namespace)}"
+
     def table_name(self, table: TableSchema) -> str:
         """``catalog.namespace.table``, quoted for Spark SQL."""
-        namespace = self.settings.namespace or table.target_schema
-        return ".".join(quote_spark(part) for part in (self.settings.catalog_name, namespace, table.target_table))
+        return f"{self._namespace(table)}.{quote_spark(table.target_table)}"
 
     def ensure_table(self, table: TableSchema) -> str:
         """Create the namespace and the table (format version 2) if missing; return the name."""
         name = self.table_name(table)
-        namespace = name.rsplit(".", 1)[0]
+        namespace = self._namespace(table)
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
         columns = [f"{quote_spark(c.name)} {spark_type(c.type).simpleString()}" for c in table.columns]
         columns += [f"{HR_LSN} bigint", f"{HR_SEQ} bigint", f"{HR_COMMIT_TS} timestamp"]
