@@ -24,7 +24,7 @@ from headrace.control.assess import assess_config, candidates
 from headrace.control.openapi import OPENAPI
 from headrace.control.operations import Command, OperationError, find_table
 from headrace.control.page import render_page
-from headrace.core.names import TableName, display_ident, quote_spark
+from headrace.control.status import target_name as status_target_name
 from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.state.store import StateStore
@@ -117,12 +117,8 @@ class ApiServer:
 
 
 def target_name(pipeline: Pipeline, schema: TableSchema) -> str:
-    """The table's name in the target, as the target's SQL spells it (quoted where it needs quotes)."""
-    settings: Any = pipeline.config.target.settings
-    if pipeline.config.target.kind == "iceberg":
-        parts = (settings.catalog_name, settings.namespace or schema.target_schema, schema.target_table)
-        return ".".join(p if display_ident(p) == p else quote_spark(p) for p in parts)
-    return str(TableName(settings.schema_ or schema.target_schema, schema.target_table))
+    """The table's name in the target (see ``status.target_name``)."""
+    return status_target_name(pipeline.config, schema)
 
 
 class _Handler(BaseHTTPRequestHandler):

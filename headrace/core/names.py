@@ -67,6 +67,18 @@ def display_ident(name: str) -> str:
     return quote_ident(name)
 
 
+def path_segment(name: str) -> str:
+    """``name`` as one directory name, for targets whose layout puts names in file paths.
+
+    A ``/`` would nest directories and ``.`` / ``..`` would climb out of the namespace (Iceberg's
+    Hadoop catalog put a table named ``..`` at the warehouse root). Those are percent-encoded, and
+    ``%`` too so the mapping stays one-to-one; every other name is kept as it is.
+    """
+    if name in (".", ".."):
+        return name.replace(".", "%2E")
+    return name.replace("%", "%25").replace("/", "%2F")
+
+
 class TableNameError(ValueError):
     """A table name in the config or an API call that does not parse; the message shows the fix."""
 

@@ -44,6 +44,7 @@ LISTED = [
     TableName("public", 'x.y"z'),  # a dot and a double quote
     TableName("public", LONG_TABLE),  # 63 bytes
     TableName("public", "in/out"),  # a slash: a directory separator for file-based catalogs
+    TableName("public", ".."),  # a path that climbs: mapped in the Iceberg Hadoop catalog
 ]
 ADDED = TableName("Sales", "User")  # added through the API while running
 
@@ -133,6 +134,12 @@ def test_awkward_names_listed_added_copied_streamed_and_shown(source_dsn: str, t
     shown = {t["table"]: t for t in pipeline_status(config)["tables"]}
     assert set(shown) == {str(t) for t in [*LISTED, ADDED]}
     assert all(t["state"] == "STREAMING" and not t["error"] for t in shown.values()), shown
+    if target == "iceberg":  # the Hadoop catalog keeps a table in <namespace>/<table>: mapped
+        assert shown['public."in/out"']["target_table"].endswith(".public.`in%2Fout`")
+        assert shown['public.".."']["target_table"].endswith(".public.`%2E%2E`")
+    else:
+        assert shown['public."in/out"']["target_table"] == 'public."in/out"'
+        assert shown['"Sales"."Order Items"']["target_table"] == '"Sales"."Order Items"'
     assert {str(t) for t in [*LISTED, ADDED]} <= _metric_tables(pipeline)
 
 

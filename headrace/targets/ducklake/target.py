@@ -20,7 +20,7 @@ import pyarrow as pa
 from headrace.config import DuckLakeConfig
 from headrace.core.errors import SchemaChangeError, TerminalError, TransientError, UnsupportedError
 from headrace.core.interfaces import Target
-from headrace.core.names import TableName, display_ident, quote_ident, quote_spark
+from headrace.core.names import TableName, display_ident, path_segment, quote_ident, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
     HR_COMMIT_TS,
@@ -106,7 +106,7 @@ class DuckLakeTarget(Target):
             self._refuse_table_twin(table)
             self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
             self._con.execute(self._create_sql(table).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
-        return f"{self._schema(table)}.{table.target_table}"
+        return str(TableName(self._schema(table), table.target_table))
 
     def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
         """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in.
@@ -446,7 +446,7 @@ class DuckLakeTarget(Target):
 
     def _snapshot_root(self, table: TableSchema) -> str:
         base = self.settings.data_path.rstrip("/")
-        return f"{base}/{SNAPSHOT_FOLDER}/{self._schema(table)}/{table.target_table}"
+        return f"{base}/{SNAPSHOT_FOLDER}/{path_segment(self._schema(table))}/{path_segment(table.target_table)}"
 
     def _write_parquet(self, table: TableSchema, rows: DataFrame, folder: str) -> None:
         """Spark writes the rows in target column order with microsecond timestamps."""

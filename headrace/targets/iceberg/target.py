@@ -27,7 +27,7 @@ from pyspark.sql.types import LongType, TimestampType
 from headrace.config import IcebergConfig
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.interfaces import Target
-from headrace.core.names import quote_spark
+from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
     HR_COMMIT_TS,
@@ -82,12 +82,16 @@ class IcebergTarget(Target):
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
-        namespace = self.settings.namespace or table.target_schema
+        namespace = path_segment(self.settings.namespace or table.target_schema)
         return f"{quote_spark(self.settings.catalog_name)}.{quote_spark(namespace)}"
 
     def table_name(self, table: TableSchema) -> str:
-        """``catalog.namespace.table``, quoted for Spark SQL."""
-        return f"{self._namespace(table)}.{quote_spark(table.target_table)}"
+        """``catalog.namespace.table``, quoted for Spark SQL.
+
+        The Hadoop catalog keeps a table in ``<warehouse>/<namespace>/<table>``: names that would
+        not stay one directory (``/``, ``.``, ``..``) are mapped by ``path_segment``.
+        """
+        return f"{self._namespace(table)}.{quote_spark(path_segment(table.target_table))}"
 
     def ensure_table(self, table: TableSchema) -> str:
         """Create the namespace and the table (format version 2) if missing; return the name."""
