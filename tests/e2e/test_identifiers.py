@@ -8,6 +8,7 @@ listed in ``source.tables``, found by ``source.schemas``, added through the API;
 
 from __future__ import annotations
 
+import html
 import json
 import urllib.error
 import urllib.parse
@@ -129,6 +130,11 @@ def test_awkward_names_listed_added_copied_streamed_and_shown(source_dsn: str, t
         for table in [*LISTED, ADDED]:  # each one by its URL-encoded display form
             status, body = _api(base, "GET", "/api/tables/" + urllib.parse.quote(str(table), safe=""))
             assert status == 200 and body["table"] == str(table), body
+        with urllib.request.urlopen(base + "/", timeout=60) as resp:  # the status page
+            page = resp.read().decode()
+        for table in [*LISTED, ADDED]:  # escaped for HTML, and for the JS of its buttons
+            assert f'<tr data-table="{html.escape(str(table))}">' in page
+            assert html.escape(json.dumps(str(table))) in page
         status, body = _api(base, "POST", "/api/tables/" + urllib.parse.quote('"Sales".User', safe="") + "/pause")
         assert status == 404 and '"Sales"."user"' in body["error"], body  # unquoted folds, as in SQL
     shown = {t["table"]: t for t in pipeline_status(config)["tables"]}
