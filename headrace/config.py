@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
+from headrace.core.names import TableName, TableNameError
 from headrace.lineage.config import LineageConfig
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -41,10 +42,13 @@ class SourceConfig(_Frozen):
 
     dsn: str | None = Field(None, description="libpq connection string or URL of the source database")
     dsn_env: str | None = Field(None, description="name of an environment variable holding the DSN")
-    tables: list[str] = Field(default_factory=list, description="tables to replicate, as schema.table")
+    tables: list[str] = Field(
+        default_factory=list, description="tables to replicate, in SQL syntax: schema.table or table (schema"
+        ' public); quoted parts are exact (\'"Sales"."Order Items"\'), unquoted parts fold to lower case'
+    )
     schemas: list[str] = Field(
         default_factory=list, description="instead of tables: replicate every table of these schemas, including"
-        " tables created later (picked up while running)"
+        " tables created later (picked up while running); exact names, no quoting (Sales, not sales)"
     )
     all_tables: bool = Field(
         False, description="instead of tables: replicate every table of the database (outside the system"
@@ -75,14 +79,22 @@ class SourceConfig(_Frozen):
     @field_validator("tables")
     @classmethod
     def _qualified(cls, tables: list[str]) -> list[str]:
+        # Kept in the display form (PostgreSQL's format('%I.%I')), which parses back to the same name.
         out = []
-        for name in tables:
-            if "." not in name:
-                name = f"public.{name}"
-            out.append(name)
+        for text in tables:
+            try:
+                out.append(str(TableName.parse(text)))
+            except TableNameError as exc:
+                raise ValueError(f"source.tables: {exc}") from None
         if len(set(out)) != len(out):
-            raise ValueError("source.tables lists a table twice")
+            twice = sorted({t for t in out if out.count(t) > 1})
+            raise ValueError(f"source.tables lists {', '.join(twice)} twice")
         return out
+
+    @property
+    def table_names(self) -> list[TableName]:
+        """``tables`` as exact (schema, name) pairs."""
+        return [TableName.parse(t) for t in self.tables]
 
     @model_validator(mode="after")
     def _one_way_of_naming_tables(self) -> SourceConfig:

@@ -23,6 +23,7 @@ from headrace.control.metrics import PipelineMetrics
 from headrace.control.operations import Operations, published_names
 from headrace.core.errors import SourceError, TerminalError
 from headrace.core.interfaces import Target, load_target
+from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.core.schema import TableSchema
 from headrace.lineage.emitter import Lineage
@@ -128,7 +129,7 @@ class Pipeline:
                     self.metrics.ddl_applied("create_table")
         return state
 
-    def _configured_tables(self, conn: psycopg.Connection[Any], state: StateStore) -> list[str]:
+    def _configured_tables(self, conn: psycopg.Connection[Any], state: StateStore) -> list[TableName]:
         """The tables the config names; with schemas / all_tables, those found that can be replicated.
 
         A discovered table that cannot be replicated does not stop the others: it is noted as
@@ -136,9 +137,10 @@ class Pipeline:
         """
         source = self.config.source
         if not source.discovers:
-            return list(source.tables)
+            return source.table_names
         tracked = {r.oid for r in state.tables()}
-        names, refused = [], set()
+        names: list[TableName] = []
+        refused = set()
         for oid, name in list_tables(conn, source.schemas or None).items():
             problems = [] if oid in tracked else table_problems(conn, name, self.config.publication_name)
             if problems:
@@ -146,7 +148,7 @@ class Pipeline:
                 if state.refuse_table(oid, name, "; ".join(problems)):
                     event(log, "table.refused", logging.WARNING, table=name, oid=oid, reason="; ".join(problems))
             else:
-                names.append(name)
+                names.append(TableName.parse(name))
         state.forget_refused(refused)
         return names
 

@@ -98,6 +98,9 @@ def build_session(
         "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
         "spark.sql.avro.datetimeRebaseModeInWrite": "CORRECTED",
         "spark.sql.avro.datetimeRebaseModeInRead": "CORRECTED",
+        # PostgreSQL column names are case-sensitive ("ID" and id are two columns); Spark's default
+        # would resolve both to one and fail the table.
+        "spark.sql.caseSensitive": "true",
     }
     if "spark.jars.packages" not in conf:
         jars = iceberg_jars()
@@ -110,6 +113,8 @@ def build_session(
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    # A session that was running already keeps its runtime conf: headrace's names need this one.
+    session.conf.set("spark.sql.caseSensitive", "true")
     if not master.startswith("local"):
         session.sparkContext.addPyFile(_package_zip())
     session.sparkContext.setLogLevel("WARN")

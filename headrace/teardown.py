@@ -28,6 +28,7 @@ from psycopg import sql
 from headrace.config import PipelineConfig
 from headrace.core.errors import SourceError
 from headrace.core.interfaces import Target
+from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
 from headrace.state.store import StateStore
 
@@ -60,7 +61,7 @@ class Leftovers:
         if self.staging_dir:
             out.append(f"staging folder {self.staging_dir} ({self.staged_files} staged files)")
         if targets:
-            out += [f"target table {t.target_schema}.{t.target_table} (source {t.qualified_name})"
+            out += [f"target table {TableName(t.target_schema, t.target_table)} (source {t.qualified_name})"
                     for t in self.tables]
         return out
 

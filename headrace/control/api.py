@@ -24,6 +24,7 @@ from headrace.control.assess import assess_config, candidates
 from headrace.control.openapi import OPENAPI
 from headrace.control.operations import Command, OperationError, find_table
 from headrace.control.page import render_page
+from headrace.control.status import target_name as status_target_name
 from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.outage import lost_connection
@@ -117,11 +118,8 @@ class ApiServer:
 
 
 def target_name(pipeline: Pipeline, schema: TableSchema) -> str:
-    """The table's name in the target, as the target names it."""
-    settings: Any = pipeline.config.target.settings
-    if pipeline.config.target.kind == "iceberg":
-        return f"{settings.catalog_name}.{settings.namespace or schema.target_schema}.{schema.target_table}"
-    return f"{settings.schema_ or schema.target_schema}.{schema.target_table}"
+    """The table's name in the target (see ``status.target_name``)."""
+    return status_target_name(pipeline.config, schema)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -7,15 +7,17 @@ and every problem as a sentence that names the table and the fix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from headrace.config import PipelineConfig, redacted_dsn
+from headrace.core.names import TableName
 from headrace.core.schema import TypeKind
 from headrace.outage import recorded_source_problems
 from headrace.source.postgres.catalog import (
-    RELATION_SQL,
+    find_relation,
     list_tables,
     problems_of_table,
     published_oids,
@@ -32,7 +34,7 @@ REPLICA_IDENTITY = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 _PLAIN_TEXT = ("text", "character varying", "character", "name", "citext", "bpchar", "varchar")
 
 _CANDIDATES = """
-SELECT format('%I.%I', n.nspname, c.relname)
+SELECT n.nspname, c.relname
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND n.nspname NOT IN ('pg_catalog', 'information_schema', '_headrace') AND n.nspname NOT LIKE 'pg_toast%'
@@ -41,18 +43,18 @@ ORDER BY 1
 """
 
 
-def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
+def assess_table(conn: Conn, table: str | TableName, published: set[int]) -> dict[str, Any]:
     """What replicating ``table`` would meet; ``ready`` is True when nothing stands in the way."""
     problems = problems_of_table(conn, table, published)
-    row = conn.execute(RELATION_SQL, (table,)).fetchone()
+    row = find_relation(conn, table)
     if row is None:
-        return {"table": table, "oid": None, "exists": False, "ready": False, "problems": problems}
+        return {"table": str(table), "oid": None, "exists": False, "ready": False, "problems": problems}
     oid, schema_name, name, kind, replident, owner = row
-    out: dict[str, Any] = {"table": f"{schema_name}.{name}", "oid": int(oid), "exists": True}
+    out: dict[str, Any] = {"table": str(TableName(schema_name, name)), "oid": int(oid), "exists": True}
     if kind not in ("r", "p"):
         return {**out, "ready": False, "problems": problems}
     primary, _ = table_keys(conn, oid)
-    schema = read_table_schema(conn, table)
+    schema = read_table_schema(conn, TableName(schema_name, name))
     as_text = [
         {"column": c.name, "pg_type": c.type.pg_type}
         for c in schema.columns
@@ -88,7 +90,7 @@ def assess_table(conn: Conn, table: str, published: set[int]) -> dict[str, Any]:
     }
 
 
-def assess(conn: Conn, tables: list[str], publication: str) -> dict[str, Any]:
+def assess(conn: Conn, tables: Sequence[str | TableName], publication: str) -> dict[str, Any]:
     """The server's readiness and each table's assessment; ``problems`` lists all of them."""
     server = server_problems(conn)
     published = published_oids(conn, publication)
@@ -131,8 +133,8 @@ def candidates(conn: Conn, publication: str, tracked: set[str]) -> list[dict[str
     """Every ordinary table of the source database, assessed, with whether it is replicated now."""
     published = published_oids(conn, publication)
     out = []
-    for (name,) in conn.execute(_CANDIDATES).fetchall():
-        item = assess_table(conn, name, published)
+    for schema_name, name in conn.execute(_CANDIDATES).fetchall():
+        item = assess_table(conn, TableName(schema_name, name), published)
         item["tracked"] = item["table"] in tracked
         out.append(item)
     return out

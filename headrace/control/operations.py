@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from headrace.core.errors import HeadraceError, SourceError
+from headrace.core.names import TableName, TableNameError
 from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.source.postgres.catalog import read_table_schema
@@ -143,12 +144,11 @@ class Operations:
 
     def add_table(self, name: str) -> Command:
         def command(state: StateStore) -> dict[str, Any]:
-            qualified = name if "." in name else f"public.{name}"
-            schema = self.start_tracking(state, qualified)
+            schema = self.start_tracking(state, parse_table(name))
             return {"table": schema.qualified_name, "oid": schema.oid, "state": TableState.PENDING.value}
         return command
 
-    def start_tracking(self, state: StateStore, qualified: str) -> TableSchema:
+    def start_tracking(self, state: StateStore, qualified: str | TableName) -> TableSchema:
         """Assess, capture, publish and track table ``qualified`` (PENDING: the run loop copies it).
 
         Shared by the API's add-table and by discovery. Raises ``OperationError`` when the table is
@@ -165,16 +165,16 @@ class Operations:
             assessment = assess(conn, [qualified], p.config.publication_name)
             (table,) = assessment["tables"]
             if not table["exists"]:
-                raise OperationError(f"table {qualified} does not exist in the source", 404)
+                raise OperationError("; ".join(table["problems"]) or f"table {qualified} does not exist", 404)
             if any(r.oid == table["oid"] for r in tracked):
                 raise OperationError(f"table {table['table']} is replicated already", 409)
             if assessment["problems"]:
                 raise OperationError("; ".join(assessment["problems"]), 422)
-            schema = read_table_schema(conn, table["table"])
+            schema = read_table_schema(conn, int(table["oid"]))
             if p.capture is not None:
                 p.capture.track(schema)  # before the publication: its first RELATION must be kept
             ensure_publication(conn, p.config.publication_name,
-                               published_names(conn, tracked) + [schema.qualified_name])
+                               published_names(conn, tracked) + [schema.table_name])
         state.add_table(schema)
         event(log, "table.added", table=schema.qualified_name, oid=schema.oid)
         return schema
@@ -197,22 +197,36 @@ class Operations:
         return command
 
 
-def published_names(conn: psycopg.Connection[Any], rows: list[TableRow]) -> list[str]:
-    """Current ``schema.table`` names of the tracked tables that still exist in the source.
+def published_names(conn: psycopg.Connection[Any], rows: list[TableRow]) -> list[TableName]:
+    """Current names of the tracked tables that still exist in the source.
 
     By oid, so a renamed table keeps its place, and a dropped one (not finished yet) drops out.
     """
-    found = dict(conn.execute(
-        "SELECT c.oid::int8, format('%%I.%%I', n.nspname, c.relname) FROM pg_class c"
+    found = {oid: TableName(schema, name) for oid, schema, name in conn.execute(
+        "SELECT c.oid::int8, n.nspname, c.relname FROM pg_class c"
         " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])",
-        ([r.oid for r in rows],)).fetchall())
+        ([r.oid for r in rows],)).fetchall()}
     return [found[r.oid] for r in rows if r.oid in found]
 
 
+def parse_table(name: str) -> TableName:
+    """An operator's table name (SQL syntax, a bare name meaning public); 400 when it does not parse."""
+    try:
+        return TableName.parse(name)
+    except TableNameError as exc:
+        raise OperationError(str(exc), 400) from None
+
+
 def find_table(state: StateStore, name: str) -> TableRow:
-    """The tracked table called ``name`` (``schema.table``, a bare name meaning public, or an oid)."""
-    qualified = name if "." in name or name.isdigit() else f"public.{name}"
-    for row in state.tables():
-        if row.qualified_name == qualified or str(row.oid) == name:
+    """The tracked table called ``name`` (``schema.table`` in SQL syntax, a bare name meaning public,
+    or an oid)."""
+    rows = state.tables()
+    if name.isdigit():
+        for row in rows:
+            if str(row.oid) == name:
+                return row
+    wanted = parse_table(name)
+    for row in rows:
+        if row.schema.table_name == wanted:
             return row
-    raise OperationError(f"table {name} is not replicated by this pipeline", 404)
+    raise OperationError(f"table {wanted} is not replicated by this pipeline", 404)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from html import escape
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,7 @@ def _sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
 
 def _row(t: dict[str, Any], history: list[float]) -> str:
     name = escape(t["table"])
-    js_name = escape(repr(t["table"]))
+    js_name = escape(json.dumps(t["table"]))  # a JS string literal for any name, then HTML-escaped
     if t["state"] == "PAUSED" or t.get("waits_for_operator"):
         actions = f'<button onclick="tableAct({js_name}, \'resume\')">Resume</button>'
     else:

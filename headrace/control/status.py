@@ -7,9 +7,33 @@ from typing import Any
 import psycopg
 
 from headrace.config import PipelineConfig
+from headrace.core.names import TableName, display_ident, path_segment, quote_spark
 from headrace.core.position import format_lsn
+from headrace.core.schema import TableSchema
 from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore
+
+
+def target_name(config: PipelineConfig, schema: TableSchema) -> str:
+    """The table's name in the target, as the target's SQL spells it (quoted where it needs quotes).
+
+    Iceberg (Hadoop catalog) names that cannot be one directory are mapped by ``path_segment``.
+    """
+    settings: Any = config.target.settings
+    if config.target.kind == "iceberg":
+        namespace = path_segment(settings.namespace or schema.target_schema)
+        parts = (settings.catalog_name, namespace, path_segment(schema.target_table))
+        return ".".join(p if display_ident(p) == p else quote_spark(p) for p in parts)
+    return str(TableName(settings.schema_ or schema.target_schema, schema.target_table))
+
+
+def target_name_mapped(config: PipelineConfig, schema: TableSchema) -> bool:
+    """Whether the target holds the table under a mapped name (see ``target_name``)."""
+    settings: Any = config.target.settings
+    if config.target.kind != "iceberg":
+        return False
+    parts = (settings.namespace or schema.target_schema, schema.target_table)
+    return any(path_segment(p) != p for p in parts)
 
 
 def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
@@ -36,6 +60,8 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
             applied_through = captured if caught_up else (row.applied_lsn or row.snapshot_lsn or 0)
             tables.append({
                 "table": row.qualified_name,
+                "target_table": target_name(config, row.schema),
+                "target_name_mapped": target_name_mapped(config, row.schema),
                 "oid": row.oid,
                 "state": row.state.value,
                 "snapshot_lsn": format_lsn(row.snapshot_lsn) if row.snapshot_lsn is not None else None,
@@ -117,6 +143,8 @@ def format_status(status: dict[str, Any]) -> str:
                          f"  {t['error'] or ''}")
             if t["state"] == "ERRORED":
                 lines.append(f"  {error_summary(t)}")
+            if t.get("target_name_mapped"):
+                lines.append(f"  {t['table']} is {t['target_table']} in the target (a name a file path cannot hold)")
     for r in status.get("refused_tables") or []:
         lines.append(f"refused {r['table']}: {r['reason']}")
     ddl = status.get("ddl") or {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from headrace.core.errors import SchemaChangeError
+from headrace.core.names import TableName
 
 
 class TypeKind(str, Enum):
@@ -82,9 +83,14 @@ class TableSchema:
     target_as: tuple[str, str] | None = field(default=None, compare=False, hash=False)
 
     @property
+    def table_name(self) -> TableName:
+        """The source table's exact (schema, name)."""
+        return TableName(self.schema, self.name)
+
+    @property
     def qualified_name(self) -> str:
-        """``schema.table`` as PostgreSQL users write it."""
-        return f"{self.schema}.{self.name}"
+        """``schema.table`` as PostgreSQL quotes it (``public.orders``, ``public."Order Items"``)."""
+        return str(self.table_name)
 
     def column(self, name: str) -> Column:
         """The column called ``name``; KeyError if there is none."""

@@ -16,11 +16,11 @@ import duckdb
 import pyarrow as pa
 
 from headrace.core.errors import HeadraceError, TerminalError, TransientError
+from headrace.core.names import quote_ident
 from headrace.fanout.config import DestinationConfig
 from headrace.fanout.cursors import ApplyCounts
 from headrace.fanout.planner import DestinationChanges
 from headrace.source.ducklake.reader import SourceColumn
-from headrace.targets.ducklake.types import quote_ident
 
 
 class CursorMismatch(HeadraceError):

@@ -20,6 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from headrace.core.errors import TerminalError
+from headrace.core.names import quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
 from headrace.log.staging import STAGING_SPARK_DDL
@@ -180,11 +181,6 @@ def net_row_changes(images: DataFrame, table: TableSchema) -> DataFrame:
         F.when(F.col("_n") > 0, F.lit(1)).otherwise(F.col("_n")).cast("int").alias(HR_DELTA),
         F.explode(copies).alias("_copy"),
     ).drop("_copy")
-
-
-def quote_spark(name: str) -> str:
-    """A column name for ``F.col``: backticks, so dots and spaces in names are literal."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 KEY_CHANGE_HOPS = 2  # key changes of one row within a batch followed to find an unchanged TOAST value

@@ -214,13 +214,10 @@ def schema_at_snapshot(conn: psycopg.Connection[Any], tracked: TableSchema, snap
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-        found = conn.execute(
-            "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s", (tracked.oid,)
-        ).fetchone()
+        found = conn.execute("SELECT 1 FROM pg_class WHERE oid = %s", (tracked.oid,)).fetchone()
         if found is None:
             raise SourceError(f"table {tracked.qualified_name} (oid {tracked.oid}) no longer exists in the source")
-        schema = read_table_schema(conn, found[0])
+        schema = read_table_schema(conn, tracked.oid)
     finally:
         conn.execute("ROLLBACK")
     renamed = (schema.schema, schema.name) != (tracked.schema, tracked.name)

@@ -20,6 +20,7 @@ import yaml
 
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, parse_config
+from headrace.core.names import quote_spark
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.catalog import read_table_schema
@@ -99,7 +100,7 @@ def _float32(value: float) -> float:
 
 def target_rows(pipeline: Any, schema: TableSchema) -> list[tuple[Any, ...]]:
     """The target table's source columns, sorted and normalised like ``source_rows``."""
-    df = pipeline.target.read_table(schema).select(*[f"`{c}`" for c in schema.column_names])
+    df = pipeline.target.read_table(schema).select(*[quote_spark(c) for c in schema.column_names])
     out = []
     for row in df.collect():
         values = []

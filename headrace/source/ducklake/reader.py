@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from headrace.core.errors import ConfigError, TransientError
-from headrace.targets.ducklake.types import quote_ident
+from headrace.core.names import quote_ident
 
 INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
                  "UINTEGER", "UBIGINT"}

@@ -6,6 +6,7 @@ transaction, so a caller that imported an exported snapshot reads the schema as 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,16 +14,41 @@ import psycopg
 
 from headrace.core.changes import Relation
 from headrace.core.errors import SourceError
+from headrace.core.names import TableName
 from headrace.core.schema import Column, TableSchema
 from headrace.source.postgres.types import TypeCatalog
 
 Conn = psycopg.Connection[Any]
 
+# By exact (schema, name): a name is never re-parsed from text by the server (to_regclass would fold
+# case, split on dots and fail on anything but valid SQL syntax).
 RELATION_SQL = """
 SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident::text, c.relowner
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass(%s)
+WHERE n.nspname = %s AND c.relname = %s
 """
+
+
+def find_relation(conn: Conn, table: str | TableName | int) -> tuple[Any, ...] | None:
+    """``RELATION_SQL``'s row for ``table`` (a ``TableName``, its SQL spelling or an oid), or None."""
+    if isinstance(table, int):
+        return conn.execute(RELATION_SQL.replace("n.nspname = %s AND c.relname = %s", "c.oid = %s"),
+                            (table,)).fetchone()
+    name = table if isinstance(table, TableName) else TableName.parse(table)
+    return conn.execute(RELATION_SQL, (name.schema, name.name)).fetchone()
+
+
+def missing_table(conn: Conn, table: str | TableName | int, fix: str) -> str:
+    """The sentence for a table that does not exist, naming same-named tables in another case."""
+    if isinstance(table, int):
+        return f"table with oid {table} does not exist: {fix}"
+    name = table if isinstance(table, TableName) else TableName.parse(table)
+    near = [str(TableName(s, n)) for s, n in conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind IN ('r', 'p')"
+        " ORDER BY 1, 2", (name.schema, name.name)).fetchall()]
+    hint = f" (did you mean {' or '.join(near)}? unquoted names fold to lower case; quote them)" if near else ""
+    return f"table {name} does not exist{hint}: {fix}"
 
 # Generated columns are left out before PostgreSQL 18: pgoutput does not send them, and a snapshot
 # that copied them would give the target columns the change stream never fills. From 18 on, stored
@@ -88,16 +114,17 @@ def table_keys(conn: Conn, oid: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return primary, replident
 
 
-def read_table_schema(conn: Conn, qualified_name: str, types: TypeCatalog | None = None) -> TableSchema:
-    """The schema of table ``qualified_name`` (``schema.table``, as SQL would parse it).
+def read_table_schema(conn: Conn, qualified_name: str | TableName | int, types: TypeCatalog | None = None
+                      ) -> TableSchema:
+    """The schema of table ``qualified_name`` (a ``TableName``, ``schema.table`` in SQL syntax, or an oid).
 
     The key is what identifies a row in the change stream: the REPLICA IDENTITY USING INDEX
     columns when one is set (pgoutput then sends exactly those as the old key), else the primary
     key, else ``()``. Raises ``SourceError`` if the table does not exist.
     """
-    row = conn.execute(RELATION_SQL, (qualified_name,)).fetchone()
+    row = find_relation(conn, qualified_name)
     if row is None:
-        raise SourceError(f"table {qualified_name} does not exist: create it or fix the table list")
+        raise SourceError(missing_table(conn, qualified_name, "create it or fix the table list"))
     oid, schema, name, _kind, replident, _owner = row
     types = types or TypeCatalog(conn)
     facts = column_facts(conn, oid)
@@ -193,12 +220,13 @@ def server_problems(conn: Conn) -> list[str]:
     return problems
 
 
-def problems_of_table(conn: Conn, table: str, published: set[int]) -> list[str]:
-    row = conn.execute(RELATION_SQL, (table,)).fetchone()
+def problems_of_table(conn: Conn, table: str | TableName, published: set[int]) -> list[str]:
+    """Why ``table`` cannot be replicated (empty when it can), each problem naming the fix."""
+    row = find_relation(conn, table)
     if row is None:
-        return [f"table {table} does not exist: create it or remove it from the table list"]
+        return [missing_table(conn, table, "create it or remove it from the table list")]
     oid, schema, name, kind, replident, owner = row
-    qualified = f"{schema}.{name}"
+    qualified = str(TableName(schema, name))
     if kind not in ("r", "p"):
         return [f"{qualified} is not a table (relkind {kind}): only tables can be replicated"]
     problems = []
@@ -239,14 +267,14 @@ def published_oids(conn: Conn, publication: str) -> set[int]:
         oid
         for (oid,) in conn.execute(
             # pg_publication_tables also expands FOR ALL TABLES and FOR TABLES IN SCHEMA.
-            "SELECT format('%%I.%%I', schemaname, tablename)::regclass::oid::int8"
-            " FROM pg_publication_tables WHERE pubname = %s",
+            "SELECT c.oid::int8 FROM pg_publication_tables p JOIN pg_namespace n ON n.nspname = p.schemaname"
+            " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename WHERE p.pubname = %s",
             (publication,),
         ).fetchall()
     }
 
 
-def check_source(conn: Conn, tables: list[str], publication: str) -> list[str]:
+def check_source(conn: Conn, tables: Sequence[str | TableName], publication: str) -> list[str]:
     """Everything that stops replication of ``tables`` through ``publication``, as human sentences.
 
     Each problem names the object and the fix; an empty list means the source is ready.
@@ -273,12 +301,12 @@ ORDER BY 2
 
 
 def list_tables(conn: Conn, schemas: list[str] | None) -> dict[int, str]:
-    """oid → ``schema.table`` of every table in ``schemas`` (every non-system schema when None).
+    """oid → ``schema.table`` (display form) of every table in ``schemas`` (all non-system ones when None).
 
     Partitions are not listed (their partitioned root is); nor are headrace's own ``_headrace`` tables.
     """
     rows = conn.execute(_SCHEMA_TABLES, (list(_SYSTEM_SCHEMAS), schemas, schemas)).fetchall()
-    return {int(oid): f"{schema}.{name}" for oid, _quoted, schema, name in rows}
+    return {int(oid): str(TableName(schema, name)) for oid, _quoted, schema, name in rows}
 
 
 def existing_oids(conn: Conn, oids: list[int]) -> set[int]:
@@ -287,7 +315,7 @@ def existing_oids(conn: Conn, oids: list[int]) -> set[int]:
         "SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s::oid[])", (oids,)).fetchall()}
 
 
-def table_problems(conn: Conn, table: str, publication: str) -> list[str]:
+def table_problems(conn: Conn, table: str | TableName, publication: str) -> list[str]:
     """Why ``table`` cannot be replicated through ``publication`` (empty when it can), as sentences."""
     return problems_of_table(conn, table, published_oids(conn, publication))
 

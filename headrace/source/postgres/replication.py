@@ -12,6 +12,7 @@ import re
 import secrets
 import select
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -22,7 +23,9 @@ from psycopg import sql
 
 from headrace.core.changes import Event
 from headrace.core.errors import HeadraceError, SourceError, TransientError
+from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
+from headrace.source.postgres.catalog import find_relation, missing_table
 from headrace.source.postgres.pgoutput import decode
 
 Conn = psycopg.Connection[Any]
@@ -39,22 +42,18 @@ GENERATED_COLUMNS_VERSION = 180000
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
-def _resolve_tables(conn: Conn, tables: list[str]) -> dict[int, sql.Composable]:
+def _resolve_tables(conn: Conn, tables: Sequence[str | TableName]) -> dict[int, sql.Composable]:
     """oid → quoted ``schema.table`` for each name; SourceError for a missing table."""
     resolved: dict[int, sql.Composable] = {}
     for table in tables:
-        row = conn.execute(
-            "SELECT c.oid, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE c.oid = to_regclass(%s)",
-            (table,),
-        ).fetchone()
+        row = find_relation(conn, table)
         if row is None:
-            raise SourceError(f"table {table} does not exist: create it or remove it from the table list")
+            raise SourceError(missing_table(conn, table, "create it or remove it from the table list"))
         resolved[row[0]] = sql.Identifier(row[1], row[2])
     return resolved
 
 
-def ensure_publication(conn: Conn, name: str, tables: list[str]) -> None:
+def ensure_publication(conn: Conn, name: str, tables: Sequence[str | TableName]) -> None:
     """Make publication ``name`` publish exactly ``tables`` (create it, or SET TABLE if it differs).
 
     Idempotent. A publication FOR ALL TABLES is left alone: it already covers every table.

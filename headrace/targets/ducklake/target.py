@@ -18,8 +18,9 @@ import duckdb
 import pyarrow as pa
 
 from headrace.config import DuckLakeConfig
-from headrace.core.errors import SchemaChangeError
+from headrace.core.errors import SchemaChangeError, UnsupportedError
 from headrace.core.interfaces import Target
+from headrace.core.names import TableName, display_ident, path_segment, quote_ident, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
     HR_COMMIT_TS,
@@ -37,7 +38,6 @@ from headrace.targets.ducklake.types import (
     cast_in,
     cast_out,
     duck_type,
-    quote_ident,
     registers_directly,
     spark_type,
 )
@@ -83,13 +83,29 @@ class DuckLakeTarget(Target):
         # REPLICA IDENTITY FULL: every column identifies the row.
         return table.key or table.column_names
 
+    def _refuse_table_twin(self, table: TableSchema) -> None:
+        """Refuse a table whose name matches another lake table's but for case: DuckDB would take
+        one for the other and mix two source tables' rows."""
+        schema, name = self._schema(table), table.target_table
+        for have_schema, have_name in self._con.execute(
+                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?"
+                " AND lower(schema_name) = lower(?) AND lower(table_name) = lower(?)", [L, schema, name]).fetchall():
+            if (have_schema, have_name) != (schema, name):
+                raise UnsupportedError(
+                    f"table {table.qualified_name} would be DuckLake table {TableName(schema, name)}, but the lake"
+                    f" has {TableName(have_schema, have_name)}, a name that differs only in case: DuckDB names are"
+                    " case-insensitive; replicate only one of the two tables to this lake (remove"
+                    f" {table.qualified_name} from the pipeline), or rename one in the source")
+
     # -- Target ------------------------------------------------------------------------------
     def ensure_table(self, table: TableSchema) -> str:
         """Create the schema and table (source columns + position columns) if missing."""
+        _refuse_case_twins(table)
         with self._lock:
+            self._refuse_table_twin(table)
             self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
             self._con.execute(self._create_sql(table).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
-        return f"{self._schema(table)}.{table.target_table}"
+        return str(TableName(self._schema(table), table.target_table))
 
     def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
         """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in.
@@ -420,7 +436,7 @@ class DuckLakeTarget(Target):
 
     def _snapshot_root(self, table: TableSchema) -> str:
         base = self.settings.data_path.rstrip("/")
-        return f"{base}/{SNAPSHOT_FOLDER}/{self._schema(table)}/{table.target_table}"
+        return f"{base}/{SNAPSHOT_FOLDER}/{path_segment(self._schema(table))}/{path_segment(table.target_table)}"
 
     def _write_parquet(self, table: TableSchema, rows: DataFrame, folder: str) -> None:
         """Spark writes the rows in target column order with microsecond timestamps."""
@@ -433,7 +449,7 @@ class DuckLakeTarget(Target):
         # Spark's default INT96 timestamps are not a DuckLake type; micros are (with/without zone).
         conf.set(key, "TIMESTAMP_MICROS")
         try:
-            rows.select(*[F.col(f"`{n}`") for n in names]).write.mode("errorifexists").parquet(folder)
+            rows.select(*[F.col(quote_spark(n)) for n in names]).write.mode("errorifexists").parquet(folder)
         finally:
             if previous is None:
                 conf.unset(key)
@@ -483,3 +499,17 @@ def _to_arrow(changes: DataFrame) -> pa.Table:
     batches = changes._collect_as_arrow()
     schema = to_arrow_schema(changes.schema)
     return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+
+
+def _refuse_case_twins(table: TableSchema) -> None:
+    """DuckDB (and so DuckLake) matches names case-insensitively: columns "ID" and "id" cannot live
+    in one table. Refuse such a table with the fix rather than fail on a DuckDB catalog error."""
+    seen: dict[str, str] = {}
+    for name in table.column_names:
+        twin = seen.setdefault(name.lower(), name)
+        if twin != name:
+            raise UnsupportedError(
+                f"table {table.qualified_name} has columns {display_ident(twin)} and {display_ident(name)}, which"
+                " differ only in case: DuckLake (DuckDB) names are case-insensitive and cannot hold both;"
+                f" rename one in the source (ALTER TABLE {table.qualified_name} RENAME COLUMN"
+                f" {display_ident(name)} TO <new name>) and resync the table, or replicate it to Iceberg")

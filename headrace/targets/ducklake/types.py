@@ -35,11 +35,6 @@ _SIMPLE: dict[TypeKind, str] = {
 TEXT_KINDS = frozenset({TypeKind.UUID, TypeKind.JSON, TypeKind.TIME})
 
 
-def quote_ident(name: str) -> str:
-    """A DuckDB identifier, quoted so any source column name works."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def duck_type(col_type: ColumnType) -> str:
     """The DuckDB type that stores ``col_type``."""
     if col_type.kind is TypeKind.DECIMAL:

@@ -27,6 +27,7 @@ from pyspark.sql.types import LongType, TimestampType
 from headrace.config import IcebergConfig
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.interfaces import Target
+from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
     HR_COMMIT_TS,
@@ -50,11 +51,6 @@ TABLE_PROPERTIES = {
     "write.update.mode": WRITE_MODE,
     "write.merge.mode": WRITE_MODE,
 }
-
-
-def quote(name: str) -> str:
-    """A Spark SQL identifier for any name: backticks, with backticks inside doubled."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _string_literal(text: str) -> str:
@@ -84,17 +80,25 @@ class IcebergTarget(Target):
         spark.conf.set(f"{prefix}.type", "hadoop")
         spark.conf.set(f"{prefix}.warehouse", settings.warehouse)
 
+    def _namespace(self, table: TableSchema) -> str:
+        """``catalog.namespace``, quoted for Spark SQL."""
+        namespace = path_segment(self.settings.namespace or table.target_schema)
+        return f"{quote_spark(self.settings.catalog_name)}.{quote_spark(namespace)}"
+
     def table_name(self, table: TableSchema) -> str:
-        """``catalog.namespace.table``, quoted for Spark SQL."""
-        namespace = self.settings.namespace or table.target_schema
-        return ".".join(quote(part) for part in (self.settings.catalog_name, namespace, table.target_table))
+        """``catalog.namespace.table``, quoted for Spark SQL.
+
+        The Hadoop catalog keeps a table in ``<warehouse>/<namespace>/<table>``: names that would
+        not stay one directory (``/``, ``.``, ``..``) are mapped by ``path_segment``.
+        """
+        return f"{self._namespace(table)}.{quote_spark(path_segment(table.target_table))}"
 
     def ensure_table(self, table: TableSchema) -> str:
         """Create the namespace and the table (format version 2) if missing; return the name."""
         name = self.table_name(table)
-        namespace = name.rsplit(".", 1)[0]
+        namespace = self._namespace(table)
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
-        columns = [f"{quote(c.name)} {spark_type(c.type).simpleString()}" for c in table.columns]
+        columns = [f"{quote_spark(c.name)} {spark_type(c.type).simpleString()}" for c in table.columns]
         columns += [f"{HR_LSN} bigint", f"{HR_SEQ} bigint", f"{HR_COMMIT_TS} timestamp"]
         properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
         self.spark.sql(
@@ -112,7 +116,7 @@ class IcebergTarget(Target):
 
     def _shaped(self, table: TableSchema, rows: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         """``rows`` reduced to the target's columns, in order, with the target's types."""
-        columns = [F.col(quote(c.name)).cast(spark_type(c.type)).alias(c.name) for c in table.columns]
+        columns = [F.col(quote_spark(c.name)).cast(spark_type(c.type)).alias(c.name) for c in table.columns]
         columns += [
             F.col(HR_LSN).cast("bigint"),
             F.col(HR_SEQ).cast("bigint"),
@@ -174,7 +178,7 @@ class IcebergTarget(Target):
         """Rows whose key changed leaving TOAST columns unchanged (``_hr_from``: the old key) take
         those columns from the old key's row in the target, read before the MERGE changes it."""
         old = self.spark.table(name).select(
-            *[F.col(quote(c.name)).alias(f"_hr_old{i}") for i, c in enumerate(table.columns)]
+            *[F.col(quote_spark(c.name)).alias(f"_hr_old{i}") for i, c in enumerate(table.columns)]
         )
         index = {c.name: i for i, c in enumerate(table.columns)}
         same = [F.col(HR_FROM).getField(k) == F.col(f"_hr_old{index[k]}") for k in table.key]
@@ -183,7 +187,7 @@ class IcebergTarget(Target):
         unchanged = F.split(F.coalesce(F.col(HR_UNCHANGED), F.lit("")), ",")
         columns = []
         for i, c in enumerate(table.columns):
-            value = F.col(quote(c.name))
+            value = F.col(quote_spark(c.name))
             if c.name not in table.key:
                 value = F.when(moved & F.array_contains(unchanged, c.name), F.col(f"_hr_old{i}")).otherwise(value)
             columns.append(value.alias(c.name))
@@ -193,11 +197,11 @@ class IcebergTarget(Target):
         )
 
     def _merge_statement(self, table: TableSchema, name: str, view: str) -> str:
-        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in table.key)
+        on = " AND ".join(f"t.{quote_spark(k)} = s.{quote_spark(k)}" for k in table.key)
         newer = f"(t.{HR_LSN} < s.{HR_LSN} OR (t.{HR_LSN} = s.{HR_LSN} AND t.{HR_SEQ} < s.{HR_SEQ}))"
         sets = []
         for c in table.columns:
-            col = quote(c.name)
+            col = quote_spark(c.name)
             if c.name in table.key:
                 sets.append(f"t.{col} = s.{col}")
                 continue
@@ -208,7 +212,7 @@ class IcebergTarget(Target):
             )
             sets.append(f"t.{col} = CASE WHEN {untouched} THEN t.{col} ELSE s.{col} END")
         sets += [f"t.{m} = s.{m}" for m in (HR_LSN, HR_SEQ, HR_COMMIT_TS)]
-        targets = [quote(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
+        targets = [quote_spark(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
         return (
             f"MERGE INTO {name} t USING {view} s ON {on} "
             f"WHEN MATCHED AND s.{HR_OP} = 'D' AND {newer} THEN DELETE "
@@ -235,13 +239,13 @@ class IcebergTarget(Target):
                 )
             current = {f.name: f.dataType for f in self.spark.table(name).schema.fields}
             target_type = spark_type(col.type)
-            column = quote(col.name)
+            column = quote_spark(col.name)
             if change.kind == "drop_column" and col.name in current:
                 self.spark.sql(f"ALTER TABLE {name} DROP COLUMN {column}")
             elif change.kind == "rename_column" and change.old_name and change.old_name in current:
                 if col.name in current:
                     raise rename_collision(new, change, name)
-                self.spark.sql(f"ALTER TABLE {name} RENAME COLUMN {quote(change.old_name)} TO {column}")
+                self.spark.sql(f"ALTER TABLE {name} RENAME COLUMN {quote_spark(change.old_name)} TO {column}")
             elif change.kind == "alter_column_type" and current.get(col.name, target_type) != target_type:
                 self.spark.sql(f"ALTER TABLE {name} ALTER COLUMN {column} TYPE {target_type.simpleString()}")
             elif change.kind == "add_column":

@@ -162,3 +162,15 @@ def test_check_source_ready_and_problems(conn: psycopg.Connection, source_dsn: s
     assert not any("owner" in p for p in problems)  # already published: no ALTER PUBLICATION needed
     conn.execute("DROP OWNED BY weak")
     conn.execute("DROP ROLE weak")
+
+
+def test_check_source_takes_any_name(conn: psycopg.Connection) -> None:
+    """Capitals, spaces, dots and quotes in names: checked by exact name, problems quoted as SQL."""
+    conn.execute('CREATE SCHEMA "Sales"; CREATE TABLE "Sales"."Order Items" (id int PRIMARY KEY);'
+                 ' CREATE TABLE "User" (id int PRIMARY KEY); CREATE TABLE "a.b""c" (x int)')
+    assert check_source(conn, ['"Sales"."Order Items"', '"User"'], "p") == []
+    assert read_table_schema(conn, '"Sales"."Order Items"').qualified_name == '"Sales"."Order Items"'
+    problems = check_source(conn, ["public.User", 'public."a.b""c"'], "p")
+    # unquoted folds to lower case, as in SQL: the table in another case is named with its spelling
+    assert any('table public."user" does not exist (did you mean public."User"?' in p for p in problems), problems
+    assert any('ALTER TABLE public."a.b""c" REPLICA IDENTITY FULL' in p for p in problems), problems
