@@ -22,7 +22,7 @@ import psycopg2
 
 from headrace.config import redacted_dsn
 from headrace.core.backoff import Backoff
-from headrace.core.errors import ConfigError, SourceError, TransientError
+from headrace.core.errors import ConfigError, SourceError, TransientError, exception_chain
 from headrace.logs import event
 
 if TYPE_CHECKING:
@@ -40,25 +40,16 @@ _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg2
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or while handling."""
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in seen:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
 
 def lost_connection(exc: BaseException) -> bool:
     """``exc`` (or what it was raised from) says a database connection broke or could not be made."""
     return any(isinstance(e, _CONNECTION_ERRORS) or (isinstance(e, TransientError) and "connect" in str(e))
-               for e in _chain(exc))
+               for e in exception_chain(exc))
 
 
 def storage_unavailable(exc: BaseException) -> bool:
     """``exc`` says a directory cannot take a file now: no space, over quota, read-only or denied."""
-    return any(isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS for e in _chain(exc))
+    return any(isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS for e in exception_chain(exc))
 
 
 def servers_of(config: PipelineConfig, dsn: str, state_dsn: str) -> dict[str, str]:

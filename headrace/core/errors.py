@@ -8,6 +8,16 @@ start-up, the whole run) until an operator acts.
 from __future__ import annotations
 
 
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, outermost first."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return chain
+
+
 class HeadraceError(Exception):
     """Base class of every error headrace raises on purpose."""
 

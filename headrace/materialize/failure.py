@@ -28,6 +28,7 @@ from headrace.core.errors import (
     TransientError,
     UnsupportedError,
     ValueNotStorableError,
+    exception_chain,
 )
 
 Kind = Literal["transient", "terminal", "unknown"]
@@ -73,7 +74,7 @@ def translate(exc: BaseException, table: str) -> HeadraceError:
     root = _spark_root(exc)
     if root is not None:
         return root
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         sqlstate = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
         if sqlstate or _is_postgres_error(link):
             return _from_sqlstate(sqlstate, _first_lines(str(link)), type(link).__name__)
@@ -81,14 +82,6 @@ def translate(exc: BaseException, table: str) -> HeadraceError:
             return _from_duckdb(link, table)
     return UnclassifiedError(f"{type(exc).__name__}: {_first_lines(str(exc))}")
 
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    link: BaseException | None = exc
-    while link is not None and link not in out:
-        out.append(link)
-        link = link.__cause__ or link.__context__
-    return out
 
 
 def _first_lines(text: str, limit: int = MESSAGE_LIMIT) -> str:
