@@ -121,12 +121,49 @@ class SourceConfig(_Frozen):
         return dsn
 
 
+class IcebergCatalogConfig(_Frozen):
+    """Which Iceberg catalog keeps track of the tables (README "Iceberg catalogs")."""
+
+    type: Literal["hadoop", "jdbc"] = Field(
+        "hadoop", description="hadoop: metadata files on the warehouse path only (no server; cannot rename"
+        " tables, and Iceberg advises against it in production); jdbc: Iceberg's JDBC catalog, a table of"
+        " current metadata locations in a PostgreSQL database, readable by pyiceberg, Trino, Flink, ..."
+    )
+    uri: str | None = Field(
+        None, description="jdbc: the catalog database, as a URL (postgresql://user@host:5432/lakecat) or a"
+        " libpq conninfo; a password is better given through uri_env or PGPASSWORD"
+    )
+    uri_env: str | None = Field(None, description="jdbc: environment variable holding the uri")
+
+    @model_validator(mode="after")
+    def _uri_for_jdbc(self) -> IcebergCatalogConfig:
+        given = self.uri is not None or self.uri_env is not None
+        if self.type == "jdbc" and (self.uri is None) == (self.uri_env is None):
+            raise ValueError("catalog type jdbc needs exactly one of: uri, uri_env")
+        if self.type == "hadoop" and given:
+            raise ValueError("catalog type hadoop takes no uri (it lives on the warehouse path); set type: jdbc")
+        return self
+
+    def resolved_uri(self) -> str:
+        """The JDBC catalog's database (from ``uri`` or the variable ``uri_env`` names)."""
+        uri = _from_env(self.uri, self.uri_env, "target.iceberg.catalog.uri")
+        if not uri:
+            raise ConfigError("target.iceberg.catalog: type jdbc needs uri (or uri_env)")
+        return uri
+
+
 class IcebergConfig(_Frozen):
-    """An Iceberg warehouse (Hadoop catalog on a filesystem path Spark can reach)."""
+    """An Iceberg warehouse and the catalog that tracks its tables."""
 
     warehouse: str = Field(description="warehouse root: a local path or any Hadoop filesystem URI")
     namespace: str | None = Field(None, description="namespace of the target tables; default: source schema")
-    catalog_name: str = Field("headrace", description="name under which the catalog is registered in Spark")
+    catalog_name: str = Field(
+        "headrace", description="name under which the catalog is registered in Spark; a JDBC catalog's rows"
+        " carry it, so other readers (pyiceberg's SqlCatalog) must use the same name"
+    )
+    catalog: IcebergCatalogConfig = Field(
+        IcebergCatalogConfig(), description="the catalog; default: a Hadoop catalog on the warehouse path"
+    )
 
 
 class DuckLakeConfig(_Frozen):
@@ -161,6 +198,11 @@ class TargetConfig(_Frozen):
     @property
     def kind(self) -> Literal["iceberg", "ducklake"]:
         return "iceberg" if self.iceberg is not None else "ducklake"
+
+    @property
+    def needs_jdbc_driver(self) -> bool:
+        """The target is Iceberg with a JDBC catalog: Spark needs the PostgreSQL JDBC driver."""
+        return self.iceberg is not None and self.iceberg.catalog.type == "jdbc"
 
     @property
     def settings(self) -> IcebergConfig | DuckLakeConfig:
@@ -331,10 +373,12 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _renames_supported(self) -> PipelineConfig:
-        if self.target.kind == "iceberg" and self.schema_changes.rename_table == "follow":
+        iceberg = self.target.iceberg
+        if iceberg is not None and iceberg.catalog.type == "hadoop" and self.schema_changes.rename_table == "follow":
             raise ValueError(
-                "schema_changes.rename_table: follow is not possible with target.iceberg: Iceberg's Hadoop"
-                " catalog cannot rename tables; use keep (the target table keeps its name)"
+                "schema_changes.rename_table: follow is not possible with target.iceberg on a Hadoop catalog:"
+                " it cannot rename tables; use keep (the target table keeps its name), or a JDBC catalog"
+                " (target.iceberg.catalog: {type: jdbc, uri: ...}), which can"
             )
         return self
 

@@ -167,15 +167,40 @@ def _report(pipeline: object, dsn: str, out: Path, target: str) -> int:
             ok &= source_rows == target_rows
             print(f"{name:18} {source_rows:>11} {target_rows:>13}")
     pipeline.target.close()
-    if target == "ducklake":
-        print(f"\nDuckLake catalog: {out / 'lake' / 'meta.ducklake'}\nQuery it with DuckDB:\n"
-              f"  ATTACH 'ducklake:{out / 'lake' / 'meta.ducklake'}' AS lake (DATA_PATH '{out / 'lake' / 'data'}');\n"
-              f"  SELECT status, count(*) FROM lake.shop.orders GROUP BY status;")
-    else:
-        print(f"\nIceberg warehouse: {out / 'warehouse'}  (Hadoop catalog; tables shop.customers, shop.orders)\n"
-              "Query it with PySpark (Iceberg runtime on the classpath):\n"
-              "  from headrace.spark import build_session\n"
-              f"  spark = build_session(warehouse='{out / 'warehouse'}')\n"
-              "  spark.sql('SELECT status, count(*) FROM headrace.shop.orders GROUP BY status').show()")
+    print(_how_to_read(out, target))
     print("\nsource and target match" if ok else "\nsource and target DIFFER")
     return 0 if ok else 1
+
+
+def _how_to_read(out: Path, target: str) -> str:
+    """Queries, ready to paste, that read what the demo just wrote without headrace's pipeline (README
+    "Reading the target"). ``duckdb_with`` loads DuckDB's extensions from their wheels (offline)."""
+    if target == "ducklake":
+        attach = f"ATTACH 'ducklake:{out / 'lake' / 'meta.ducklake'}' AS lake (DATA_PATH '{out / 'lake' / 'data'}', READ_ONLY)"
+        return (
+            f"\nDuckLake catalog: {out / 'lake' / 'meta.ducklake'} (tables shop.customers, shop.orders)\n"
+            "Query it with DuckDB (SQL, after INSTALL ducklake; LOAD ducklake;):\n"
+            f"  {attach};\n"
+            "  SELECT status, count(*) FROM lake.shop.orders GROUP BY status;\n"
+            "or in Python, extensions loaded from their wheels:\n"
+            "  from headrace.readers import duckdb_with\n"
+            "  con = duckdb_with('ducklake')\n"
+            f"  con.sql(\"{attach}\")\n"
+            "  con.sql('SELECT status, count(*) FROM lake.shop.orders GROUP BY status').show()"
+        )
+    table = out / "warehouse" / "shop" / "orders"
+    return (
+        f"\nIceberg warehouse: {out / 'warehouse'}  (Hadoop catalog; tables shop.customers, shop.orders)\n"
+        "Query it with DuckDB (iceberg extension; SQL: INSTALL iceberg; LOAD iceberg;):\n"
+        "  from headrace.readers import duckdb_with\n"
+        "  con = duckdb_with('avro', 'iceberg')\n"
+        f"  con.sql(\"SELECT status, count(*) FROM iceberg_scan('{table}') GROUP BY status\").show()\n"
+        "with pyiceberg:\n"
+        "  from pyiceberg.table import StaticTable\n"
+        f"  orders = StaticTable.from_metadata('{table}')\n"
+        "  print(orders.scan().to_arrow().group_by('status').aggregate([('id', 'count')]))\n"
+        "with PySpark (Iceberg runtime on the classpath):\n"
+        "  from headrace.spark import build_session\n"
+        f"  spark = build_session(warehouse='{out / 'warehouse'}')\n"
+        "  spark.sql('SELECT status, count(*) FROM headrace.shop.orders GROUP BY status').show()"
+    )

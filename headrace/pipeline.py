@@ -181,7 +181,8 @@ class Pipeline:
             from headrace.spark import build_session
 
             self._spark = build_session(self.config.spark.master, self.config.spark.conf,
-                                        app_name=f"headrace-{self.config.name}")
+                                        app_name=f"headrace-{self.config.name}",
+                                        jdbc_driver=self.config.target.needs_jdbc_driver)
         return self._spark
 
     @property

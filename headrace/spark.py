@@ -3,7 +3,8 @@
 Local mode (``local[*]``) is the default; any other master URL (``spark://``, ``yarn``,
 ``k8s://``) runs the same jobs on a cluster. The Iceberg runtime comes from the
 ``snowpark-connect-deps-iceberg`` wheel (works offline); users with Maven access may instead set
-``spark.jars.packages`` in ``spark.conf`` and the wheel's jars are then left out.
+``spark.jars.packages`` in ``spark.conf`` and the wheel's jars are then left out. An Iceberg JDBC
+catalog adds the PostgreSQL JDBC driver from Debian's ``libpostgresql-jdbc-java`` the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ ICEBERG_JARS = (
     "iceberg-spark-extensions-3.5_2.12-1.9.2.jar",
 )
 
+# Debian's libpostgresql-jdbc-java (scripts/bootstrap.sh installs it) for Iceberg's JDBC catalog.
+JDBC_DRIVER_JAR = "/usr/share/java/postgresql.jar"
+
 
 def iceberg_jars() -> list[str]:
     """Paths of the Iceberg runtime jars shipped in the ``snowpark-connect-deps-iceberg`` wheel."""
@@ -44,6 +48,17 @@ def iceberg_jars() -> list[str]:
     return [str(j) for j in jars]
 
 
+def jdbc_driver_jar() -> str:
+    """The PostgreSQL JDBC driver jar Iceberg's JDBC catalog needs, or a ConfigError with the fix."""
+    if not Path(JDBC_DRIVER_JAR).is_file():
+        raise ConfigError(
+            f"target.iceberg.catalog type jdbc needs the PostgreSQL JDBC driver, and {JDBC_DRIVER_JAR} is"
+            " missing: run `apt-get install libpostgresql-jdbc-java`, or set spark.conf.spark.jars.packages"
+            " to include org.postgresql:postgresql:42.7.4 where Maven is reachable"
+        )
+    return JDBC_DRIVER_JAR
+
+
 def _package_zip() -> str:
     """Zip the headrace package so executors on a cluster can import the task code."""
     package_dir = Path(__file__).parent
@@ -60,11 +75,13 @@ def build_session(
     conf: Mapping[str, str] | None = None,
     app_name: str = "headrace",
     warehouse: str | None = None,
+    jdbc_driver: bool = False,
 ) -> SparkSession:
     """Create (or return the running) SparkSession set up for headrace.
 
     ``warehouse`` registers the Iceberg Hadoop catalog ``headrace`` on that path. Spark's session
-    time zone is UTC so timestamps round-trip unchanged.
+    time zone is UTC so timestamps round-trip unchanged. ``jdbc_driver`` puts the PostgreSQL JDBC
+    driver on the class path (Iceberg's JDBC catalog) unless ``spark.jars.packages`` brings it.
     """
     from pyspark.sql import SparkSession
 
@@ -102,8 +119,15 @@ def build_session(
         # would resolve both to one and fail the table.
         "spark.sql.caseSensitive": "true",
     }
-    if "spark.jars.packages" not in conf:
-        jars = iceberg_jars()
+    jars = [] if "spark.jars.packages" in conf else iceberg_jars()
+    if jdbc_driver and "org.postgresql:postgresql" not in conf.get("spark.jars.packages", ""):
+        driver = jdbc_driver_jar()
+        jars.append(driver)
+        # java.sql.DriverManager only hands out drivers its caller's class loader sees: the driver
+        # goes on the JVM's own class path too, not only in Spark's added-jars loader.
+        existing_cp = conf.get("spark.driver.extraClassPath")
+        conf["spark.driver.extraClassPath"] = os.pathsep.join([driver] + ([existing_cp] if existing_cp else []))
+    if jars:
         existing = conf.get("spark.jars")
         defaults["spark.jars"] = ",".join(jars + ([existing] if existing else []))
     if warehouse:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what headrace needs on a fresh Debian machine: Java 17, the PostgreSQL server and chromium
-# (the status page's browser test) when missing (Debian packages), then a virtualenv in .venv with
+# (the status page's browser test) and the PostgreSQL JDBC driver (Iceberg's JDBC catalog) when missing
+# (Debian packages), then a virtualenv in .venv with
 # headrace and its dev tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,9 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
 fi
 command -v pg_recvlogical >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_recvlogical >/dev/null 2>&1 \
   || need_apt+=(postgresql-client)
+# Iceberg's JDBC catalog (target.iceberg.catalog.type: jdbc) needs the driver on Spark's classpath;
+# headrace.spark adds this file. Where Maven is reachable, spark.jars.packages works instead.
+[ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
 # The status page's browser test drives Debian's chromium through Playwright (no browser download);
 # only the test set-up (--with-browser) needs it.
 if [ "${1:-}" = "--with-browser" ]; then

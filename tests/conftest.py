@@ -60,9 +60,10 @@ def source_dsn(pg_server: ThrowawayPostgres) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """One local Spark session (2 cores) with the Iceberg runtime, shared by every test."""
+    """One local Spark session (2 cores) with the Iceberg runtime and the PostgreSQL JDBC driver
+    (Iceberg JDBC catalogs), shared by every test."""
     from headrace.spark import build_session
 
-    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}, jdbc_driver=True)
     yield session
     session.stop()

@@ -30,16 +30,27 @@ _catalogs = itertools.count()
 TEXT_KINDS = {TypeKind.STRING, TypeKind.UUID, TypeKind.JSON, TypeKind.INTERVAL, TypeKind.TIME}
 
 
-def make_config(dsn: str, tmp: Path, tables: list[str], target: str = "iceberg", **overrides: Any) -> PipelineConfig:
+Target = str | dict[str, Any]
+
+
+def make_config(dsn: str, tmp: Path, tables: list[str], target: Target = "iceberg", **overrides: Any) -> PipelineConfig:
     """A pipeline writing under ``tmp``; each config gets its own Spark catalog name."""
     return parse_config(raw_config(dsn, tmp, tables, target, **overrides))
 
 
-def raw_config(dsn: str, tmp: Path, tables: list[str], target: str = "iceberg", **overrides: Any) -> dict[str, Any]:
-    """``make_config``'s settings as the dict a YAML file holds (for ``headrace run`` subprocesses)."""
-    if target == "iceberg":
-        target_cfg: dict[str, Any] = {"iceberg": {"warehouse": str(tmp / "warehouse"),
-                                                  "catalog_name": f"hr{next(_catalogs)}"}}
+def raw_config(dsn: str, tmp: Path, tables: list[str], target: Target = "iceberg", **overrides: Any) -> dict[str, Any]:
+    """``make_config``'s settings as the dict a YAML file holds (for ``headrace run`` subprocesses).
+
+    ``target``: ``iceberg`` (Hadoop catalog), ``ducklake`` (DuckDB-file catalog), ``ducklake-sqlite``
+    (SQLite catalog), or a whole ``target`` section.
+    """
+    if isinstance(target, dict):
+        target_cfg: dict[str, Any] = target
+    elif target == "iceberg":
+        target_cfg = {"iceberg": {"warehouse": str(tmp / "warehouse"), "catalog_name": f"hr{next(_catalogs)}"}}
+    elif target == "ducklake-sqlite":
+        target_cfg = {"ducklake": {"catalog": f"sqlite:{tmp / 'lake' / 'meta.sqlite'}",
+                                   "data_path": str(tmp / "lake" / "data")}}
     else:
         target_cfg = {"ducklake": {"catalog": str(tmp / "lake" / "meta.ducklake"),
                                    "data_path": str(tmp / "lake" / "data")}}

@@ -18,7 +18,7 @@ from tests.e2e.helpers import assert_same, make_config
 from tests.e2e.test_pipeline import run_caught_up
 
 
-@pytest.fixture(params=["iceberg", "ducklake"])
+@pytest.fixture(params=["iceberg", "ducklake", "ducklake-sqlite"])
 def target(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

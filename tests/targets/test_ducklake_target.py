@@ -195,7 +195,7 @@ def plain_duckdb(settings: DuckLakeConfig) -> duckdb.DuckDBPyConnection:
     """A connection that knows nothing of headrace: ATTACH 'ducklake:...' by hand."""
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    for ext in ("ducklake", "postgres_scanner"):
+    for ext in ("ducklake", "postgres_scanner", "sqlite_scanner"):
         con.execute(f"LOAD '{extension.extension_path(ext)}'")
     location = extension.parse_catalog(settings.catalog).location
     con.execute(f"ATTACH 'ducklake:{location}' AS lake (DATA_PATH '{settings.data_path}', READ_ONLY)")
@@ -220,7 +220,7 @@ def rows_of(target: DuckLakeTarget, table: TableSchema) -> dict[int, tuple[Any, 
 
 
 # -- catalogs -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["duckdb", "postgres"])
+@pytest.mark.parametrize("kind", ["duckdb", "sqlite", "postgres"])
 def test_catalog_kinds_snapshot_and_apply(
     kind: str, spark: Any, tmp_path: Path, pg_server: ThrowawayPostgres
 ) -> None:
@@ -243,20 +243,6 @@ def test_catalog_kinds_snapshot_and_apply(
         (1, "A"),
         (2, "b"),
     ]
-
-
-def test_sqlite_catalog(spark: Any, tmp_path: Path) -> None:
-    settings = settings_for("sqlite", tmp_path)
-    if extension.extension_path("sqlite_scanner") is None:
-        # No sqlite_scanner wheel exists for DuckDB 1.5.5 and the extension server is offline here.
-        with pytest.raises(ConfigError, match=r"sqlite_scanner.*meta\.sqlite|meta\.sqlite.*sqlite_scanner"):
-            DuckLakeTarget(spark, settings, "p1")
-        return
-    target = DuckLakeTarget(spark, settings, "p1")
-    target.ensure_table(SIMPLE)
-    target.apply_batch(SIMPLE, batch_df(spark, SIMPLE, [("I", 200, 0, None, 1, "a", "x")]), None, 1)
-    assert target.read_cursor(SIMPLE) == 1
-    target.close()
 
 
 def test_bad_catalog_error_names_catalog(spark: Any, tmp_path: Path) -> None:

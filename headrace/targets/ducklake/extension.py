@@ -20,11 +20,14 @@ from headrace.core.errors import ConfigError, TransientError
 
 LAKE_ALIAS = "hr_lake"
 
-# extension name -> the wheel that ships it (None: no wheel exists on PyPI for 1.5.5).
+# extension name -> the wheel that ships it.
 _WHEELS: dict[str, str | None] = {
     "ducklake": "duckdb_extension_ducklake",
     "postgres_scanner": "duckdb_extension_postgres_scanner",
     "sqlite_scanner": "duckdb_extension_sqlite_scanner",
+    # Not for DuckLake: reading headrace's Iceberg tables with DuckDB (headrace.readers).
+    "avro": "duckdb_extension_avro",
+    "iceberg": "duckdb_extension_iceberg",
 }
 
 

@@ -1,4 +1,5 @@
-"""Apache Iceberg target: a Hadoop catalog in the running Spark session, written with Spark SQL.
+"""Apache Iceberg target: a Hadoop or JDBC catalog (see ``catalog``) in the running Spark session,
+written with Spark SQL.
 
 Every target row carries the position of the change that wrote it (``_hr_lsn``, ``_hr_seq``);
 ``apply_batch`` is a single MERGE that only touches rows whose position is before the change's,
@@ -41,6 +42,8 @@ from headrace.core.schema import (
 )
 from headrace.materialize.batch import HR_FROM
 from headrace.materialize.types import spark_type, text_value_frame
+from headrace.spark import JDBC_DRIVER_JAR
+from headrace.targets.iceberg.catalog import spark_catalog_conf
 from headrace.targets.iceberg.keyless import KeylessApply
 
 WRITE_MODE = "merge-on-read"
@@ -58,8 +61,22 @@ def _string_literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _require_jdbc_driver(spark: SparkSession) -> None:
+    """Refuse a session started without the PostgreSQL JDBC driver: Spark's jars and class path are
+    fixed when its JVM starts, so the catalog would fail later with "No suitable driver"."""
+    conf = spark.sparkContext.getConf()
+    places = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+    if not any("postgresql" in conf.get(key, "") for key in places):
+        raise ConfigError(
+            "target.iceberg.catalog type jdbc needs the PostgreSQL JDBC driver on Spark's class path, and this"
+            " Spark session was started without it: install Debian's libpostgresql-jdbc-java"
+            f" ({JDBC_DRIVER_JAR}; headrace adds it), or set spark.conf.spark.jars.packages to"
+            " org.postgresql:postgresql:42.7.4 where Maven is reachable"
+        )
+
+
 class IcebergTarget(Target):
-    """Keeps one Iceberg table per source table in a Hadoop-catalog warehouse."""
+    """Keeps one Iceberg table per source table in a warehouse, tracked by a Hadoop or JDBC catalog."""
 
     name = "iceberg"
 
@@ -67,18 +84,18 @@ class IcebergTarget(Target):
         self.spark = spark
         self.settings = settings
         self.pipeline = pipeline
-        prefix = f"spark.sql.catalog.{settings.catalog_name}"
-        registered = spark.conf.get(f"{prefix}.warehouse", None)
-        if registered is not None and registered != settings.warehouse:
-            # Spark caches a catalog on first use, so a second warehouse under the same name would
-            # silently keep writing to the first one.
-            raise ConfigError(
-                f"Spark catalog {settings.catalog_name!r} already points at warehouse {registered}; "
-                f"set target.iceberg.catalog_name to another name for {settings.warehouse}"
-            )
-        spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
-        spark.conf.set(f"{prefix}.type", "hadoop")
-        spark.conf.set(f"{prefix}.warehouse", settings.warehouse)
+        # Spark caches a catalog on first use, so a second warehouse (or catalog database) under the
+        # same name would silently keep writing to the first one.
+        for key, value in spark_catalog_conf(settings).items():
+            registered = spark.conf.get(key, None)
+            if registered is not None and registered != value and not key.endswith("password"):
+                raise ConfigError(
+                    f"Spark catalog {settings.catalog_name!r} is already registered with {key.rpartition('.')[2]}"
+                    f" {registered}; set target.iceberg.catalog_name to another name for {settings.warehouse}"
+                )
+            spark.conf.set(key, value)
+        if settings.catalog.type == "jdbc":
+            _require_jdbc_driver(spark)
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
@@ -228,15 +245,12 @@ class IcebergTarget(Target):
         skips what is done. Filling an added column with its default is a MERGE over every row.
         """
         name = self.table_name(old)
+        if any(c.kind == "rename_table" and c.apply for c in changes):
+            name = self._rename_table(old, new)
         for change in changes:
             col = change.column
-            if not change.apply:
+            if not change.apply or change.kind == "rename_table" or col is None:
                 continue
-            if change.kind == "rename_table" or col is None:
-                raise SchemaChangeError(
-                    f"{old.qualified_name} was renamed to {new.qualified_name}, but Iceberg's Hadoop catalog cannot"
-                    " rename tables: set schema_changes.rename_table: keep and restart"
-                )
             current = {f.name: f.dataType for f in self.spark.table(name).schema.fields}
             target_type = spark_type(col.type)
             column = quote_spark(col.name)
@@ -262,6 +276,26 @@ class IcebergTarget(Target):
                         )
                     finally:
                         self.spark.catalog.dropTempView(view)
+
+    def _rename_table(self, old: TableSchema, new: TableSchema) -> str:
+        """Rename the table to follow the source (unless done already: evolve may run again after a
+        crash); return the new name. A JDBC catalog renames in one catalog transaction."""
+        if self.settings.catalog.type == "hadoop":
+            raise SchemaChangeError(
+                f"{old.qualified_name} was renamed to {new.qualified_name}, but Iceberg's Hadoop catalog cannot"
+                " rename tables: set schema_changes.rename_table: keep and restart"
+            )
+        name, namespace = self.table_name(new), self._namespace(new)
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+        if self._exists(self.table_name(old)) and not self._exists(name):
+            # Spark resolves RENAME TO within the source's catalog: the new name has no catalog part.
+            short = f"{quote_spark(path_segment(self.settings.namespace or new.target_schema))}." \
+                    f"{quote_spark(path_segment(new.target_table))}"
+            self.spark.sql(f"ALTER TABLE {self.table_name(old)} RENAME TO {short}")
+        return name
+
+    def _exists(self, name: str) -> bool:
+        return bool(self.spark.catalog.tableExists(name))
 
     def drop_table(self, table: TableSchema) -> None:
         """Drop the table and its files."""

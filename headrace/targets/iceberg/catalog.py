@@ -1,0 +1,132 @@
+"""Iceberg catalogs: the Spark conf for a Hadoop or a JDBC catalog, and how other readers reach it.
+
+A Hadoop catalog is only files on the warehouse path (``version-hint.text`` names the current
+metadata file); it needs no server but cannot rename tables, and Iceberg advises against it in
+production because it relies on an atomic rename of the filesystem. A JDBC catalog keeps one row
+per table (catalog name, namespace, table, current metadata location) in a PostgreSQL database:
+commits swap that row in a transaction, and any engine with the same catalog name finds the
+tables (pyiceberg's ``SqlCatalog``, Trino, Flink, Spark).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass
+from urllib.parse import quote, urlencode
+
+from psycopg.conninfo import conninfo_to_dict
+
+from headrace.config import IcebergConfig, redacted_dsn
+from headrace.core.errors import ConfigError
+
+# libpq parameter -> pgjdbc parameter, for those both drivers know (others are refused, not dropped).
+_JDBC_PARAMS = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "connect_timeout": "connectTimeout",
+    "application_name": "ApplicationName",
+    "options": "options",
+}
+_ADDRESS = ("host", "hostaddr", "port", "dbname", "user", "password")
+
+
+@dataclass(frozen=True)
+class JdbcCatalogDatabase:
+    """The JDBC catalog's PostgreSQL database, spelled for the Java driver and for libpq."""
+
+    host: str
+    port: int
+    dbname: str
+    user: str
+    password: str | None
+    params: dict[str, str]  # libpq spelling (sslmode, ...)
+
+    @property
+    def jdbc_url(self) -> str:
+        """``jdbc:postgresql://host:port/db?...``, without credentials (they go in properties)."""
+        query = urlencode({_JDBC_PARAMS[k]: v for k, v in self.params.items()})
+        return f"jdbc:postgresql://{self._host_port}/{quote(self.dbname)}" + (f"?{query}" if query else "")
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The same database for pyiceberg's ``SqlCatalog`` (SQLAlchemy with psycopg2)."""
+        auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}" if self.password else "")
+        query = urlencode(self.params)
+        return f"postgresql+psycopg2://{auth}@{self._host_port}/{quote(self.dbname)}" + (f"?{query}" if query else "")
+
+    @property
+    def shown(self) -> str:
+        """For logs and errors: no password."""
+        return redacted_dsn(f"postgresql://{quote(self.user, safe='')}@{self._host_port}/{self.dbname}")
+
+    @property
+    def _host_port(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def jdbc_database(uri: str) -> JdbcCatalogDatabase:
+    """Parse the catalog's ``uri`` (a libpq URL or conninfo) the way libpq would, defaults included."""
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(uri).items() if v is not None}
+    except Exception:  # psycopg's ProgrammingError; its message may echo the password
+        raise ConfigError(
+            "target.iceberg.catalog.uri is not a PostgreSQL URL or conninfo (expected e.g."
+            " postgresql://user@host:5432/lakecat)"
+        ) from None
+    host = params.get("hostaddr") or params.get("host") or os.environ.get("PGHOST", "localhost")
+    if host.startswith("/") or "," in host:
+        raise ConfigError(
+            f"target.iceberg.catalog.uri names host {host!r}: the JDBC driver Spark uses connects over TCP to"
+            " one host only; give a host name or address (host=127.0.0.1)"
+        )
+    unknown = sorted(k for k in params if k not in _ADDRESS and k not in _JDBC_PARAMS)
+    if unknown:
+        raise ConfigError(
+            f"target.iceberg.catalog.uri sets {', '.join(unknown)}, which the JDBC driver does not take;"
+            f" remove them (supported besides the address: {', '.join(sorted(_JDBC_PARAMS))})"
+        )
+    user = params.get("user") or os.environ.get("PGUSER") or getpass.getuser()
+    return JdbcCatalogDatabase(
+        host=host,
+        port=int(params.get("port") or os.environ.get("PGPORT", "5432")),
+        dbname=params.get("dbname") or os.environ.get("PGDATABASE") or user,
+        user=user,
+        password=params.get("password") or os.environ.get("PGPASSWORD"),
+        params={k: v for k, v in params.items() if k in _JDBC_PARAMS},
+    )
+
+
+def spark_catalog_conf(settings: IcebergConfig) -> dict[str, str]:
+    """The ``spark.sql.catalog.<name>.*`` settings that register the configured catalog."""
+    prefix = f"spark.sql.catalog.{settings.catalog_name}"
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": settings.catalog.type,
+        f"{prefix}.warehouse": settings.warehouse,
+    }
+    if settings.catalog.type == "jdbc":
+        database = jdbc_database(settings.catalog.resolved_uri())
+        conf[f"{prefix}.uri"] = database.jdbc_url
+        conf[f"{prefix}.jdbc.user"] = database.user
+        # V1 adds the iceberg_type column (views); pyiceberg's SqlCatalog reads V1 without a warning.
+        conf[f"{prefix}.jdbc.schema-version"] = "V1"
+        if database.password:
+            # Spark redacts conf keys matching "password" wherever it shows its conf.
+            conf[f"{prefix}.jdbc.password"] = database.password
+    return conf
+
+
+def pyiceberg_properties(settings: IcebergConfig) -> dict[str, str]:
+    """Properties for ``pyiceberg.catalog.sql.SqlCatalog(settings.catalog_name, **properties)``."""
+    if settings.catalog.type != "jdbc":
+        raise ConfigError(
+            "pyiceberg has no Hadoop catalog: read a table of a Hadoop catalog with"
+            " pyiceberg.table.StaticTable.from_metadata('<warehouse>/<namespace>/<table>/metadata/vN.metadata.json')"
+        )
+    database = jdbc_database(settings.catalog.resolved_uri())
+    warehouse = settings.warehouse if "://" in settings.warehouse else f"file://{os.path.abspath(settings.warehouse)}"
+    return {"uri": database.sqlalchemy_url, "warehouse": warehouse}
