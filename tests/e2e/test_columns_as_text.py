@@ -99,3 +99,30 @@ def test_an_unlisted_column_stops_naming_the_yaml_line_and_listed_it_reads_back_
         assert _target(pipeline, state)[2 + UPDATED] == (2 + UPDATED, "[0:1]={1,2}", "-0.50")
     finally:
         state.close()
+
+
+def test_check_names_entries_that_name_no_column_and_lists_the_others_as_kept_as_text(
+    source_dsn: str, tmp_path: Path
+) -> None:
+    from headrace.control.assess import assess_config, format_assessment
+
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute('CREATE TABLE grid (id integer PRIMARY KEY, cells integer[][], "Price" numeric(5,2))')
+    listed = {"columns_as_text": ["public.grid.cells", "public.grid.price", "public.nope.x"]}
+    config = make_config(source_dsn, tmp_path, ["public.grid"], "ducklake", source=listed)
+    problems = assess_config(config)["problems"]
+    assert problems == [
+        'source.columns_as_text: table public.grid has no column price (did you mean public.grid."Price"? unquoted'
+        ' names fold to lower case; quote them): fix or remove public.grid.price in source.columns_as_text',
+        "source.columns_as_text: table public.nope does not exist: fix or remove public.nope.x in"
+        " source.columns_as_text",
+    ]
+    assert Pipeline(config).check() == problems  # run refuses to start on them too
+    fixed = make_config(source_dsn, tmp_path, ["public.grid"], "ducklake", source=LISTED)
+    assessment = assess_config(fixed)
+    assert assessment["problems"] == []
+    (table,) = assessment["tables"]
+    assert table["kept_as_text"] == [{"column": "cells", "pg_type": "integer[]"},
+                                     {"column": "Price", "pg_type": "numeric(5,2)"}]
+    assert table["multi_dimensional_arrays"] == []  # kept as text: no longer a risk
+    assert "kept as text: cells (integer[]), Price (numeric(5,2))" in format_assessment("t", assessment)
