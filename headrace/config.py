@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
-from headrace.core.names import TableName, TableNameError
+from headrace.core.names import ColumnName, TableName, TableNameError
 from headrace.lineage.config import LineageConfig
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -69,6 +69,13 @@ class SourceConfig(_Frozen):
         " max_slot_wal_keep_size"
     )
 
+    columns_as_text: list[str] = Field(
+        default_factory=list, description="columns kept as PostgreSQL's exact text output in the target (a"
+        " string column) instead of their mapped type, for values the mapped type cannot hold (multi-dimensional"
+        " arrays, arrays with other lower bounds, NaN/Infinity in numeric(p,s)); SQL syntax schema.table.column"
+        " (or table.column in public), quoted parts exact. Changing it for a copied table needs a resync"
+    )
+
     @field_validator("max_retained_wal", mode="before")
     @classmethod
     def _size(cls, value: int | str) -> int:
@@ -90,6 +97,28 @@ class SourceConfig(_Frozen):
             twice = sorted({t for t in out if out.count(t) > 1})
             raise ValueError(f"source.tables lists {', '.join(twice)} twice")
         return out
+
+    @field_validator("columns_as_text")
+    @classmethod
+    def _columns(cls, columns: list[str]) -> list[str]:
+        out = []
+        for text in columns:
+            if text.strip().endswith("*"):
+                raise ValueError(f"source.columns_as_text: {text!r}: list each column by name (no wildcards):"
+                                 " a table's other columns keep their types")
+            try:
+                out.append(str(ColumnName.parse(text)))
+            except TableNameError as exc:
+                raise ValueError(f"source.columns_as_text: {exc}") from None
+        if len(set(out)) != len(out):
+            raise ValueError(f"source.columns_as_text lists {', '.join(sorted({c for c in out if out.count(c) > 1}))}"
+                             " twice")
+        return out
+
+    @property
+    def text_columns(self) -> frozenset[ColumnName]:
+        """``columns_as_text`` as exact (table, column) names."""
+        return frozenset(ColumnName.parse(c) for c in self.columns_as_text)
 
     @property
     def table_names(self) -> list[TableName]:
@@ -419,6 +448,11 @@ def parse_config(raw: Any, origin: str = "config") -> PipelineConfig:
             where = ".".join(str(p) for p in err["loc"])
             lines.append(f"  {where}: {err['msg']}")
         raise ConfigError(f"{origin} is invalid:\n" + "\n".join(lines)) from None
+
+
+def columns_as_text_item(column: ColumnName) -> str:
+    """The YAML list item that keeps ``column`` as text: ``- public.grid.cells`` (quoted where YAML needs it)."""
+    return str(yaml.safe_dump([str(column)], allow_unicode=True, width=1 << 20)).strip()
 
 
 def redacted_dsn(dsn: str) -> str:

@@ -33,8 +33,15 @@ from headrace.materialize.failure import classify
 from headrace.materialize.initial_copy import InitialCopy
 from headrace.materialize.retention import collect_applied
 from headrace.outage import OutageWatch
-from headrace.source.postgres.catalog import check_source, list_tables, read_table_schema, table_problems
+from headrace.source.postgres.catalog import (
+    check_source,
+    columns_as_text_problems,
+    list_tables,
+    read_table_schema,
+    table_problems,
+)
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
+from headrace.source.postgres.types import TypeCatalog
 from headrace.source.postgres.wal_guard import WalGuard
 from headrace.state.invariants import check_slot, check_staged_files, check_tables
 from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
@@ -85,7 +92,9 @@ class Pipeline:
         """Every problem that would stop ``run``, for people to read; empty when all is well."""
         try:
             with psycopg.connect(self.dsn, connect_timeout=10) as conn:
-                return check_source(conn, list(self.config.source.tables), self.config.publication_name)
+                source = self.config.source
+                return (check_source(conn, list(source.tables), self.config.publication_name)
+                        + columns_as_text_problems(conn, sorted(source.text_columns)))
         except psycopg.OperationalError as exc:
             return [f"cannot connect to the source {redacted_dsn(self.dsn)}: {str(exc).strip()}"]
 
@@ -107,12 +116,14 @@ class Pipeline:
                     "name, or drop the _headrace rows of this pipeline to start over"
                 )
             names = self._configured_tables(conn, state)
-            schemas = [read_table_schema(conn, name) for name in names]
+            types = TypeCatalog(conn, self.config.source.text_columns)
+            schemas = [read_table_schema(conn, name, types) for name in names]
             # Refuse to run on state the source or the staging store no longer matches.
             check_slot(conn, state, self.config.slot_name)
             for old, new in check_tables(state, schemas, self.config.schema_changes.recreated_table):
                 self._resync_recreated(state, old, new)
             check_staged_files(state)
+            self.table_watch.follow_text_columns(state, conn, types)  # source.columns_as_text changed
             # Tables added through the API or discovered stay published across restarts, by oid: a
             # dropped one drops out, and a recreated one is published only once it is tracked.
             published = list(dict.fromkeys(names + published_names(conn, state.tables())))

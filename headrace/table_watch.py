@@ -30,13 +30,15 @@ from headrace.control.operations import OperationError
 from headrace.core.position import format_lsn
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.source.postgres.catalog import existing_oids, leaf_partitions, list_tables
+from headrace.materialize.evolve import remap_error, remapped_columns
+from headrace.source.postgres.catalog import existing_oids, leaf_partitions, list_tables, read_table_schema
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:
     from headrace.core.schema import TableSchema
     from headrace.pipeline import Pipeline
+    from headrace.source.postgres.types import TypeCatalog
 
 log = logging.getLogger("headrace.tables")
 
@@ -122,6 +124,35 @@ class TableWatch:
             p.metrics.ddl_applied("create_table")
             event(log, "table.created", table=schema.qualified_name, oid=schema.oid)
         state.forget_refused(refused)
+
+    def follow_text_columns(self, state: StateStore, conn: psycopg.Connection[Any], types: TypeCatalog) -> None:
+        """At start-up: tables whose columns the config now maps to another type (``source.columns_as_text``
+        changed since they were copied).
+
+        A copy under way starts again in the new shape (nothing was streamed yet). A copied table
+        stops with a terminal ``SchemaChangeError`` naming the columns and ``headrace resync``: its
+        target columns change type, which needs a new copy, and an edited config re-copying a large
+        table by itself would surprise. A paused table is left as it is; the first change applied
+        after its resume meets the same error (``plan_changes``).
+        """
+        tracked = [r for r in state.tables() if r.state is not TableState.PENDING]
+        alive = existing_oids(conn, [r.oid for r in tracked])
+        for row in tracked:
+            if row.oid not in alive:
+                continue  # dropped: the catalog poll finishes it
+            remapped = remapped_columns(row.schema, read_table_schema(conn, row.oid, types))
+            if not remapped:
+                continue
+            columns = ", ".join(after.name for _, after in remapped)
+            if row.state is TableState.SNAPSHOT:
+                state.set_state(row.oid, TableState.PENDING, snapshot_lsn=None, rows_copied=0)
+                event(log, "table.copy_restarted", table=row.qualified_name, reason="source.columns_as_text",
+                      columns=columns)
+            elif row.resume_state is not None and row.resume_state.needs_copy:
+                state.set_state(row.oid, row.state, resume_state=TableState.PENDING)  # a resumed copy restarts
+            elif row.state is not TableState.PAUSED:
+                self.pipeline._fail(state, row, remap_error(row.schema, remapped),
+                                    resume=row.resume_state or row.state)
 
     def _track(self, state: StateStore, oid: int, name: str) -> TableSchema | None:
         """Track a table found in the catalog; None (noted as refused) when it cannot be replicated."""

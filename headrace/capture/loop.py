@@ -150,7 +150,7 @@ class Capture:
             opened.callback(source.close)
             self._source = source
             opened.callback(setattr, self, "_source", None)
-            types = TypeCatalog(source)
+            types = TypeCatalog(source, self.config.source.text_columns)
             check_same_source(source, state, self.config.slot_name)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
             remove_orphans(self.staging_root, state)

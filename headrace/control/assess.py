@@ -17,6 +17,7 @@ from headrace.core.names import TableName
 from headrace.core.schema import TypeKind
 from headrace.outage import recorded_source_problems
 from headrace.source.postgres.catalog import (
+    columns_as_text_problems,
     find_relation,
     list_tables,
     problems_of_table,
@@ -26,6 +27,7 @@ from headrace.source.postgres.catalog import (
     table_keys,
 )
 from headrace.source.postgres.replication import GENERATED_COLUMNS_VERSION
+from headrace.source.postgres.types import TypeCatalog
 from headrace.source.postgres.wal_guard import keep_size_advice
 
 Conn = psycopg.Connection[Any]
@@ -43,8 +45,12 @@ ORDER BY 1
 """
 
 
-def assess_table(conn: Conn, table: str | TableName, published: set[int]) -> dict[str, Any]:
-    """What replicating ``table`` would meet; ``ready`` is True when nothing stands in the way."""
+def assess_table(conn: Conn, table: str | TableName, published: set[int], types: TypeCatalog | None = None
+                 ) -> dict[str, Any]:
+    """What replicating ``table`` would meet; ``ready`` is True when nothing stands in the way.
+
+    ``types`` is the pipeline's (columns it keeps as text are listed as such).
+    """
     problems = problems_of_table(conn, table, published)
     row = find_relation(conn, table)
     if row is None:
@@ -54,7 +60,7 @@ def assess_table(conn: Conn, table: str | TableName, published: set[int]) -> dic
     if kind not in ("r", "p"):
         return {**out, "ready": False, "problems": problems}
     primary, _ = table_keys(conn, oid)
-    schema = read_table_schema(conn, TableName(schema_name, name))
+    schema = read_table_schema(conn, TableName(schema_name, name), types)
     as_text = [
         {"column": c.name, "pg_type": c.type.pg_type}
         for c in schema.columns
@@ -72,7 +78,8 @@ def assess_table(conn: Conn, table: str | TableName, published: set[int]) -> dic
     # Declared with dimensions (int[][]): a multi-dimensional value would stop the table (a list holds one).
     multi_dimensional = [r[0] for r in conn.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
-        " AND attndims > 1 ORDER BY attnum", (oid,)).fetchall()]
+        " AND attndims > 1 ORDER BY attnum", (oid,)).fetchall()
+        if schema.column(r[0]).type.kind is TypeKind.LIST]  # not those kept as text
     return {
         **out,
         "primary_key": list(primary),
@@ -90,11 +97,12 @@ def assess_table(conn: Conn, table: str | TableName, published: set[int]) -> dic
     }
 
 
-def assess(conn: Conn, tables: Sequence[str | TableName], publication: str) -> dict[str, Any]:
+def assess(conn: Conn, tables: Sequence[str | TableName], publication: str, types: TypeCatalog | None = None
+           ) -> dict[str, Any]:
     """The server's readiness and each table's assessment; ``problems`` lists all of them."""
     server = server_problems(conn)
     published = published_oids(conn, publication)
-    assessed = [assess_table(conn, t, published) for t in tables]
+    assessed = [assess_table(conn, t, published, types) for t in tables]
     return {
         "server_problems": server,
         "tables": assessed,
@@ -112,7 +120,11 @@ def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None)
             if config.source.discovers:
                 discovered = list(list_tables(conn, config.source.schemas or None).values())
             tables += [t for t in discovered + list(extra_tables or []) if t not in tables]
-            result = assess(conn, tables, config.publication_name)
+            columns = config.source.text_columns
+            result = assess(conn, tables, config.publication_name, TypeCatalog(conn, columns))
+            # Entries of source.columns_as_text that name no column: a typo would keep nothing as text.
+            listed = columns_as_text_problems(conn, sorted(columns))
+            result["problems"] = listed + result["problems"]
             # The source the pipeline was set up on, and its slot, still there (a failover can lose it).
             recorded = recorded_source_problems(config, conn)
             result["server_problems"] += recorded
@@ -160,7 +172,8 @@ def format_assessment(pipeline: str, assessment: dict[str, Any]) -> str:
                      " virtual ones never; compute them in the target): " + ", ".join(t["generated_not_replicated"]))
         if t.get("multi_dimensional_arrays"):
             note += ("; declared multi-dimensional (a multi-dimensional value stops the table: lists hold one"
-                     " dimension): " + ", ".join(t["multi_dimensional_arrays"]))
+                     " dimension; list them in source.columns_as_text to keep them as text): "
+                     + ", ".join(t["multi_dimensional_arrays"]))
         lines.append(f"  {t['table']}: {note}")
     for t in assessment.get("refused", []):
         lines.append(f"  {t['table']}: will be skipped: {'; '.join(t['problems'])}")

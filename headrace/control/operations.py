@@ -22,6 +22,7 @@ from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.replication import ensure_publication
+from headrace.source.postgres.types import TypeCatalog
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
 
@@ -170,7 +171,7 @@ class Operations:
                 raise OperationError(f"table {table['table']} is replicated already", 409)
             if assessment["problems"]:
                 raise OperationError("; ".join(assessment["problems"]), 422)
-            schema = read_table_schema(conn, int(table["oid"]))
+            schema = read_table_schema(conn, int(table["oid"]), TypeCatalog(conn, p.config.source.text_columns))
             if p.capture is not None:
                 p.capture.track(schema)  # before the publication: its first RELATION must be kept
             ensure_publication(conn, p.config.publication_name,

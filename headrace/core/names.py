@@ -116,12 +116,41 @@ class TableName:
             f' that holds a dot: {_suggest(text)}')
 
 
-def _split(text: str) -> list[str]:
+@dataclass(frozen=True, order=True, slots=True)
+class ColumnName:
+    """A column of a table, by exact names: ``public.grid.cells``, ``"Sales"."Order Items"."Weird Col"``."""
+
+    table: TableName
+    column: str
+
+    def __str__(self) -> str:
+        return f"{self.table}.{display_ident(self.column)}"
+
+    @classmethod
+    def parse(cls, text: str, default_schema: str = "public") -> ColumnName:
+        """Parse ``schema.table.column`` or ``table.column`` in SQL syntax, as ``TableName.parse`` does.
+
+        Quoted parts are exact, unquoted parts fold to lower case, and ``table.column`` is in
+        ``default_schema``. Raises ``TableNameError`` saying how to spell it.
+        """
+        parts = _split(text, "column")
+        if len(parts) == 3:
+            return cls(TableName(parts[0], parts[1]), parts[2])
+        if len(parts) == 2:
+            return cls(TableName(default_schema, parts[0]), parts[1])
+        raise TableNameError(
+            f"column {text!r} has {len(parts)} dot-separated part(s); write schema.table.column (or"
+            " table.column for schema public), and quote a part that holds a dot: "
+            "'\"Sales\".\"Order Items\".\"Weird Col\"'")
+
+
+def _split(text: str, what: str = "table name") -> list[str]:
     """The exact names in dotted SQL ``text``; TableNameError when it is not valid SQL name syntax."""
     parts: list[str] = []
     i, n = 0, len(text)
     if not text.strip():
-        raise TableNameError("empty table name: write schema.table, e.g. public.orders")
+        example = "schema.table.column, e.g. public.grid.cells" if what == "column" else "schema.table, e.g. public.orders"
+        raise TableNameError(f"empty {what}: write {example}")
     while True:
         while i < n and text[i].isspace():
             i += 1
@@ -130,7 +159,8 @@ def _split(text: str) -> list[str]:
             while True:
                 close = text.find('"', j)
                 if close < 0:
-                    raise TableNameError(f'table name {text!r} has an unclosed double quote: write {_suggest(text)}')
+                    raise TableNameError(
+                        f"{what} {text!r} has an unclosed double quote: write {_suggest(text, what)}")
                 buf.append(text[j:close])
                 if close + 1 < n and text[close + 1] == '"':  # "" inside quotes is one double quote
                     buf.append('"')
@@ -140,17 +170,17 @@ def _split(text: str) -> list[str]:
                 break
             part = "".join(buf)
             if not part:
-                raise TableNameError(f'table name {text!r} has an empty quoted part ""')
+                raise TableNameError(f'{what} {text!r} has an empty quoted part ""')
         else:
             j = i
             while j < n and text[j] != "." and text[j] != '"':
                 j += 1
             raw = text[i:j].strip()
             if not _UNQUOTED.fullmatch(raw):
-                what = "an empty part" if not raw else f"{raw!r}, which SQL cannot read unquoted"
+                problem = "an empty part" if not raw else f"{raw!r}, which SQL cannot read unquoted"
                 raise TableNameError(
-                    f"table name {text!r} has {what}: quote a name that holds spaces, dots, quotes or other"
-                    f" signs, and keep its exact case inside the quotes: {_suggest(text)}")
+                    f"{what} {text!r} has {problem}: quote a name that holds spaces, dots, quotes or other"
+                    f" signs, and keep its exact case inside the quotes: {_suggest(text, what)}")
             part = "".join(c.lower() if "A" <= c <= "Z" else c for c in raw)
             i = j
         if len(part.encode()) > MAX_NAME_BYTES:
@@ -164,12 +194,14 @@ def _split(text: str) -> list[str]:
             return parts
         if text[i] != ".":
             raise TableNameError(
-                f"table name {text!r} has {text[i:]!r} after a quoted name: write {_suggest(text)}")
+                f"{what} {text!r} has {text[i:]!r} after a quoted name: write {_suggest(text, what)}")
         i += 1
 
 
-def _suggest(text: str) -> str:
+def _suggest(text: str, what: str = "table name") -> str:
     """A likely intended spelling: the last dot splits schema from table, each part quoted exactly."""
+    if what != "table name":
+        return """'"Schema"."Table"."Column"' (each part that is not plain lower case in double quotes)"""
     raw = text.strip().replace('"', "")
     schema, dot, name = raw.rpartition(".")
     if not dot:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from headrace.config import SchemaChangesConfig
 from headrace.core.errors import SchemaChangeError
+from headrace.core.names import display_ident
 from headrace.core.schema import Column, ColumnType, SchemaChange, TableSchema, TypeKind
 from headrace.logs import event
 
@@ -79,6 +80,39 @@ def _match(old: TableSchema, new: TableSchema) -> list[tuple[Column | None, Colu
     return pairs + [(c, None) for i, c in enumerate(old.columns) if i not in found]
 
 
+def remapped_columns(old: TableSchema, new: TableSchema) -> list[tuple[Column, Column]]:
+    """Columns (before, after) of the same PostgreSQL type that headrace now maps to another logical type.
+
+    Only the config does that (a column added to or removed from ``source.columns_as_text``): the
+    target column's type changes, which no target can follow in place.
+    """
+    return [(before, after) for before, after in _match(old, new)
+            if before is not None and after is not None and not same_target_type(before.type, after.type)
+            and before.type_oid != 0  # InvalidOid: a type not known by oid
+            and (before.type_oid, before.typmod) == (after.type_oid, after.typmod)]
+
+
+def _logical(ct: ColumnType) -> str:
+    if ct.kind is TypeKind.LIST and ct.element is not None:
+        return f"list<{_logical(ct.element)}>"
+    if ct.kind is TypeKind.DECIMAL:
+        return f"decimal({ct.precision},{ct.scale})"
+    return ct.kind.value
+
+
+def remap_error(table: TableSchema, pairs: list[tuple[Column, Column]]) -> SchemaChangeError:
+    """The error for ``remapped_columns``: which columns, what changed, and the resync that follows it."""
+    parts = []
+    for before, after in pairs:
+        listed = "now lists" if after.type.kind is TypeKind.STRING else "no longer lists"
+        parts.append(f"column {display_ident(after.name)} ({after.type.pg_type}) is stored as {_logical(after.type)} instead of"
+                     f" {_logical(before.type)} (source.columns_as_text {listed} it)")
+    name = table.qualified_name
+    return SchemaChangeError(
+        f"{name}: {'; '.join(parts)}: the target table must be copied again in its new shape; run"
+        f" `headrace resync {name}` (or restore source.columns_as_text and restart)")
+
+
 def plan_changes(old: TableSchema, new: TableSchema, policy: SchemaChangesConfig) -> list[SchemaChange]:
     """The schema changes from ``old`` to ``new``, in the order a target applies them.
 
@@ -92,6 +126,8 @@ def plan_changes(old: TableSchema, new: TableSchema, policy: SchemaChangesConfig
     fix = f"run `headrace resync {table}` to copy the table again in its new shape"
     changes: list[SchemaChange] = []
     unknown_fill = set(filter(None, new.extra.get("unknown_fill", "").split(",")))
+    if remapped := remapped_columns(old, new):
+        raise remap_error(new, remapped)
     for before, after in _match(old, new):
         if after is None:
             assert before is not None

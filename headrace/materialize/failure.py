@@ -272,7 +272,8 @@ def _fix(error: TerminalError, table: str, user: str | None) -> str:
         case SchemaChangeError():
             return f"`headrace resync {name}` (copies the table again in its current shape)"
         case ValueNotStorableError():
-            return (f"fix the value in the source, or change the value policy in the config and restart; "
-                    f"then `headrace resync {name}`")
+            return (f"the change the error names: keep the column as text (source.columns_as_text) or change the"
+                    f" value policy (values.infinity) in the config and restart, or fix the value in the source;"
+                    f" then `headrace resync {name}`")
         case _:
             return f"fix what the error says, then `headrace resume {name}`"

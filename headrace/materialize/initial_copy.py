@@ -42,6 +42,7 @@ from headrace.outage import lost_connection
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import plan_chunks
 from headrace.source.postgres.replication import ExportedSnapshot
+from headrace.source.postgres.types import TypeCatalog
 from headrace.state.lifecycle import TableState
 from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore, TableRow
@@ -141,7 +142,8 @@ class InitialCopy:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 # The shape as of the snapshot: the table may have changed since it was added (a
                 # resync after an ALTER the target could not follow, a rename, a new column).
-                schema = schema_at_snapshot(conn, row.schema, snapshot_name, self.config.schema_changes)
+                schema = schema_at_snapshot(conn, row.schema, snapshot_name, self.config.schema_changes,
+                                            TypeCatalog(conn, self.config.source.text_columns))
                 chunks = progress.plan(row.oid, plan_chunks(conn, schema, self.config.snapshot.chunk_pages))
             if schema != row.schema or schema.target_as != row.schema.target_as:
                 state.set_schema(schema)
@@ -209,7 +211,7 @@ class InitialCopy:
 
 
 def schema_at_snapshot(conn: psycopg.Connection[Any], tracked: TableSchema, snapshot_name: str,
-                       policy: SchemaChangesConfig) -> TableSchema:
+                       policy: SchemaChangesConfig, types: TypeCatalog | None = None) -> TableSchema:
     """Table ``tracked.oid`` as the exported snapshot sees it, keeping its target name if renamed."""
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
@@ -217,7 +219,7 @@ def schema_at_snapshot(conn: psycopg.Connection[Any], tracked: TableSchema, snap
         found = conn.execute("SELECT 1 FROM pg_class WHERE oid = %s", (tracked.oid,)).fetchone()
         if found is None:
             raise SourceError(f"table {tracked.qualified_name} (oid {tracked.oid}) no longer exists in the source")
-        schema = read_table_schema(conn, tracked.oid)
+        schema = read_table_schema(conn, tracked.oid, types)
     finally:
         conn.execute("ROLLBACK")
     renamed = (schema.schema, schema.name) != (tracked.schema, tracked.name)

@@ -41,7 +41,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from headrace.config import columns_as_text_item
 from headrace.core.errors import TERMINAL_MARKER, UnsupportedError
+from headrace.core.names import ColumnName, TableName, TableNameError, display_ident
 from headrace.core.schema import ColumnType, TypeKind
 
 # Spark's DecimalType holds at most 38 digits.
@@ -140,24 +142,39 @@ def _checked(text: Column, value: Column, ct: ColumnType, rules: ValueRules, col
     message = F.concat(
         F.lit(f"{TERMINAL_MARKER}{rules.table} column {column}: value '"),
         F.substring(text, 1, 100),
-        F.lit(f"' cannot be stored as {spark_type(ct).simpleString()} ({ct.pg_type}); {_fix(ct, rules)}"),
+        F.lit(f"' cannot be stored as {spark_type(ct).simpleString()} ({ct.pg_type}); {_fix(ct, rules, column)}"),
     )
     return F.when(text.isNotNull() & value.isNull(), F.raise_error(message)).otherwise(value)
 
 
-def _fix(ct: ColumnType, rules: ValueRules) -> str:
-    """The remedy the error message names, by kind."""
+def _fix(ct: ColumnType, rules: ValueRules, column: str = "?") -> str:
+    """The remedy the error message names, by kind.
+
+    Where the target type cannot hold the value, the first remedy keeps the column as PostgreSQL's
+    text in the target (``source.columns_as_text``), which leaves the user's database as it is.
+    """
+    as_text = (f"keep the column as text in the target: add `{_as_text_line(rules.table, column)}` under"
+               f" `source.columns_as_text:` in the pipeline config, restart, and run `headrace resync {rules.table}`")
     if ct.kind is TypeKind.LIST:
-        return ("arrays map to lists, which hold one dimension with lower bound 1: "
-                "store it one-dimensional in the source (or change the column's type to text) "
-                f"and run `headrace resync {rules.table}`")
+        return (f"arrays map to lists, which hold one dimension with lower bound 1: {as_text}; or store it"
+                f" one-dimensional in the source and run `headrace resync {rules.table}`")
     if ct.kind is TypeKind.DECIMAL:
-        return ("a numeric(p,s) target holds no NaN or Infinity: change the source column to unconstrained "
-                f"numeric (kept as exact text) or replace the value, then run `headrace resync {rules.table}`")
+        return (f"a numeric(p,s) target holds no NaN or Infinity: {as_text}; or change the source column to"
+                f" unconstrained numeric (kept as exact text) or replace the value, then run"
+                f" `headrace resync {rules.table}`")
     if ct.kind in DATETIME_KINDS:
         return ("set `values: {infinity: clamp}` in the pipeline config to store the nearest bound "
                 f"({' / '.join(CLAMP_BOUNDS[ct.kind])}) instead, then retry the table")
     return f"this is a headrace bug: please report it with the value; `headrace resync {rules.table}` after a fix"
+
+
+def _as_text_line(table: str, column: str) -> str:
+    """The ``source.columns_as_text`` YAML item for ``column`` (an array's elements' name ends in ``[]``)."""
+    name = column.removesuffix("[]")
+    try:
+        return columns_as_text_item(ColumnName(TableName.parse(table), name))
+    except TableNameError:  # not a table's display name (a test's rules): still say what to list
+        return f"- {table}.{display_ident(name)}"
 
 
 def _cast(col: Column, ct: ColumnType, rules: ValueRules, column: str) -> Column:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from headrace.config import SourceConfig
-from headrace.core.names import TableName, TableNameError, display_ident, quote_ident, quote_spark
+from headrace.config import SourceConfig, columns_as_text_item
+from headrace.core.names import ColumnName, TableName, TableNameError, display_ident, quote_ident, quote_spark
 
 
 @pytest.mark.parametrize(("text", "schema", "name"), [
@@ -81,3 +82,52 @@ def test_config_errors_name_the_entry() -> None:
         SourceConfig(dsn="x", tables=["public.Order Items"])
     with pytest.raises(ValueError, match="lists public.orders twice"):
         SourceConfig(dsn="x", tables=["orders", '"public"."orders"'])
+
+
+@pytest.mark.parametrize(("text", "table", "column"), [
+    ("public.grid.cells", TableName("public", "grid"), "cells"),
+    ("grid.Cells", TableName("public", "grid"), "cells"),  # table.column is in public; unquoted folds
+    ('"Sales"."Order Items"."Weird Col"', TableName("Sales", "Order Items"), "Weird Col"),
+    ('s."a.b"."c""d"', TableName("s", "a.b"), 'c"d'),
+])
+def test_column_names_parse_like_sql(text: str, table: TableName, column: str) -> None:
+    parsed = ColumnName.parse(text)
+    assert parsed == ColumnName(table, column)
+    assert ColumnName.parse(str(parsed)) == parsed  # the display form parses back
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("cells", "has 1 dot-separated part(s); write schema.table.column"),
+    ("a.b.c.d", "has 4 dot-separated part(s)"),
+    ('public.grid."cells', "column 'public.grid.\"cells' has an unclosed double quote"),
+    ("public.grid.Weird Col", "'Weird Col', which SQL cannot read unquoted"),
+    ("", "empty column: write schema.table.column"),
+])
+def test_column_name_errors_say_how_to_write_it(text: str, says: str) -> None:
+    with pytest.raises(TableNameError) as caught:
+        ColumnName.parse(text)
+    assert says in str(caught.value)
+
+
+def test_config_columns_as_text_kept_in_display_form_and_checked() -> None:
+    source = SourceConfig(dsn="x", tables=["grid"], columns_as_text=["Grid.Cells", '"Sales"."Order Items"."Weird Col"'])
+    assert source.columns_as_text == ["public.grid.cells", '"Sales"."Order Items"."Weird Col"']
+    assert source.text_columns == {ColumnName(TableName("public", "grid"), "cells"),
+                                   ColumnName(TableName("Sales", "Order Items"), "Weird Col")}
+    with pytest.raises(ValueError, match="no wildcards"):
+        SourceConfig(dsn="x", tables=["grid"], columns_as_text=["public.grid.*"])
+    with pytest.raises(ValueError, match="source.columns_as_text lists public.grid.cells twice"):
+        SourceConfig(dsn="x", tables=["grid"], columns_as_text=["grid.cells", '"public"."grid"."cells"'])
+    with pytest.raises(ValueError, match="source.columns_as_text: column 'cells' has 1"):
+        SourceConfig(dsn="x", tables=["grid"], columns_as_text=["cells"])
+
+
+def test_the_yaml_item_parses_back_to_the_same_column() -> None:
+    for column in (ColumnName(TableName("public", "grid"), "cells"),
+                   ColumnName(TableName("Sales", "Order Items"), "Weird Col"),
+                   ColumnName(TableName("s", "t"), "a: #b 'c'")):
+        item = columns_as_text_item(column)
+        assert item.startswith("- ")
+        (text,) = yaml.safe_load(item)
+        assert ColumnName.parse(text) == column
+    assert columns_as_text_item(ColumnName(TableName("public", "grid"), "cells")) == "- public.grid.cells"

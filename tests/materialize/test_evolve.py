@@ -9,7 +9,7 @@ import pytest
 from headrace.config import SchemaChangesConfig
 from headrace.core.errors import SchemaChangeError
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.materialize.evolve import plan_changes
+from headrace.materialize.evolve import plan_changes, remapped_columns
 
 INT = ColumnType(TypeKind.INT, "integer")
 LONG = ColumnType(TypeKind.LONG, "bigint")
@@ -83,3 +83,19 @@ def test_policies_decide_drops_and_table_renames_and_drops_come_first() -> None:
     assert kinds(OLD, new) == [("drop_column", False), ("add_column", True), ("rename_table", False)]
     follow = SchemaChangesConfig(drop_column="drop", rename_table="follow")
     assert kinds(OLD, new, follow) == [("drop_column", True), ("add_column", True), ("rename_table", True)]
+
+
+def test_a_column_the_config_now_keeps_as_text_needs_a_resync_naming_the_option() -> None:
+    arr = ColumnType(TypeKind.LIST, "integer[]", element=INT)
+    old = TableSchema(1, "public", "grid", (Column("id", INT, 23, -1, True, 1), Column("cells", arr, 1007, -1, True, 2)),
+                      ("id",))
+    as_text = replace(old, columns=(old.columns[0], replace(old.columns[1], type=ColumnType(TypeKind.STRING, "integer[]"))))
+    assert [(b.name, a.type.kind) for b, a in remapped_columns(old, as_text)] == [("cells", TypeKind.STRING)]
+    with pytest.raises(SchemaChangeError, match=r"column cells \(integer\[\]\) is stored as string instead of"
+                       r" list<int> \(source.columns_as_text now lists it\).*`headrace resync public.grid`"):
+        plan_changes(old, as_text, KEEP)
+    with pytest.raises(SchemaChangeError, match="no longer lists it"):
+        plan_changes(as_text, old, KEEP)
+    # Another spelling of the same storage (an enum renamed) is no remapping.
+    renamed = replace(as_text, columns=(old.columns[0], replace(as_text.columns[1], type=ColumnType(TypeKind.STRING, "x"))))
+    assert remapped_columns(as_text, renamed) == []

@@ -51,6 +51,16 @@ def test_a_value_the_type_cannot_hold_stops_with_table_column_value_and_fix(
     assert TERMINAL_MARKER in message
     assert f"public.t column c: value '{text}' cannot be stored" in message
     assert names in message
+    if ct.kind in (K.LIST, K.DECIMAL):  # the first fix leaves the source as it is: keep the column as text
+        assert "add `- public.t.c` under `source.columns_as_text:`" in message
+        alternative = "one-dimensional in the source" if ct.kind is K.LIST else "unconstrained numeric"
+        assert message.index("source.columns_as_text") < message.index(alternative)
+
+
+def test_a_numeric_nan_inside_an_array_names_the_whole_column_to_list(spark: SparkSession) -> None:
+    prices = ColumnType(K.LIST, "numeric(10,2)[]", element=NUMERIC)
+    with pytest.raises(Exception, match=r"public.t column c\[\]: value 'NaN'.*add `- public.t.c` under"):
+        _cast(spark, "{1.5,NaN}", prices, STOP)
 
 
 def test_a_long_value_is_cut_to_100_characters_in_the_message(spark: SparkSession) -> None:

@@ -14,7 +14,7 @@ import psycopg
 
 from headrace.core.changes import Relation
 from headrace.core.errors import SourceError
-from headrace.core.names import TableName
+from headrace.core.names import ColumnName, TableName, display_ident
 from headrace.core.schema import Column, TableSchema
 from headrace.source.postgres.types import TypeCatalog
 
@@ -118,6 +118,9 @@ def read_table_schema(conn: Conn, qualified_name: str | TableName | int, types: 
                       ) -> TableSchema:
     """The schema of table ``qualified_name`` (a ``TableName``, ``schema.table`` in SQL syntax, or an oid).
 
+    Column types resolve through ``types``: pass the pipeline's (``TypeCatalog(conn, as_text)``) so
+    columns kept as text are; without it, every column gets its mapped type.
+
     The key is what identifies a row in the change stream: the REPLICA IDENTITY USING INDEX
     columns when one is set (pgoutput then sends exactly those as the old key), else the primary
     key, else ``()``. Raises ``SourceError`` if the table does not exist.
@@ -128,8 +131,9 @@ def read_table_schema(conn: Conn, qualified_name: str | TableName | int, types: 
     oid, schema, name, _kind, replident, _owner = row
     types = types or TypeCatalog(conn)
     facts = column_facts(conn, oid)
+    table = TableName(schema, name)
     columns = tuple(
-        Column(attname, types.column_type(typoid, typmod), typoid, typmod, nullable, facts[attname].attnum,
+        Column(attname, types.column(table, attname, typoid, typmod), typoid, typmod, nullable, facts[attname].attnum,
                facts[attname].missing)
         for attname, typoid, typmod, nullable in conn.execute(_COLUMNS, (oid,)).fetchall()
     )
@@ -155,8 +159,9 @@ def relation_to_schema(rel: Relation, types: TypeCatalog, known: TableSchema | N
     nullable = {c.name: c.nullable for c in known.columns} if known else {}
     facts = column_facts(conn, rel.oid) if conn is not None else {}
     none = ColumnFacts(0, None, False)
+    table = TableName(rel.namespace, rel.name)
     columns = tuple(
-        Column(c.name, types.column_type(c.type_oid, c.typmod), c.type_oid, c.typmod, nullable.get(c.name, True),
+        Column(c.name, types.column(table, c.name, c.type_oid, c.typmod), c.type_oid, c.typmod, nullable.get(c.name, True),
                facts[c.name].attnum if c.name in facts else None, facts.get(c.name, none).missing)
         for c in rel.columns
     )
@@ -258,6 +263,26 @@ def problems_of_table(conn: Conn, table: str | TableName, published: set[int]) -
             f" run ALTER TABLE {qualified} OWNER TO <headrace role>, or create the publication with it"
             " beforehand"
         )
+    return problems
+
+
+def columns_as_text_problems(conn: Conn, columns: Sequence[ColumnName]) -> list[str]:
+    """A sentence for each ``source.columns_as_text`` entry whose table or column does not exist."""
+    problems = []
+    for column in columns:
+        fix = f"fix or remove {column} in source.columns_as_text"
+        row = find_relation(conn, column.table)
+        if row is None:
+            problems.append(f"source.columns_as_text: {missing_table(conn, column.table, fix)}")
+            continue
+        names = [r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+            " ORDER BY attnum", (row[0],)).fetchall()]
+        if column.column not in names:
+            near = [str(ColumnName(column.table, n)) for n in names if n.lower() == column.column.lower()]
+            hint = f" (did you mean {' or '.join(near)}? unquoted names fold to lower case; quote them)" if near else ""
+            problems.append(f"source.columns_as_text: table {column.table} has no column"
+                            f" {display_ident(column.column)}{hint}: {fix}")
     return problems
 
 

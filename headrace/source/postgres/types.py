@@ -8,10 +8,12 @@ spell them. Everything else (enums, domains, arrays of those, extension types) i
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
 
+from headrace.core.names import ColumnName, TableName
 from headrace.core.schema import ColumnType, TypeKind
 
 # Iceberg (and most lakehouse formats) cap decimals at 38 digits.
@@ -152,11 +154,28 @@ class TypeCatalog:
     ``conn`` is a psycopg 3 connection to the source database, used only for types outside the
     static table. A lookup on an idle non-autocommit connection commits its own short transaction,
     so a long-lived catalog never leaves the connection idle in transaction (holding back xmin).
+
+    ``as_text`` lists the columns the pipeline keeps as PostgreSQL's text output whatever their
+    type (``source.columns_as_text``). ``column`` applies it: every path that reads a table's shape
+    (copy, capture, add-table, start-up, check) resolves column types through it, so copy and
+    stream always agree.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], as_text: Collection[ColumnName] = ()) -> None:
         self._conn = conn
         self._cache: dict[tuple[int, int], ColumnType] = {}
+        self.as_text = frozenset(as_text)
+
+    def column(self, table: TableName, name: str, oid: int, typmod: int = -1) -> ColumnType:
+        """The logical type of column ``name`` of ``table``: STRING when the config keeps it as text.
+
+        A column kept as text keeps its PostgreSQL spelling (``integer[]``) for messages; its values
+        are the text PostgreSQL prints, stored as a string.
+        """
+        mapped = self.column_type(oid, typmod)
+        if ColumnName(table, name) in self.as_text:
+            return ColumnType(TypeKind.STRING, mapped.pg_type)
+        return mapped
 
     def column_type(self, oid: int, typmod: int = -1) -> ColumnType:
         """The logical type of a column of type ``oid`` with modifier ``typmod``."""

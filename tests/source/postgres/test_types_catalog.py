@@ -9,8 +9,14 @@ import pytest
 
 from headrace.core.changes import Relation, RelationColumn
 from headrace.core.errors import SourceError
+from headrace.core.names import ColumnName, TableName
 from headrace.core.schema import ColumnType, TypeKind
-from headrace.source.postgres.catalog import check_source, read_table_schema, relation_to_schema
+from headrace.source.postgres.catalog import (
+    check_source,
+    columns_as_text_problems,
+    read_table_schema,
+    relation_to_schema,
+)
 from headrace.source.postgres.types import TypeCatalog, builtin_type
 
 K = TypeKind
@@ -174,3 +180,28 @@ def test_check_source_takes_any_name(conn: psycopg.Connection) -> None:
     # unquoted folds to lower case, as in SQL: the table in another case is named with its spelling
     assert any('table public."user" does not exist (did you mean public."User"?' in p for p in problems), problems
     assert any('ALTER TABLE public."a.b""c" REPLICA IDENTITY FULL' in p for p in problems), problems
+
+
+def test_columns_kept_as_text_resolve_to_string_on_every_path(conn: psycopg.Connection) -> None:
+    conn.execute('CREATE TABLE "Grid" (id int PRIMARY KEY, cells int[], "Price" numeric(5,2), m mood[])')
+    grid = TableName("public", "Grid")
+    types = TypeCatalog(conn, {ColumnName(grid, "cells"), ColumnName(grid, "Price"), ColumnName(grid, "m")})
+    read = read_table_schema(conn, grid, types)
+    assert [c.type for c in read.columns] == [ColumnType(K.INT, "integer"), ColumnType(K.STRING, "integer[]"),
+                                              ColumnType(K.STRING, "numeric(5,2)"), ColumnType(K.STRING, "mood[]")]
+    cols = tuple(RelationColumn(c.name, c.type_oid, c.typmod, c.name == "id") for c in read.columns)
+    streamed = relation_to_schema(Relation(read.oid, "public", "Grid", "d", cols), types)
+    assert [c.type for c in streamed.columns] == [c.type for c in read.columns]
+    assert read_table_schema(conn, grid).column("cells").type.kind is K.LIST  # without the config
+
+
+def test_columns_as_text_entries_that_name_nothing_are_problems(conn: psycopg.Connection) -> None:
+    conn.execute('CREATE TABLE "Grid" (id int PRIMARY KEY, "Cells" int[])')
+    entries = [ColumnName.parse(t) for t in ('public."Grid"."Cells"', 'public."Grid".cells', "public.nope.x")]
+    problems = columns_as_text_problems(conn, entries)
+    assert problems == [
+        'source.columns_as_text: table public."Grid" has no column cells (did you mean public."Grid"."Cells"?'
+        ' unquoted names fold to lower case; quote them): fix or remove public."Grid".cells in source.columns_as_text',
+        "source.columns_as_text: table public.nope does not exist: fix or remove public.nope.x in"
+        " source.columns_as_text",
+    ]
