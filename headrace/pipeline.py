@@ -252,6 +252,8 @@ class Pipeline:
                             event(log, "run.caught_up", captured_lsn=format_lsn(self.capture.captured_lsn))
                             break
                     if not thread.is_alive():
+                        if isinstance(self.capture.failure, TerminalError):
+                            raise self.capture.failure  # its own class and message: the start-up check's
                         raise TerminalError(f"capture stopped: {self.capture.last_error}")
                     if not did_work:
                         self.operations.wait(self.config.apply.idle_sleep_seconds)

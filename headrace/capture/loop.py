@@ -73,6 +73,7 @@ class Capture:
         self.received_lsn = 0
         self.connected = False
         self.last_error: str | None = None
+        self.failure: Exception | None = None  # what stopped capture for good (the run loop re-raises it)
         self.changes_captured: dict[tuple[int, str], int] = {}
         self._heartbeat_due = True
         self._lock = threading.Lock()
@@ -135,6 +136,7 @@ class Capture:
                 stop.wait(backoff.delay(failures))
             except Exception as exc:
                 self.connected = False
+                self.failure = exc
                 self.last_error = str(exc).strip() or type(exc).__name__
                 event(log, "capture.failed", logging.ERROR, error=self.last_error)
                 raise
