@@ -1,0 +1,111 @@
+"""Table maintenance on both targets: compaction after many small batches, and beside a running apply."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from headrace.config import PipelineConfig
+from headrace.control.status import format_status, pipeline_status
+from headrace.maintenance import maintain_table, maintain_tables
+from headrace.pipeline import Pipeline
+from headrace.state.maintenance import MaintenanceStore
+from headrace.state.store import StateStore, TableRow
+from tests.e2e.helpers import assert_same, capture_while, make_config, running, wait_until
+from tests.e2e.test_pipeline import run_caught_up
+
+TARGETS = ["iceberg", "ducklake"]
+KEEP_LAST = 2
+# Snapshots expire as soon as they are not among the newest KEEP_LAST: every pass can be checked.
+MAINTENANCE = {"retention_hours": 0, "keep_last": KEEP_LAST}
+
+
+def _config(dsn: str, tmp: Path, target: str, **maintenance: object) -> PipelineConfig:
+    # One staged file per apply batch: every flush becomes its own batch, commit and snapshot.
+    return make_config(dsn, tmp, ["public.churn"], target=target, apply={"max_batch_files": 1},
+                       maintenance={**MAINTENANCE, **maintenance})
+
+
+def _tables(dsn: str, config: PipelineConfig) -> list[TableRow]:
+    state = StateStore(dsn, config.name)
+    try:
+        return state.tables()
+    finally:
+        state.close()
+
+
+def _create(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS churn; CREATE TABLE churn (id int PRIMARY KEY, v int, pad text);"
+                     "INSERT INTO churn SELECT g, 0, repeat('p', 100) FROM generate_series(1, 300) g")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_maintain_after_small_batches_compacts_and_expires(source_dsn: str, tmp_path: Path, target: str) -> None:
+    _create(source_dsn)
+    config = _config(source_dsn, tmp_path, target, enabled=False)
+    run_caught_up(Pipeline(config))
+    updates = [f"UPDATE churn SET v = v + 1 WHERE id % 30 = {i}; DELETE FROM churn WHERE id = {i + 1};"
+               f" INSERT INTO churn VALUES ({1000 + i}, {i}, 'new')" for i in range(30)]
+    capture_while(config, source_dsn, updates, pause=0.35)  # > flush_seconds: one staged file each
+    pipeline = Pipeline(config)
+    run_caught_up(pipeline)
+    (row,) = _tables(source_dsn, config)
+    before = pipeline.target.table_files(row.schema)
+    assert before is not None and before.snapshots > KEEP_LAST
+
+    after = maintain_tables(config, pipeline.target)["public.churn"]
+
+    assert after is not None
+    assert after.delete_files == 0
+    assert after.data_files < before.data_files or after.data_files == 1, (before, after)
+    assert after.snapshots <= KEEP_LAST, (before, after)
+    assert_same(pipeline, source_dsn, "public.churn")
+    shown = next(t for t in pipeline_status(config)["tables"] if t["table"] == "public.churn")["maintenance"]
+    assert shown["last_run_at"] and shown["data_files"] == after.data_files and shown["last_error"] is None
+    assert "maintained=20" in format_status(pipeline_status(config))
+    pipeline.target.close()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_maintenance_beside_apply_loses_nothing(source_dsn: str, tmp_path: Path, target: str) -> None:
+    _create(source_dsn)
+    # The run's own schedule maintains after every batch; a second thread maintains at the same
+    # time, so its commits race the apply's (Iceberg: optimistic commits; DuckLake: the lock).
+    config = _config(source_dsn, tmp_path, target, every_minutes=0.001, after_batches=1)
+    pipeline = Pipeline(config)
+    writes_done = threading.Event()
+    passes: list[object] = []
+
+    def maintain_meanwhile() -> None:
+        store = MaintenanceStore(source_dsn, config.name)
+        try:
+            while not writes_done.is_set():
+                rows = [r for r in _tables(source_dsn, config) if r.state.applies_changes]
+                for row in rows:
+                    passes.append(maintain_table(pipeline.target, store, row, config.maintenance.policy()))
+                writes_done.wait(0.2)
+        finally:
+            store.close()
+
+    with running(pipeline):
+        wait_until(lambda: any(r.state.applies_changes for r in _tables(source_dsn, config)),
+                   120, "the table was not copied")
+        maintainer = threading.Thread(target=maintain_meanwhile, name="maintainer")
+        maintainer.start()
+        try:
+            with psycopg.connect(source_dsn, autocommit=True) as conn:
+                for i in range(20):
+                    conn.execute(f"UPDATE churn SET v = v + 1 WHERE id % 20 = {i}")
+                    conn.execute(f"DELETE FROM churn WHERE id = {200 + i}")
+                    conn.execute(f"INSERT INTO churn VALUES ({2000 + i}, {i}, 'x')")
+                    writes_done.wait(0.3)
+            wait_until(lambda: assert_same(pipeline, source_dsn, "public.churn"), 180, "target != source")
+        finally:
+            writes_done.set()
+            maintainer.join(120)
+        assert passes, "the maintainer never ran"
+        assert_same(pipeline, source_dsn, "public.churn")
