@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+import yaml
 
-from headrace.config import PipelineConfig
+from headrace import cli
+from headrace.config import PipelineConfig, parse_config
 from headrace.control.status import format_status, pipeline_status
-from headrace.maintenance import maintain_table, maintain_tables
+from headrace.core.interfaces import load_target
+from headrace.maintenance import maintain_table
 from headrace.pipeline import Pipeline
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
-from tests.e2e.helpers import assert_same, capture_while, make_config, running, wait_until
+from tests.e2e.helpers import assert_same, capture_while, raw_config, running, wait_until
 from tests.e2e.test_pipeline import run_caught_up
 
 TARGETS = ["iceberg", "ducklake"]
@@ -23,10 +27,14 @@ KEEP_LAST = 2
 MAINTENANCE = {"retention_hours": 0, "keep_last": KEEP_LAST}
 
 
-def _config(dsn: str, tmp: Path, target: str, **maintenance: object) -> PipelineConfig:
+def _raw(dsn: str, tmp: Path, target: str, **maintenance: object) -> dict[str, Any]:
     # One staged file per apply batch: every flush becomes its own batch, commit and snapshot.
-    return make_config(dsn, tmp, ["public.churn"], target=target, apply={"max_batch_files": 1},
-                       maintenance={**MAINTENANCE, **maintenance})
+    return raw_config(dsn, tmp, ["public.churn"], target=target, apply={"max_batch_files": 1},
+                      maintenance={**MAINTENANCE, **maintenance})
+
+
+def _config(dsn: str, tmp: Path, target: str, **maintenance: object) -> PipelineConfig:
+    return parse_config(_raw(dsn, tmp, target, **maintenance))
 
 
 def _tables(dsn: str, config: PipelineConfig) -> list[TableRow]:
@@ -43,30 +51,35 @@ def _create(dsn: str) -> None:
                      "INSERT INTO churn SELECT g, 0, repeat('p', 100) FROM generate_series(1, 300) g")
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_maintain_after_small_batches_compacts_and_expires(source_dsn: str, tmp_path: Path, target: str) -> None:
+@pytest.mark.parametrize("target_kind", TARGETS)
+def test_maintain_command_after_small_batches_compacts_and_expires(
+        source_dsn: str, tmp_path: Path, target_kind: str, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     _create(source_dsn)
-    config = _config(source_dsn, tmp_path, target, enabled=False)
+    config = parse_config(_raw(source_dsn, tmp_path, target_kind, enabled=False))
     run_caught_up(Pipeline(config))
     updates = [f"UPDATE churn SET v = v + 1 WHERE id % 30 = {i}; DELETE FROM churn WHERE id = {i + 1};"
                f" INSERT INTO churn VALUES ({1000 + i}, {i}, 'new')" for i in range(30)]
     capture_while(config, source_dsn, updates, pause=0.35)  # > flush_seconds: one staged file each
     pipeline = Pipeline(config)
-    run_caught_up(pipeline)
+    run_caught_up(pipeline)  # closes its target: the lake is free for the command below
     (row,) = _tables(source_dsn, config)
-    before = pipeline.target.table_files(row.schema)
-    assert before is not None and before.snapshots > KEEP_LAST
+    target = load_target(config.target.kind, spark, config.target.settings, config.name)
+    before = target.table_files(row.schema)
+    target.close()
+    assert before is not None and before.snapshots > KEEP_LAST and before.delete_files > 0
+    config_file = tmp_path / "pipeline.yaml"
+    config_file.write_text(yaml.safe_dump(_raw(source_dsn, tmp_path, target_kind, enabled=False)))
 
-    after = maintain_tables(config, pipeline.target)["public.churn"]
+    assert cli.main(["maintain", "-c", str(config_file), "public.churn"]) == 0
 
-    assert after is not None
-    assert after.delete_files == 0
-    assert after.data_files < before.data_files or after.data_files == 1, (before, after)
-    assert after.snapshots <= KEEP_LAST, (before, after)
-    assert_same(pipeline, source_dsn, "public.churn")
+    assert "public.churn: data_files=" in capsys.readouterr().out
     shown = next(t for t in pipeline_status(config)["tables"] if t["table"] == "public.churn")["maintenance"]
-    assert shown["last_run_at"] and shown["data_files"] == after.data_files and shown["last_error"] is None
+    assert shown["last_run_at"] and shown["last_error"] is None
+    assert shown["delete_files"] == 0
+    assert shown["data_files"] < before.data_files or shown["data_files"] == 1, (before, shown)
+    assert shown["snapshots"] <= KEEP_LAST, (before, shown)
     assert "maintained=20" in format_status(pipeline_status(config))
+    assert_same(pipeline, source_dsn, "public.churn")
     pipeline.target.close()
 
 
