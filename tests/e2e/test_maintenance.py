@@ -23,7 +23,7 @@ from tests.e2e.test_pipeline import run_caught_up
 
 TARGETS = ["iceberg", "ducklake"]
 KEEP_LAST = 2
-BATCHES = 20  # small batches before the pass: each one a commit with its own files
+BATCHES = 15  # small batches before the pass: each one a commit with its own files
 # Snapshots expire as soon as they are not among the newest KEEP_LAST: every pass can be checked.
 MAINTENANCE = {"retention_hours": 0, "keep_last": KEEP_LAST}
 
