@@ -31,7 +31,9 @@ def maintain_table(target: Target, store: MaintenanceStore, row: TableRow, polic
     try:
         target.maintain(row.schema, policy)
     except Exception as exc:
-        text = str(exc).strip().splitlines()[0][:1000] if str(exc).strip() else type(exc).__name__
+        from headrace.materialize.failure import translate  # unwraps Py4J and DuckDB errors
+
+        text = str(translate(exc, row.qualified_name))[:1000]
         event(log, "maintenance.failed", logging.WARNING, table=row.qualified_name, error=text)
         store.record(row.oid, _measure(target, row), ran=True, error=text)
         return None

@@ -125,3 +125,7 @@ def test_maintenance_beside_apply_loses_nothing(source_dsn: str, tmp_path: Path,
             maintainer.join(120)
         assert passes, "the maintainer never ran"
         assert_same(pipeline, source_dsn, "public.churn")
+        exposed = pipeline.metrics.exposition().decode()
+        for metric in ("headrace_maintenance_last_run_timestamp_seconds", "headrace_target_data_files",
+                       "headrace_target_delete_files", "headrace_target_snapshots", "headrace_target_bytes"):
+            assert f'{metric}{{table="public.churn"}}' in exposed, metric

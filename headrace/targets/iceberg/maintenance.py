@@ -68,8 +68,14 @@ def maintain(spark: SparkSession, catalog: str, identifier: str, policy: Mainten
             if attempt == ATTEMPTS or not _conflict(exc):
                 raise
             event(log, "maintenance.conflict", logging.INFO, table=identifier, attempt=attempt,
-                  error=str(exc).splitlines()[0][:300])
+                  error=_cause(exc))
             time.sleep(0.5 * attempt)
+
+
+def _cause(exc: Exception) -> str:
+    """The Java exception's line, not Py4J's "An error occurred while calling o65.sql"."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if "Exception:" in line), lines[0] if lines else type(exc).__name__)[:300]
 
 
 def _conflict(exc: Exception) -> bool:
