@@ -58,7 +58,8 @@ def _create(dsn: str) -> None:
 def test_maintain_command_after_small_batches_compacts_and_expires(
         source_dsn: str, tmp_path: Path, target_kind: str, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     _create(source_dsn)
-    config = parse_config(_raw(source_dsn, tmp_path, target_kind, enabled=False))
+    raw = _raw(source_dsn, tmp_path, target_kind, enabled=False)
+    config = parse_config(raw)
     run_caught_up(Pipeline(config))
     updates = [f"UPDATE churn SET v = v + 1 WHERE id % 30 = {i}; DELETE FROM churn WHERE id = {i + 1};"
                f" INSERT INTO churn VALUES ({1000 + i}, {i}, 'new')" for i in range(BATCHES)]
@@ -71,7 +72,10 @@ def test_maintain_command_after_small_batches_compacts_and_expires(
     target.close()
     assert before is not None and before.snapshots > KEEP_LAST and before.delete_files > 0
     config_file = tmp_path / "pipeline.yaml"
-    config_file.write_text(yaml.safe_dump(_raw(source_dsn, tmp_path, target_kind, enabled=False)))
+    # The same Spark catalog name as the pipeline's: the command runs in this process, and Spark caches
+    # Iceberg tables per catalog; another name would leave the pipeline's catalog reading a snapshot
+    # this test's zero retention expires.
+    config_file.write_text(yaml.safe_dump(raw))
 
     assert cli.main(["maintain", "-c", str(config_file), "public.churn"]) == 0
 
