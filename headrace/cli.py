@@ -144,6 +144,27 @@ def _changed_values(table: dict[str, object]) -> str:
     return "  values changed: " + ", ".join(f"{k}={n}" for k, n in sorted(changed.items()))
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    """One maintenance pass over every table, or one; beside a running pipeline or while it is stopped."""
+    from headrace.core.interfaces import load_target
+    from headrace.maintenance import maintain_tables
+    from headrace.spark import build_session
+
+    config = load_config(args.config)
+    spark = build_session(config.spark.master, config.spark.conf, app_name=f"headrace-maintain-{config.name}")
+    target = load_target(config.target.kind, spark, config.target.settings, config.name)
+    try:
+        results = maintain_tables(config, target, args.table)
+    finally:
+        target.close()
+    failed = 0
+    for table, files in results.items():
+        failed += files is None
+        counts = " ".join(f"{k}={v}" for k, v in files.as_dict().items()) if files else "failed (see the log)"
+        print(f"{table}: {counts}")
+    return 1 if failed else 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from headrace.demo import run_demo
 
@@ -185,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--source", action="store_true", help="every source table, assessed for adding")
             p.add_argument("--json", action="store_true", help="print one JSON object")
         p.set_defaults(func=cmd_control)
+    maintain = sub.add_parser("maintain", help="compact files, expire snapshots, remove orphans (now, once)")
+    maintain.add_argument("-c", "--config", required=True, help="pipeline YAML file")
+    maintain.add_argument("table", nargs="?", help="schema.table (default: every table)")
+    maintain.set_defaults(func=cmd_maintain)
     demo = sub.add_parser("demo", help="throwaway Postgres → local lakehouse, with live changes")
     demo.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg")
     demo.add_argument("--output", default="demo-output", help="folder for the warehouse and staging files")

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
+from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.names import ColumnName, TableName, TableNameError
 from headrace.lineage.config import LineageConfig
 
@@ -377,6 +378,26 @@ class ReconnectConfig(_Frozen):
     connect_timeout_seconds: int = Field(5, gt=0, description="how long one probe connection may take")
 
 
+class MaintenanceConfig(_Frozen):
+    """Table maintenance inside ``run`` (also ``headrace maintain``): compact small files, apply
+    away delete files, expire old snapshots, remove orphan files. Off the write path: the run loop
+    maintains one due table between apply batches."""
+
+    enabled: bool = Field(True, description="maintain tables on a schedule inside `run`")
+    every_minutes: float = Field(60.0, gt=0, description="maintain a table at most this often ...")
+    after_batches: int = Field(50, gt=0, description="... and only once it had this many apply batches since")
+    retention_hours: float = Field(24.0, ge=0, description="expire snapshots older than this")
+    keep_last: int = Field(5, ge=1, description="but always keep this many newest snapshots")
+    orphan_age_hours: float = Field(
+        72.0, ge=24, description="remove unreferenced files older than this (at least 24: a running write's "
+        "files are unreferenced until it commits)")
+
+    def policy(self) -> MaintenancePolicy:
+        """The per-pass part the targets follow."""
+        return MaintenancePolicy(retention_seconds=self.retention_hours * 3600, keep_last=self.keep_last,
+                                 orphan_age_seconds=self.orphan_age_hours * 3600)
+
+
 class PipelineConfig(_Frozen):
     """A whole pipeline, as read from the YAML file."""
 
@@ -392,6 +413,7 @@ class PipelineConfig(_Frozen):
     values: ValuesConfig = ValuesConfig()
     reconnect: ReconnectConfig = ReconnectConfig()
     lineage: LineageConfig = LineageConfig()  # OpenLineage events (off by default)
+    maintenance: MaintenanceConfig = MaintenanceConfig()  # compaction and snapshot expiry (on by default)
 
     @field_validator("name")
     @classmethod

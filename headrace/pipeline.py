@@ -28,6 +28,7 @@ from headrace.core.position import format_lsn, parse_lsn
 from headrace.core.schema import TableSchema
 from headrace.lineage.emitter import Lineage
 from headrace.logs import event
+from headrace.maintenance import MaintenanceSchedule
 from headrace.materialize.apply import apply_next, current_cursor
 from headrace.materialize.failure import classify
 from headrace.materialize.initial_copy import InitialCopy
@@ -86,6 +87,7 @@ class Pipeline:
         self.outage = OutageWatch.for_config(config, self.dsn, self.state_dsn)  # servers gone away, and back
         self.wal_guard = WalGuard(config, self.dsn)  # WAL the slot keeps; a slot PostgreSQL invalidated
         self.lineage = Lineage(config, self.dsn)  # OpenLineage events (off unless configured)
+        self.maintenance = MaintenanceSchedule(config, self.state_dsn)  # compaction, snapshot expiry
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -239,6 +241,7 @@ class Pipeline:
                     if not self.operations.paused:
                         did_work |= self._copy_pending(state)
                         did_work |= self._apply_all(state)
+                        did_work |= self.maintenance.step(state, self.target)  # between apply passes
                     if time.monotonic() >= next_gc:
                         collect_applied(state, self.target)
                         next_gc = time.monotonic() + self.config.staging.gc_seconds
@@ -280,6 +283,7 @@ class Pipeline:
                 self._target.close()
                 self._target = None  # reopened on next use (DuckLake allows one attach per process)
             self.lineage.close(state)
+            self.maintenance.close()
             state.close()
             event(log, "run.stop", pipeline=self.config.name)
         return code
@@ -348,6 +352,7 @@ class Pipeline:
             if applied is not None:
                 did_work = True
                 self.stats.batches += 1
+                self.maintenance.batch_applied(row.oid)
                 self.metrics.batch_applied(state, row, applied)
                 self.lineage.batch_applied(state, row, applied)
                 self.stats.rows_applied[row.qualified_name] = (

@@ -211,6 +211,31 @@ def _wal_gauges(wal: dict[str, Any] | None, limit: int) -> Iterator[Metric]:
     yield from (threshold, lost, safe)
 
 
+MAINTENANCE_GAUGES = {
+    "data_files": ("headrace_target_data_files", "Data files of the target table (at the last count)"),
+    "delete_files": ("headrace_target_delete_files", "Delete files of the target table (at the last count)"),
+    "snapshots": ("headrace_target_snapshots", "Snapshots of the target table (DuckLake: of the lake)"),
+    "bytes": ("headrace_target_bytes", "Bytes of the target table's data and delete files"),
+}
+
+
+def _maintenance_gauges(tables: list[dict[str, Any]]) -> Iterator[Metric]:
+    """File counts and the last maintenance pass per table, from ``_headrace.maintenance``: counted
+    when maintenance runs, never per scrape (counting reads the table's metadata)."""
+    fams = {k: GaugeMetricFamily(n, text, labels=["table"]) for k, (n, text) in MAINTENANCE_GAUGES.items()}
+    last = GaugeMetricFamily("headrace_maintenance_last_run_timestamp_seconds",
+                             "Unix time the table's last maintenance pass finished", labels=["table"])
+    for t in tables:
+        m = t.get("maintenance") or {}
+        for key, fam in fams.items():
+            if m.get(key) is not None:
+                fam.add_metric([t["table"]], float(m[key]))
+        if m.get("last_run_at"):
+            last.add_metric([t["table"]], datetime.fromisoformat(m["last_run_at"]).timestamp())
+    yield from fams.values()
+    yield last
+
+
 class _LiveCollector(Collector):
     """Positions, backlogs and states, read from the source and the state tables at scrape time."""
 
@@ -281,3 +306,4 @@ class _LiveCollector(Collector):
             if t["lag_seconds"] is not None:
                 fams["headrace_apply_lag_seconds"].add_metric([name], float(t["lag_seconds"]))
         yield from fams.values()
+        yield from _maintenance_gauges(status["tables"])

@@ -54,6 +54,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
         captured = state.captured_lsn()
         pending = state.pending_changes()
         progress = _copy_progress(config.source.state_dsn or dsn, config.name)
+        maintained = _maintenance(config.source.state_dsn or dsn, config.name)
         tables = []
         for row in state.tables():
             caught_up = pending.get(row.oid, 0) == 0 and row.state.applies_changes
@@ -77,6 +78,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "error_count": row.error_count,
                 "retry_at": row.retry_at.isoformat() if row.retry_at else None,
                 "snapshot": progress.get(row.oid),
+                "maintenance": maintained.get(row.oid),  # files, snapshots, bytes; last pass
             })
         return {
             "pipeline": config.name,
@@ -123,6 +125,23 @@ def _copy_progress(dsn: str, pipeline: str) -> dict[int, dict[str, int]]:
         store.close()
 
 
+def _maintenance(dsn: str, pipeline: str) -> dict[int, dict[str, Any]]:
+    """Last maintenance pass and file counts per table (``headrace.maintenance``)."""
+    from headrace.state.maintenance import MaintenanceStore
+
+    store = MaintenanceStore(dsn, pipeline)
+    try:
+        return store.all()
+    finally:
+        store.close()
+
+
+def _maintenance_line(m: dict[str, Any]) -> str:
+    error = f"  last pass failed: {m['last_error']}" if m.get("last_error") else ""
+    return (f"  files: data={m['data_files']} delete={m['delete_files']} snapshots={m['snapshots']} "
+            f"bytes={m['bytes']}  maintained={m['last_run_at'] or 'never'}{error}")
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The status object as a table for people."""
     lines = [f"pipeline {status['pipeline']}"]
@@ -143,6 +162,8 @@ def format_status(status: dict[str, Any]) -> str:
                          f"  {t['error'] or ''}")
             if t["state"] == "ERRORED":
                 lines.append(f"  {error_summary(t)}")
+            if t.get("maintenance"):
+                lines.append(_maintenance_line(t["maintenance"]))
             if t.get("target_name_mapped"):
                 lines.append(f"  {t['table']} is {t['target_table']} in the target (a name a file path cannot hold)")
     for r in status.get("refused_tables") or []:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from headrace.core.errors import ConfigError
+from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
 from headrace.core.schema import SchemaChange, TableSchema
 
@@ -97,6 +98,15 @@ class Target(ABC):
 
     def read_cursor(self, table: TableSchema) -> int | None:
         """The staged-log offset committed with the data, for targets with ``stores_cursor``."""
+        return None
+
+    def maintain(self, table: TableSchema, policy: MaintenancePolicy) -> None:
+        """Compact small files, apply away delete files, expire old snapshots and remove orphan
+        files of ``table`` (``headrace.maintenance``). Must leave the rows as they are; a commit
+        conflict with a concurrent apply is the maintenance's to retry. The default does nothing."""
+
+    def table_files(self, table: TableSchema) -> TableFiles | None:
+        """The table's file counts from its metadata (cheap); None when the target cannot tell."""
         return None
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 from headrace.config import DuckLakeConfig
 from headrace.core.errors import SchemaChangeError, UnsupportedError
 from headrace.core.interfaces import Target
+from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import TableName, display_ident, path_segment, quote_ident, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
@@ -33,7 +34,7 @@ from headrace.core.schema import (
     rename_collision,
 )
 from headrace.materialize.batch import HR_DELTA, HR_FROM, net_row_changes
-from headrace.targets.ducklake import extension
+from headrace.targets.ducklake import extension, maintenance
 from headrace.targets.ducklake.types import (
     cast_in,
     cast_out,
@@ -336,6 +337,17 @@ class DuckLakeTarget(Target):
                 [self.pipeline, table.oid],
             ).fetchone()
         return None if row is None else int(row[0])
+
+    def maintain(self, table: TableSchema, policy: MaintenancePolicy) -> None:
+        """Rewrite deletes away, merge small files, expire and clean up (``maintenance.py``); under
+        the lock, so apply batches wait for it rather than conflict with it."""
+        with self._lock:
+            maintenance.maintain(self._con, L, self._schema(table), table.target_table, policy)
+
+    def table_files(self, table: TableSchema) -> TableFiles | None:
+        """File counts from the lake's catalog."""
+        with self._lock:
+            return maintenance.table_files(self._con, L, self._schema(table), table.target_table)
 
     def close(self) -> None:
         """Close the DuckDB connection (detaches the lake)."""

@@ -28,6 +28,7 @@ from pyspark.sql.types import LongType, TimestampType
 from headrace.config import IcebergConfig
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.interfaces import Target
+from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import (
@@ -43,6 +44,7 @@ from headrace.core.schema import (
 from headrace.materialize.batch import HR_FROM
 from headrace.materialize.types import spark_type, text_value_frame
 from headrace.spark import JDBC_DRIVER_JAR
+from headrace.targets.iceberg import maintenance
 from headrace.targets.iceberg.catalog import spark_catalog_conf
 from headrace.targets.iceberg.keyless import KeylessApply
 
@@ -304,3 +306,13 @@ class IcebergTarget(Target):
     def read_table(self, table: TableSchema) -> DataFrame:
         """The table as a DataFrame (target columns and ``_hr_*`` metadata)."""
         return self.spark.table(self.table_name(table))
+
+    def maintain(self, table: TableSchema, policy: MaintenancePolicy) -> None:
+        """Compact, apply away deletes, expire snapshots, remove orphans (``maintenance.py``)."""
+        namespace = quote_spark(path_segment(self.settings.namespace or table.target_schema))
+        identifier = f"{namespace}.{quote_spark(path_segment(table.target_table))}"
+        maintenance.maintain(self.spark, self.settings.catalog_name, identifier, policy)
+
+    def table_files(self, table: TableSchema) -> TableFiles | None:
+        """File and snapshot counts from the table's metadata tables."""
+        return maintenance.table_files(self.spark, self.table_name(table))

@@ -1,0 +1,110 @@
+"""Iceberg table maintenance with Iceberg's own Spark procedures (the SQL extensions spark.py loads).
+
+Merge-on-read (see ``target.py``) leaves a position-delete file and a few small data files per
+batch, and a snapshot per commit. One pass: ``rewrite_data_files`` rewrites small files, and every
+file with a delete, into few large ones (deletes applied, dangling delete files dropped);
+``rewrite_position_delete_files`` compacts what deletes remain; ``expire_snapshots`` drops
+snapshots past the retention (keeping the newest few) and the files only they referenced;
+``remove_orphan_files`` deletes files no snapshot references (crashed writes), once old enough
+that no running write can still be about to commit them.
+
+Iceberg commits optimistically: a rewrite whose files an apply changed meanwhile fails its
+validation and is not committed (apply wins). ``partial-progress`` commits file groups one by one,
+so a conflict loses one group's work, and the pass is retried a few times.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+
+from pyspark.sql import SparkSession
+
+from headrace.core.maintenance import MaintenancePolicy, TableFiles
+from headrace.logs import event
+
+log = logging.getLogger("headrace.targets.iceberg.maintenance")
+
+ATTEMPTS = 3  # a pass that lost every attempt to concurrent applies runs again at the next schedule
+REWRITE_OPTIONS = {
+    "min-input-files": "2",  # two small files are worth one
+    "delete-file-threshold": "1",  # any data file with a delete is rewritten, deletes applied
+    "partial-progress.enabled": "true",  # commit groups one by one: a conflict loses one group
+    "partial-progress.max-commits": "10",
+    "remove-dangling-deletes": "true",  # delete files whose data files were rewritten away
+}
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _timestamp(moment: datetime) -> str:
+    return f"TIMESTAMP '{moment.astimezone(timezone.utc).strftime('%Y-%m-%d %H:%M:%S.%f')}'"
+
+
+def table_files(spark: SparkSession, name: str) -> TableFiles:
+    """Counts from the ``data_files``, ``delete_files`` and ``snapshots`` metadata tables
+    (manifests only; no data file is read)."""
+    data = spark.sql(f"SELECT count(*), coalesce(sum(file_size_in_bytes), 0) FROM {name}.data_files").first()
+    deletes = spark.sql(f"SELECT count(*), coalesce(sum(file_size_in_bytes), 0) FROM {name}.delete_files").first()
+    snapshots = spark.sql(f"SELECT count(*) FROM {name}.snapshots").first()
+    assert data is not None and deletes is not None and snapshots is not None
+    return TableFiles(data_files=int(data[0]), delete_files=int(deletes[0]), snapshots=int(snapshots[0]),
+                      bytes=int(data[1]) + int(deletes[1]))
+
+
+def maintain(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy) -> None:
+    """One maintenance pass over ``catalog``.``identifier`` (``identifier``: quoted namespace.table).
+
+    Retried up to ``ATTEMPTS`` times on a commit conflict; the rows never change.
+    """
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            _pass(spark, catalog, identifier, policy)
+            return
+        except Exception as exc:
+            if attempt == ATTEMPTS or not _conflict(exc):
+                raise
+            event(log, "maintenance.conflict", logging.INFO, table=identifier, attempt=attempt,
+                  error=_cause(exc))
+            time.sleep(0.5 * attempt)
+
+
+def _cause(exc: Exception) -> str:
+    """The Java exception's line, not Py4J's "An error occurred while calling o65.sql"."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if "Exception:" in line), lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _conflict(exc: Exception) -> bool:
+    """A concurrent commit won: worth another attempt on the refreshed table."""
+    text = str(exc)
+    return any(marker in text for marker in ("CommitFailedException", "ValidationException",
+                                             "Cannot commit", "conflicting files", "Found conflicting"))
+
+
+def _pass(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy) -> None:
+    call = f"CALL `{catalog.replace('`', '``')}`.system"
+    table = f"table => {_literal(identifier)}"
+    options = ", ".join(f"{_literal(k)}, {_literal(v)}" for k, v in REWRITE_OPTIONS.items())
+    rewritten = spark.sql(f"{call}.rewrite_data_files({table}, options => map({options}))").first()
+    name = f"`{catalog.replace('`', '``')}`.{identifier}"
+    deletes_left = table_files(spark, name).delete_files
+    if deletes_left:
+        spark.sql(f"{call}.rewrite_position_delete_files({table}, "
+                  "options => map('rewrite-all', 'true'))").collect()
+    now = datetime.now(timezone.utc)
+    expired = spark.sql(
+        f"{call}.expire_snapshots({table}, "
+        f"older_than => {_timestamp(now - timedelta(seconds=policy.retention_seconds))}, "
+        f"retain_last => {policy.keep_last})"
+    ).first()
+    orphans = spark.sql(
+        f"{call}.remove_orphan_files({table}, "
+        f"older_than => {_timestamp(now - timedelta(seconds=policy.orphan_age_seconds))})"
+    ).count()
+    event(log, "maintenance.iceberg", table=identifier,
+          rewritten_files=int(rewritten[0]) if rewritten else 0, added_files=int(rewritten[1]) if rewritten else 0,
+          deletes_left=deletes_left, expired_data_files=int(expired[0]) if expired else 0, orphans_removed=orphans)
