@@ -14,29 +14,18 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from timing import median_ms  # bench/timing.py, beside this script
 
 from headrace.fanout.config import parse_fanout_config
 from headrace.fanout.planner import resolve_first_last, route, route_index, split_by_index
 from headrace.fanout.runner import FanoutRunner
-
-
-def best_of(fn: Callable[[], object], repeat: int = 5) -> float:
-    """Median wall time in milliseconds."""
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def change_rows(n: int, tenants: int, seed: int = 7) -> pa.Table:
@@ -66,15 +55,15 @@ def bench_split(rows: int, destinations: int) -> dict[str, float]:
 
     parts = split()
     assert sum(p.num_rows for p in parts) == rows
-    return {"split_ms": best_of(split), "naive_filter_ms": best_of(naive, repeat=1)}
+    return {"split_ms": median_ms(split), "naive_filter_ms": median_ms(naive, repeat=1)}
 
 
 def bench_resolve(rows: int, destinations: int) -> dict[str, float]:
     table = change_rows(rows, destinations, seed=11)
     values = [f"tenant-{i}" for i in range(destinations)]
     return {
-        "resolve_ms": best_of(lambda: resolve_first_last(table, ["event_id"])),
-        "route_ms": best_of(lambda: route(table, "company", ["event_id"], values)),
+        "resolve_ms": median_ms(lambda: resolve_first_last(table, ["event_id"])),
+        "route_ms": median_ms(lambda: route(table, "company", ["event_id"], values)),
     }
 
 

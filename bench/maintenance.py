@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+from timing import median_ms  # bench/timing.py, beside this script
 
 from headrace.config import DuckLakeConfig, IcebergConfig
 from headrace.core.interfaces import Target
@@ -41,15 +41,6 @@ BATCH_DDL = ROW_DDL + ", _hr_op string, _hr_unchanged string"
 POLICY = MaintenancePolicy(retention_seconds=0, keep_last=2, orphan_age_seconds=24 * 3600)
 TS = datetime(2026, 1, 1)
 
-
-def median_ms(fn: Callable[[], object], repeat: int = 5) -> float:
-    """Median wall time in milliseconds."""
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def churn(spark: SparkSession, target: Target, rows: int, batches: int, changes: int) -> float:
