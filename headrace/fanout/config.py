@@ -157,12 +157,15 @@ class PoolConfig(Frozen):
 
 
 class RetryConfig(Frozen):
-    """Backoff of a failing destination (the others carry on)."""
+    """Backoff of a failing destination (the others carry on), by the CDC tables' rule: transient
+    failures retry for as long as they last, unclassified ones ``give_up_after`` times, terminal
+    ones (the error says the fix) wait for the operator until the instance restarts."""
 
-    initial_seconds: float = Field(1.0, gt=0)
-    max_seconds: float = Field(300.0, gt=0)
+    initial_seconds: float = Field(1.0, gt=0, description="wait after the first failure, doubling per failure")
+    max_seconds: float = Field(300.0, gt=0, description="longest wait between two attempts")
     give_up_after: int = Field(
-        5, gt=0, description="run --until-caught-up exits 1 after this many failures in a row"
+        5, gt=0, description="unclassified failures in a row before a destination waits for the operator;"
+        " run --until-caught-up exits 1 once every lagging destination waits or failed this often"
     )
 
 
