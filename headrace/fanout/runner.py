@@ -86,6 +86,8 @@ class FanoutRunner:
                       kind=failure.kind, error=failure.message, attempt=failures,
                       fix=None if retries else failure.fix)
                 if not retries:
+                    if failure.error is exc:
+                        raise
                     raise failure.error from exc
                 if until_caught_up and failures >= budget:
                     return 1

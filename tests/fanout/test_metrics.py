@@ -14,7 +14,7 @@ import duckdb
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from headrace.core.errors import ConfigError, TransientError
+from headrace.core.errors import ConfigError, SchemaChangeError, TransientError
 from headrace.fanout.config import ApiConfig
 from headrace.fanout.failures import classify_failure
 from headrace.fanout.runner import FanoutRunner
@@ -195,3 +195,16 @@ def test_the_run_command_serves_metrics_on_api_listen(tmp_path: Path) -> None:
         stop.set()
         thread.join(timeout=60)
     assert codes == [0]
+
+
+def test_a_terminal_source_failure_stops_the_run_with_its_kind(tmp_path: Path) -> None:
+    setup = Setup(tmp_path)
+    seed_rows(setup)
+    runner = FanoutRunner(setup.config(TENANTS))
+    try:
+        runner.pool.con.execute("DROP TABLE hr_src.main.events")  # the shared table is gone
+        with pytest.raises(SchemaChangeError, match="events-fanout"):
+            runner.run(until_caught_up=True)
+        assert runner.metrics.cycle_errors_by_kind == {"terminal": 1}
+    finally:
+        runner.close()
