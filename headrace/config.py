@@ -6,36 +6,24 @@ value (``dsn_env: SHOP_DSN``). ``redacted_dsn`` is what logs and status show.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
 from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.names import ColumnName, TableName, TableNameError
+from headrace.core.settings import Frozen as _Frozen
+from headrace.core.settings import check_listen, is_loopback, listen_host, listen_port, read_yaml, validate
+from headrace.core.settings import from_env as _from_env
+from headrace.core.settings import redacted_dsn as redacted_dsn  # re-exported: imported from here elsewhere
 from headrace.lineage.config import LineageConfig
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _from_env(value: str | None, env: str | None, what: str) -> str | None:
-    if value is not None and env is not None:
-        raise ConfigError(f"{what}: give either the value or its *_env variable, not both")
-    if env is not None:
-        resolved = os.environ.get(env)
-        if not resolved:
-            raise ConfigError(f"{what}: environment variable {env} is not set; export it before running")
-        return resolved
-    return value
 
 
 class SourceConfig(_Frozen):
@@ -329,10 +317,7 @@ class ApiConfig(_Frozen):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, listen: str) -> str:
-        host, sep, port = listen.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"listen must be host:port, got {listen!r}")
-        return listen
+        return check_listen(listen)
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> ApiConfig:
@@ -342,20 +327,15 @@ class ApiConfig(_Frozen):
 
     @property
     def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
+        return listen_host(self.listen)
 
     @property
     def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return listen_port(self.listen)
 
     @property
     def loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False  # a host name: it may resolve anywhere
+        return is_loopback(self.host)
 
     def resolved_token(self) -> str | None:
         """The bearer token, or None when none is configured (allowed on loopback only)."""
@@ -442,17 +422,6 @@ class PipelineConfig(_Frozen):
         return self.source.publication or f"headrace_{self.name}"
 
 
-def read_yaml(path: str | Path) -> Any:
-    """A config file's parsed YAML; a missing file or bad YAML is a ConfigError naming the file."""
-    path = Path(path)
-    try:
-        return yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-
-
 def load_config(path: str | Path) -> PipelineConfig:
     """Read and validate a pipeline file; every problem is reported in one ConfigError."""
     return parse_config(read_yaml(path), str(path))
@@ -460,24 +429,9 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 def parse_config(raw: Any, origin: str = "config") -> PipelineConfig:
     """Validate an already-parsed mapping (as from YAML)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{origin}: expected a mapping at the top level")
-    try:
-        return PipelineConfig.model_validate(raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {where}: {err['msg']}")
-        raise ConfigError(f"{origin} is invalid:\n" + "\n".join(lines)) from None
+    return validate(PipelineConfig, raw, origin)
 
 
 def columns_as_text_item(column: ColumnName) -> str:
     """The YAML list item that keeps ``column`` as text: ``- public.grid.cells`` (quoted where YAML needs it)."""
     return str(yaml.safe_dump([str(column)], allow_unicode=True, width=1 << 20)).strip()
-
-
-def redacted_dsn(dsn: str) -> str:
-    """The DSN with any password removed, fit for logs."""
-    dsn = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)

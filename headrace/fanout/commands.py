@@ -11,6 +11,7 @@ from headrace.fanout.config import FanoutConfig, load_fanout_config
 from headrace.fanout.cursors import CursorStore
 from headrace.fanout.pool import LakePool
 from headrace.fanout.runner import FanoutRunner, routing_values
+from headrace.fanout.server import MetricsServer
 from headrace.source.ducklake.reader import DuckLakeTableSource
 
 
@@ -46,11 +47,17 @@ def check(path: str) -> int:
 
 
 def run(path: str, stop: threading.Event, until_caught_up: bool) -> int:
-    """Run this instance until stopped (or caught up)."""
-    runner = FanoutRunner(load_fanout_config(path))
+    """Run this instance until stopped (or caught up), serving /metrics when ``api`` asks for it."""
+    config = load_fanout_config(path)
+    runner = FanoutRunner(config)
+    server = None
     try:
+        if config.api is not None:
+            server = MetricsServer(config.api, runner.metrics, config.name, config.instance.id)
         return runner.run(stop=stop, until_caught_up=until_caught_up)
     finally:
+        if server is not None:
+            server.stop()
         runner.close()
 
 

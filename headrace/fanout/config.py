@@ -8,28 +8,31 @@ listed as ``{id: acme, routing_value: acme}`` only.
 
 from __future__ import annotations
 
-import os
 import re
 import zlib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from headrace.config import DuckLakeConfig, read_yaml
 from headrace.core.errors import ConfigError
+from headrace.core.names import TableName, TableNameError
+from headrace.core.settings import (
+    Frozen,
+    check_listen,
+    from_env,
+    listen_host,
+    listen_port,
+    read_yaml,
+    validate,
+)
 from headrace.targets.ducklake.extension import Catalog, parse_catalog
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class LakeTable(_Frozen):
+class LakeTable(Frozen):
     """One table in one DuckLake (catalog database + data path)."""
 
     catalog: str | None = Field(
@@ -48,44 +51,34 @@ class LakeTable(_Frozen):
     @field_validator("table")
     @classmethod
     def _table_name(cls, table: str) -> str:
-        parts = table.split(".")
-        if len(parts) > 2 or not all(_IDENT_RE.match(p) for p in parts):
-            raise ValueError(f"table {table!r} must be schema.table or table (letters, digits, _)")
-        return table if len(parts) == 2 else f"main.{table}"
+        # SQL syntax as everywhere in headrace (core.names), a bare name in DuckDB's schema main.
+        try:
+            return str(TableName.parse(table, default_schema="main"))
+        except TableNameError as exc:
+            raise ValueError(str(exc)) from None
 
     @property
     def schema_name(self) -> str:
-        return self.table.split(".")[0]
+        return TableName.parse(self.table).schema
 
     @property
     def table_name(self) -> str:
-        return self.table.split(".")[1]
+        return TableName.parse(self.table).name
 
     def resolved_catalog(self, what: str) -> Catalog:
         """The catalog, read from ``catalog_env`` when given; ``what`` names the lake in errors."""
-        text = self.catalog
-        if self.catalog_env is not None:
-            text = os.environ.get(self.catalog_env)
-            if not text:
-                raise ConfigError(
-                    f"{what}: environment variable {self.catalog_env} (catalog_env) is not set; "
-                    "export it before running"
-                )
-        assert text is not None
+        text = from_env(self.catalog, self.catalog_env, f"{what}: ducklake.catalog")
+        assert text is not None  # the model holds exactly one of the two
         return parse_catalog(text)
 
-    def lake_config(self) -> DuckLakeConfig:
-        """The same lake as the replication target's config model (for ``extension.connect``)."""
-        return DuckLakeConfig(catalog=self.catalog, catalog_env=self.catalog_env, data_path=self.data_path)
 
-
-class SourceSettings(_Frozen):
+class SourceSettings(Frozen):
     """Where the shared table lives."""
 
     ducklake: LakeTable
 
 
-class RoutingConfig(_Frozen):
+class RoutingConfig(Frozen):
     """How a change row finds its destination."""
 
     field: str = Field(description="routing column (string or integer) of the source table")
@@ -101,7 +94,7 @@ class RoutingConfig(_Frozen):
         return not self.key_columns
 
 
-class DestinationConfig(_Frozen):
+class DestinationConfig(Frozen):
     """One tenant lake and the routing value whose rows it receives."""
 
     id: str = Field(description="stable name of the destination; keys its cursor")
@@ -116,7 +109,7 @@ class DestinationConfig(_Frozen):
         return value
 
 
-class PartitionConfig(_Frozen):
+class PartitionConfig(Frozen):
     """Which destinations this instance handles (horizontal scaling)."""
 
     mode: Literal["all", "explicit", "hash"] = "all"
@@ -141,14 +134,14 @@ class PartitionConfig(_Frozen):
         return zlib.crc32(destination_id.encode()) % self.total == self.ordinal
 
 
-class InstanceConfig(_Frozen):
+class InstanceConfig(Frozen):
     """This process among the instances sharing the pipeline."""
 
     id: str = Field("fanout-0", description="instance name, recorded with every cursor it advances")
     partition: PartitionConfig = PartitionConfig()
 
 
-class PollConfig(_Frozen):
+class PollConfig(Frozen):
     """The loop over source snapshots."""
 
     interval_seconds: float = Field(1.0, gt=0, description="pause when every destination is caught up")
@@ -157,23 +150,48 @@ class PollConfig(_Frozen):
     )
 
 
-class PoolConfig(_Frozen):
+class PoolConfig(Frozen):
     """Open destination lakes."""
 
     max_open: int = Field(64, gt=0, description="lakes attached at once; the least recently used is detached")
 
 
-class RetryConfig(_Frozen):
-    """Backoff of a failing destination (the others carry on)."""
+class RetryConfig(Frozen):
+    """Backoff of a failing destination (the others carry on), by the CDC tables' rule: transient
+    failures retry for as long as they last, unclassified ones ``give_up_after`` times, terminal
+    ones (the error says the fix) wait for the operator until the instance restarts."""
 
-    initial_seconds: float = Field(1.0, gt=0)
-    max_seconds: float = Field(300.0, gt=0)
+    initial_seconds: float = Field(1.0, gt=0, description="wait after the first failure, doubling per failure")
+    max_seconds: float = Field(300.0, gt=0, description="longest wait between two attempts")
     give_up_after: int = Field(
-        5, gt=0, description="run --until-caught-up exits 1 after this many failures in a row"
+        5, gt=0, description="unclassified failures in a row before a destination waits for the operator;"
+        " run --until-caught-up exits 1 once every lagging destination waits or failed this often"
     )
 
 
-class FanoutConfig(_Frozen):
+class ApiConfig(Frozen):
+    """The instance's HTTP endpoint: Prometheus ``/metrics`` (as ``api.listen`` of ``headrace run``).
+
+    Read-only, so no token: put it where your Prometheus can reach it and nothing else can.
+    """
+
+    listen: str = Field(description="host:port to serve on; port 0 picks a free port (tests)")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, listen: str) -> str:
+        return check_listen(listen)
+
+    @property
+    def host(self) -> str:
+        return listen_host(self.listen)
+
+    @property
+    def port(self) -> int:
+        return listen_port(self.listen)
+
+
+class FanoutConfig(Frozen):
     """A whole fan-out pipeline, as read from the YAML file."""
 
     name: str = Field(description="names the pipeline's cursor rows")
@@ -184,6 +202,7 @@ class FanoutConfig(_Frozen):
     poll: PollConfig = PollConfig()
     pool: PoolConfig = PoolConfig()
     retry: RetryConfig = RetryConfig()
+    api: ApiConfig | None = Field(None, description="serve /metrics over HTTP; default: no endpoint")
 
     @field_validator("name")
     @classmethod
@@ -242,11 +261,7 @@ def parse_fanout_config(raw: Any, origin: str = "config") -> FanoutConfig:
         raw["destinations"] = [
             _merge(_expand(defaults, d), d) if isinstance(d, dict) else d for d in destinations
         ]
-    try:
-        return FanoutConfig.model_validate(raw)
-    except ValidationError as exc:
-        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
-        raise ConfigError(f"{origin} is invalid:\n" + "\n".join(lines)) from None
+    return validate(FanoutConfig, raw, origin)
 
 
 def _expand(value: Any, destination: dict[str, Any]) -> Any:

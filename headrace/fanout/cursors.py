@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from headrace.core.errors import TransientError
+from headrace.materialize.failure import translate
 
 CURSOR_TABLE = "headrace_fanout_cursor"
 INSTANCE_TABLE = "headrace_fanout_instance"
@@ -153,8 +153,5 @@ class CursorStore:
     def _run(self, sql: str, params: list[object] | None = None) -> duckdb.DuckDBPyConnection:
         try:
             return self.con.execute(sql, params or [])
-        except duckdb.IOException as exc:
-            raise TransientError(
-                f"fan-out cursor store in the source catalog failed: {str(exc).splitlines()[0]}; "
-                "check the source catalog database is reachable (will retry)"
-            ) from exc
+        except duckdb.Error as exc:  # the source catalog unreachable (transient) or not writable
+            raise translate(exc, "the fan-out cursors in the source catalog") from exc

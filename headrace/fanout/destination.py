@@ -15,11 +15,12 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from headrace.core.errors import HeadraceError, TerminalError, TransientError
+from headrace.core.errors import HeadraceError
 from headrace.core.names import quote_ident
 from headrace.fanout.config import DestinationConfig
 from headrace.fanout.cursors import ApplyCounts
 from headrace.fanout.planner import DestinationChanges
+from headrace.materialize.failure import translate
 from headrace.source.ducklake.reader import SourceColumn
 
 
@@ -141,14 +142,8 @@ class DestinationLake:
     def _run(self, sql: str, params: list[object] | None = None) -> duckdb.DuckDBPyConnection:
         try:
             return self.con.execute(sql, params or [])
-        except (duckdb.IOException, duckdb.TransactionException, duckdb.PermissionException) as exc:
-            raise TransientError(
-                f"destination {self.destination.id} ({self.destination.ducklake.table}): "
-                f"{str(exc).splitlines()[0]}; check its catalog is reachable and its data path "
-                f"{self.destination.ducklake.data_path} writable (will retry)"
-            ) from exc
         except duckdb.Error as exc:
-            raise TerminalError(
-                f"destination {self.destination.id} ({self.destination.ducklake.table}): "
-                f"{str(exc).splitlines()[0]}; check the destination table matches the source table's columns"
-            ) from exc
+            # Translated at the boundary as a CDC apply's errors are: transient (IO, conflicts) or
+            # terminal (the table's shape, a value, a read-only lake), with its root cause.
+            lake = self.destination.ducklake
+            raise translate(exc, f"destination {self.destination.id} ({lake.table} in {lake.data_path})") from exc

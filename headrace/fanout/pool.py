@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import duckdb
 
-from headrace.core.errors import ConfigError, TransientError
+from headrace.core.errors import ConfigError, HeadraceError, TransientError
 from headrace.fanout.config import LakeTable
 from headrace.logs import event
 from headrace.targets.ducklake import extension
@@ -62,7 +62,11 @@ class LakePool:
 
     def release(self, lake: LakeTable, what: str) -> None:
         """Detach ``lake`` (after an error: the next acquire starts from a fresh ATTACH)."""
-        alias = self._open.pop(_lake_key(lake, what), None)
+        try:
+            key = _lake_key(lake, what)
+        except HeadraceError:  # its catalog cannot even be named (catalog_env unset): never attached
+            return
+        alias = self._open.pop(key, None)
         if alias is not None:
             self._detach(alias)
 

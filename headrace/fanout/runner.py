@@ -4,7 +4,8 @@ Each cycle: destinations without a cursor are seeded (a scan pinned to the lates
 replay of every change in ``cdc_replay`` mode); the rest are grouped by cursor, and each group
 shares one ``ducklake_table_changes`` read filtered to its routing values. The read is resolved and
 split with Arrow compute (``planner.route``), then applied destination by destination. A failing
-destination is retried with exponential backoff while the others proceed.
+destination is classified and retried as a replicated table is (``failures.py``) while the others
+proceed.
 """
 
 from __future__ import annotations
@@ -13,16 +14,14 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-
-import duckdb
 
 from headrace.core.backoff import Backoff
-from headrace.core.errors import ConfigError, HeadraceError, TransientError
+from headrace.core.errors import ConfigError
 from headrace.core.faults import crash_point
 from headrace.fanout.config import DestinationConfig, FanoutConfig
 from headrace.fanout.cursors import ApplyCounts, CursorStore
 from headrace.fanout.destination import CursorMismatch, DestinationLake
+from headrace.fanout.failures import Attempts, classify_failure
 from headrace.fanout.metrics import FanoutMetrics
 from headrace.fanout.planner import DestinationChanges, route, route_index, split_by_index
 from headrace.fanout.pool import LakePool
@@ -30,13 +29,6 @@ from headrace.logs import event
 from headrace.source.ducklake.reader import INTEGER_TYPES, STRING_TYPES, DuckLakeTableSource
 
 log = logging.getLogger("headrace.fanout")
-
-
-@dataclass(slots=True)
-class _Attempts:
-    verified: bool = False  # the lake's applied snapshot was reconciled with the stored cursor
-    failures: int = 0
-    retry_at: float = 0.0
 
 
 class FanoutRunner:
@@ -64,7 +56,7 @@ class FanoutRunner:
             raise
         self.mine = config.owned_destinations()
         self._values_by_id = {d.id: v for d, v in zip(config.destinations, self.values, strict=True)}
-        self._attempts = {d.id: _Attempts() for d in self.mine}
+        self._attempts = {d.id: Attempts() for d in self.mine}
 
     def close(self) -> None:
         """Detach every lake."""
@@ -79,14 +71,25 @@ class FanoutRunner:
         event(log, "fanout.start", pipeline=self.config.name, instance=self.instance_id,
               destinations=len(self.mine), source_snapshot=target)
         failures = 0
+        budget = self.config.retry.give_up_after
         while not stop.is_set():
             try:
                 self.cycle()
                 failures = 0
-            except TransientError as exc:
+            except Exception as exc:
+                # The source lake or the cursor store failed: the same rule as a destination's, for all.
                 failures += 1
-                event(log, "fanout.cycle_failed", level=logging.WARNING, error=str(exc), attempt=failures)
-                if until_caught_up and failures >= self.config.retry.give_up_after:
+                failure = classify_failure(exc, f"fan-out pipeline {self.config.name}")
+                self.metrics.cycle_failed(failure.kind)
+                retries = failure.retries(failures, budget)
+                event(log, "fanout.cycle_failed", level=logging.WARNING if retries else logging.ERROR,
+                      kind=failure.kind, error=failure.message, attempt=failures,
+                      fix=None if retries else failure.fix)
+                if not retries:
+                    if failure.error is exc:
+                        raise
+                    raise failure.error from exc
+                if until_caught_up and failures >= budget:
                     return 1
                 stop.wait(self._backoff.delay(failures + 1))
                 continue
@@ -95,7 +98,8 @@ class FanoutRunner:
                 if not lagging:
                     event(log, "fanout.caught_up", source_snapshot=target)
                     return 0
-                if all(self._attempts[d.id].failures >= self.config.retry.give_up_after for d in lagging):
+                if all(self._attempts[d.id].waits_for_operator or self._attempts[d.id].failures >= budget
+                       for d in lagging):
                     event(log, "fanout.gave_up", level=logging.ERROR, destinations=[d.id for d in lagging])
                     return 1
                 # Work is left: go again at once, or when the first failed destination may retry.
@@ -116,7 +120,9 @@ class FanoutRunner:
         for d in self.mine:
             row = stored.get(d.id)
             cursor[d.id] = row.last_snapshot if row is not None and row.last_snapshot >= 0 else None
-            self.metrics.destination(d.id).last_snapshot = cursor[d.id]
+            m = self.metrics.destination(d.id)
+            # Lag before the pass too: a scrape mid-pass must not see an unseeded destination at lag 0.
+            m.last_snapshot, m.lag_snapshots = cursor[d.id], latest - (cursor[d.id] or 0)
         now = time.monotonic()
         ready = [d for d in self.mine if self._attempts[d.id].retry_at <= now]
         moved = False
@@ -196,7 +202,7 @@ class FanoutRunner:
         what = f"destination {d.id}"
         try:
             alias = self.pool.acquire(d.ducklake, what)
-            self.metrics.pool_evictions = self.pool.evictions
+            self.metrics.pool_evictions, self.metrics.pool_open = self.pool.evictions, self.pool.open_count
             lake = DestinationLake(self.pool.con, alias, d, self.config.name, self.columns,
                                    self.config.routing.key_columns)
             if not attempts.verified:
@@ -205,7 +211,10 @@ class FanoutRunner:
                 applied = lake.applied_snapshot()
                 if _ahead(applied, start) or (applied is None and start is not None):
                     raise CursorMismatch(d.id, applied, start)
+            started = time.perf_counter()
             counts = lake.apply(start, end, batch, replace_all=replace)
+            if counts is not None:
+                self.metrics.lake_committed(time.perf_counter() - started)
             crash_point("fanout.after_destination_commit")
             self._advance(d, end, counts or ApplyCounts())
         except CursorMismatch as exc:
@@ -214,33 +223,38 @@ class FanoutRunner:
             event(log, "fanout.cursor_reconciled", destination=d.id, stored=start, applied=exc.applied)
             self._advance(d, exc.applied if exc.applied is not None else -1, ApplyCounts())
             return True
-        except (HeadraceError, duckdb.Error, OSError) as exc:
-            if isinstance(exc, ConfigError) and "environment variable" in str(exc):
-                message = str(exc)
-            else:
-                message = f"{what}: {exc}" if what not in str(exc) else str(exc)
-            attempts.failures += 1
-            attempts.verified = False
-            delay = self._backoff.delay(attempts.failures)
-            attempts.retry_at = time.monotonic() + delay
-            self.pool.release(d.ducklake, what)
-            m = self.metrics.destination(d.id)
-            m.errors += 1
-            m.last_error = message
-            self.metrics.errors += 1
-            event(log, "fanout.destination_failed", level=logging.WARNING, destination=d.id,
-                  attempt=attempts.failures, retry_in=round(delay, 2), error=message)
-            self.cursors.record_error(d.id, self.instance_id, message)
+        except Exception as exc:
+            self._failed(d, attempts, exc)
             return False
-        attempts.failures = 0
-        attempts.retry_at = 0.0
+        attempts.succeeded()
         return True
+
+    def _failed(self, d: DestinationConfig, attempts: Attempts, exc: Exception) -> None:
+        """Record the failure; retry later (transient, or unknown within the budget) or wait for the
+        operator, with the fix in the error (terminal, or unknown too often)."""
+        what = f"destination {d.id}"
+        failure = classify_failure(exc, what, d.ducklake.table)
+        retries = failure.retries(attempts.failures + 1, self.config.retry.give_up_after)
+        delay = self._backoff.delay(attempts.failures + 1) if retries else None
+        attempts.failed(delay, time.monotonic())
+        self.pool.release(d.ducklake, what)
+        self.metrics.pool_open = self.pool.open_count
+        message = failure.message if retries else f"{failure.message}; fix: {failure.fix}"
+        self.metrics.destination_failed(d.id, failure.kind, message, waiting=not retries)
+        event(log, "fanout.destination_failed", level=logging.WARNING if retries else logging.ERROR,
+              destination=d.id, kind=failure.kind, attempt=attempts.failures,
+              retry_in=round(delay, 2) if delay is not None else None, error=failure.message,
+              fix=None if retries else failure.fix)
+        if failure.kind == "unknown":  # its traceback is the operator's only lead; the others say enough
+            log.warning("traceback", exc_info=exc)
+        self.cursors.record_error(d.id, self.instance_id, message)
 
     def _advance(self, d: DestinationConfig, snapshot: int, counts: ApplyCounts) -> None:
         self.cursors.advance(d.id, self.instance_id, snapshot, counts)
         m = self.metrics.destination(d.id)
         m.last_snapshot = snapshot if snapshot >= 0 else None
         m.last_error = None
+        m.waiting = False
         m.rows_read += counts.read
         m.rows_upserted += counts.upserted
         m.rows_deleted += counts.deleted
