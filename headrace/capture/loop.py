@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from headrace.capture.backpressure import Backpressure
 from headrace.capture.buffer import TableBuffer, buffered_bytes, stage
 from headrace.capture.staging import remove_orphans, write_waiting
 from headrace.config import PipelineConfig
@@ -39,7 +40,6 @@ log = logging.getLogger("headrace.capture")
 
 HEARTBEAT_PREFIX = "headrace"
 STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
-PAUSED_STATUS_S = 1.0  # while paused by backpressure, confirm this often (keeps the walsender alive)
 
 
 class Capture:
@@ -63,11 +63,12 @@ class Capture:
         self._streamed = False  # the current connection attempt registered a flush
         self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
         self._stop = threading.Event()  # run()'s stop: ends a wait for staging space too
-        self.paused = False  # backpressure: not reading WAL until the backlog shrinks
-        self.pending_rows = 0
-        self.pending_bytes = 0
-        self._bound_checked_at = float("-inf")
-        self._staged_rows = self._staged_bytes = 0  # registered since the backlog was last looked at
+        self.backpressure = Backpressure(config.staging)
+
+    @property
+    def paused(self) -> bool:
+        """Backpressure: not reading WAL until the backlog shrinks."""
+        return self.backpressure.paused
 
     # -- public ---------------------------------------------------------------------------------
     def request_heartbeat(self) -> None:
@@ -251,60 +252,26 @@ class Capture:
         location, size = self.staging.write(oid, tb.buffer)
         return StagedFile(oid, location, len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
 
-    def _over_bound(self, index: LogIndex) -> bool:
-        """Staged-but-unapplied changes exceed the configured bound (checked at most twice a second)."""
-        policy = self.config.staging
-        if policy.max_pending_rows is None and policy.max_pending_bytes is None:
-            return False
-        now = time.monotonic()
-        # At most twice a second, unless a quarter of the bound was staged since the last look:
-        # a fast reader would otherwise stage many times the bound between two looks.
-        quick = ((policy.max_pending_rows is not None and 4 * self._staged_rows >= policy.max_pending_rows)
-                 or (policy.max_pending_bytes is not None and 4 * self._staged_bytes >= policy.max_pending_bytes))
-        if now - self._bound_checked_at < 0.5 and not quick:
-            return False
-        self._bound_checked_at = now
-        self._staged_rows = self._staged_bytes = 0
-        return self._backlog_exceeds(index)
-
-    def _backlog_exceeds(self, index: LogIndex) -> bool:
-        policy = self.config.staging
-        rows, nbytes = index.pending_totals()
-        self.pending_rows, self.pending_bytes = rows, nbytes
-        return ((policy.max_pending_rows is not None and rows > policy.max_pending_rows)
-                or (policy.max_pending_bytes is not None and nbytes > policy.max_pending_bytes))
-
     def _make_room(self, index: LogIndex, stream: ReplicationStream, stop: threading.Event,
                    buffers: dict[int, TableBuffer], spilled: list[StagedFile], pending_end: int) -> bool:
         """Backpressure, at a transaction boundary: when over the bound, make what is buffered
         durable (emptying ``buffers`` and ``spilled``), then read no WAL (the slot keeps it) until
         the materializer has applied enough. True when it paused."""
-        if not self._over_bound(index):
+        if not self.backpressure.over_bound(index):
             return False
         if buffers or spilled or pending_end > self.captured_lsn:
             self._flush(index, stream, buffers, spilled, pending_end)
             buffers.clear()
             spilled.clear()
-        self._wait_for_room(index, stream, stop)
+        self.backpressure.wait(index, stop, lambda: self._confirm(index, stream))
         return True
 
-    def _wait_for_room(self, index: LogIndex, stream: ReplicationStream, stop: threading.Event) -> None:
-        """Read no WAL until the backlog is back under the bound, confirming the position
-        regularly so the server does not time the connection out (wal_sender_timeout)."""
-        self.paused = True
-        event(log, "capture.paused", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
-        last_status = time.monotonic()
-        try:
-            while not stop.wait(0.5) and self._backlog_exceeds(index):
-                if time.monotonic() - last_status >= PAUSED_STATUS_S:
-                    # The confirmation may carry psycopg2's forwarded position: bound it first.
-                    assert self._source is not None
-                    index.register([], self.captured_lsn, _wal_flush_lsn(self._source))
-                    stream.acknowledge(self.captured_lsn)
-                    last_status = time.monotonic()
-        finally:
-            self.paused = False
-        event(log, "capture.resumed", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
+    def _confirm(self, index: LogIndex, stream: ReplicationStream) -> None:
+        """Confirm the captured position again (while paused); the confirmation may carry
+        psycopg2's forwarded position, so bound it in state first."""
+        assert self._source is not None
+        index.register([], self.captured_lsn, _wal_flush_lsn(self._source))
+        stream.acknowledge(self.captured_lsn)
 
     def _flush(self, index: LogIndex, stream: ReplicationStream, buffers: dict[int, TableBuffer],
                spilled: list[StagedFile], end_lsn: int) -> None:
@@ -319,13 +286,11 @@ class Capture:
             crash_point("capture.after_register")
         self.captured_lsn = max(self.captured_lsn, end_lsn)
         self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
-        self._staged_rows += sum(f.rows for f in files)
-        self._staged_bytes += sum(f.bytes for f in files)
+        self.backpressure.staged(sum(f.rows for f in files), sum(f.bytes for f in files))
         stream.acknowledge(self.captured_lsn)
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
                   captured_lsn=format_lsn(self.captured_lsn))
-
 
     def _write_waiting(self, stream: ReplicationStream, buffers: dict[int, TableBuffer]) -> list[StagedFile]:
         """One file per buffered table, waiting while staging cannot take them (``capture.staging``)."""
