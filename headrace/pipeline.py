@@ -27,6 +27,7 @@ from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.core.schema import TableSchema
 from headrace.lineage.emitter import Lineage
+from headrace.log.store import StagingStore
 from headrace.logs import event
 from headrace.maintenance import MaintenanceSchedule
 from headrace.materialize.apply import apply_next, current_cursor
@@ -124,7 +125,7 @@ class Pipeline:
             check_slot(conn, state, self.config.slot_name)
             for old, new in check_tables(state, schemas, self.config.schema_changes.recreated_table):
                 self._resync_recreated(state, old, new)
-            check_staged_files(state)
+            check_staged_files(state, StagingStore.for_pipeline(self.config.staging.path, self.config.name))
             self.table_watch.follow_text_columns(state, conn, types)  # source.columns_as_text changed
             # Tables added through the API or discovered stay published across restarts, by oid: a
             # dropped one drops out, and a recreated one is published only once it is tracked.
@@ -243,7 +244,8 @@ class Pipeline:
                         did_work |= self._apply_all(state)
                         did_work |= self.maintenance.step(state, self.target)  # between apply passes
                     if time.monotonic() >= next_gc:
-                        collect_applied(state, self.target)
+                        collect_applied(state, self.target,
+                                        StagingStore.for_pipeline(self.config.staging.path, self.config.name))
                         next_gc = time.monotonic() + self.config.staging.gc_seconds
                     if until_caught_up:
                         done, failed = self._caught_up(state, start_lsn)
@@ -403,7 +405,7 @@ class Pipeline:
             if row.state is not TableState.STREAMING:
                 return False, []
             # Caught up = every change committed before the start is applied; later ones may wait.
-            if current_cursor(state, self.target, row) < state.last_offset(row.oid, before_lsn=start_lsn):
+            if current_cursor(state, self.target, row) < state.log_index.last_offset(row.oid, before_lsn=start_lsn):
                 return False, []
         return True, []
 

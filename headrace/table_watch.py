@@ -260,7 +260,7 @@ class TableWatch:
         paused = row.state is TableState.PAUSED and resumes  # waits for the operator's resume
         if not (row.state.applies_changes or retrying or paused):
             return False
-        return current_cursor(state, self.pipeline.target, row) < state.last_offset(row.oid)
+        return current_cursor(state, self.pipeline.target, row) < state.log_index.last_offset(row.oid)
 
     def _copying(self, row: TableRow) -> bool:
         in_copy = row.state.needs_copy or (row.resume_state is not None and row.resume_state.needs_copy)
@@ -273,7 +273,7 @@ class TableWatch:
 
 def _forget(state: StateStore, oid: int) -> None:
     """Stop tracking a table, deleting its staged files (the log rows go first, as in retention)."""
-    for path in state.collect_entries(oid, LAST_OFFSET):
+    for path in state.log_index.collect_entries(oid, LAST_OFFSET):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
     state.remove_table(oid)

@@ -16,10 +16,8 @@ table's rows.
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -30,6 +28,7 @@ from headrace.core.errors import SourceError
 from headrace.core.interfaces import Target
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
+from headrace.log.store import StagingStore
 from headrace.state.store import StateStore
 
 
@@ -43,7 +42,7 @@ class Leftovers:
     state_rows: int  # rows of this pipeline in the _headrace tables
     tables: list[TableSchema] = field(default_factory=list)  # tracked tables (their targets)
     staged_files: int = 0
-    staging_dir: Path | None = None
+    staging_dir: str | None = None  # the staging store's folder (a path or URI)
 
     @property
     def nothing(self) -> bool:
@@ -74,8 +73,8 @@ def _state_tables(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in rows]
 
 
-def _staging_dir(config: PipelineConfig) -> Path:
-    return Path(config.staging.path) / config.name
+def _staging_dir(config: PipelineConfig) -> StagingStore:
+    return StagingStore.for_pipeline(config.staging.path, config.name)
 
 
 def survey(config: PipelineConfig) -> Leftovers:
@@ -98,10 +97,10 @@ def survey(config: PipelineConfig) -> Leftovers:
         finally:
             state.close()
     staging = _staging_dir(config)
-    staged = sum(1 for _ in staging.rglob("*.parquet")) if staging.exists() else 0
+    staged = sum(1 for f in staging.files() if f.endswith(".parquet"))
     return Leftovers(slot=slot[0] if slot else None, slot_pid=slot[1] if slot else None,
                      publication=pub[0] if pub else None, state_rows=rows, tables=tables,
-                     staged_files=staged, staging_dir=staging if staging.exists() else None)
+                     staged_files=staged, staging_dir=staging.root if staging.exists_root() else None)
 
 
 def refuse_if_running(config: PipelineConfig, found: Leftovers, command: str) -> None:
@@ -147,7 +146,7 @@ def drop_pipeline(config: PipelineConfig, targets: bool,
         _forget_target_cursors(config)  # before the state rows: a crash in between is finished next time
         done += _drop_state(config.source.state_dsn or dsn, config.name, keep_schema)
     if found.staging_dir is not None:
-        shutil.rmtree(found.staging_dir, ignore_errors=True)
+        StagingStore.open(found.staging_dir).delete_all()
         done.append(f"staging folder {found.staging_dir} ({found.staged_files} staged files)")
     return done
 

@@ -10,54 +10,36 @@ however far behind the target is.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
-import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from headrace.capture.backpressure import Backpressure
+from headrace.capture.buffer import TableBuffer, buffered_bytes, stage
 from headrace.capture.staging import remove_orphans, write_waiting
 from headrace.config import PipelineConfig
 from headrace.core.backoff import Backoff
-from headrace.core.changes import (
-    UNCHANGED,
-    Begin,
-    Commit,
-    Delete,
-    Insert,
-    Message,
-    Relation,
-    Truncate,
-    Update,
-    Value,
-)
+from headrace.core.changes import Begin, Commit, Delete, Insert, Message, Relation, Truncate, Update
 from headrace.core.errors import TransientError
 from headrace.core.faults import crash_point
+from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
-from headrace.log.staging import StagingBuffer, encode_row, write_staging_file
+from headrace.log.index import LogIndex, StagedFile
+from headrace.log.store import StagingStore
 from headrace.logs import event
 from headrace.outage import check_same_source, storage_unavailable
 from headrace.source.postgres.catalog import relation_to_schema
 from headrace.source.postgres.replication import ReplicationStream, emit_heartbeat
 from headrace.source.postgres.types import TypeCatalog
-from headrace.state.store import StagedFile, StateStore
+from headrace.state.store import StateStore
 
 log = logging.getLogger("headrace.capture")
 
 HEARTBEAT_PREFIX = "headrace"
 STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
-PAUSED_STATUS_S = 1.0  # while paused by backpressure, confirm this often (keeps the walsender alive)
-
-
-@dataclass
-class _TableBuffer:
-    schema: TableSchema
-    buffer: StagingBuffer
 
 
 class Capture:
@@ -68,7 +50,7 @@ class Capture:
         self.dsn = dsn
         self.state_dsn = state_dsn
         self.known = dict(schemas)  # oid -> schema as tracked in state (keys come from here)
-        self.staging_root = Path(config.staging.path) / config.name
+        self.staging = StagingStore.for_pipeline(config.staging.path, config.name)
         self.captured_lsn = 0  # end LSN of the last transaction registered in the log
         self.received_lsn = 0
         self.connected = False
@@ -81,11 +63,12 @@ class Capture:
         self._streamed = False  # the current connection attempt registered a flush
         self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
         self._stop = threading.Event()  # run()'s stop: ends a wait for staging space too
-        self.paused = False  # backpressure: not reading WAL until the backlog shrinks
-        self.pending_rows = 0
-        self.pending_bytes = 0
-        self._bound_checked_at = float("-inf")
-        self._staged_rows = self._staged_bytes = 0  # registered since the backlog was last looked at
+        self.backpressure = Backpressure(config.staging)
+
+    @property
+    def paused(self) -> bool:
+        """Backpressure: not reading WAL until the backlog shrinks."""
+        return self.backpressure.paused
 
     # -- public ---------------------------------------------------------------------------------
     def request_heartbeat(self) -> None:
@@ -125,11 +108,11 @@ class Capture:
                 self.connected = False
                 error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 if storage_unavailable(exc):
-                    error = (f"staging directory {self.staging_root} cannot take files ({error}):"
+                    error = (f"staging directory {self.staging} cannot take files ({error}):"
                              " free space or fix its permissions; capture resumes by itself")
                 if failures == 1 or was_streaming:  # pairs with capture.reconnected, never per attempt
                     event(log, "capture.interrupted", logging.WARNING, error=error,
-                          captured_lsn=_fmt(self.captured_lsn))
+                          captured_lsn=format_lsn(self.captured_lsn))
                 else:
                     log.debug("capture attempt %d failed: %s", failures, error)
                 self.last_error = error
@@ -155,23 +138,23 @@ class Capture:
             types = TypeCatalog(source, self.config.source.text_columns)
             check_same_source(source, state, self.config.slot_name)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
-            remove_orphans(self.staging_root, state)
+            remove_orphans(self.staging, state.log_index)
             # No periodic status updates from psycopg2: it forwards the confirmed position to the
             # keepalives' wal_end on its own, and each confirmation must be bounded in state first
             # (acked_lsn) so start-up can tell our advances from someone else's. ``_flush`` confirms.
             stream = ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name,
                                        self.captured_lsn, status_interval=STATUS_INTERVAL_S)
             opened.callback(stream.close)
-            self._stream(stop, state, source, types, stream)
+            self._stream(stop, state.log_index, source, types, stream)
 
-    def _stream(self, stop: threading.Event, state: StateStore, source: psycopg.Connection[Any],
+    def _stream(self, stop: threading.Event, index: LogIndex, source: psycopg.Connection[Any],
                 types: TypeCatalog, stream: ReplicationStream) -> None:
         self.connected = True
         if self.last_error is not None:
-            event(log, "capture.reconnected", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
+            event(log, "capture.reconnected", slot=self.config.slot_name, start_lsn=format_lsn(self.captured_lsn))
         self.last_error = None
-        event(log, "capture.start", slot=self.config.slot_name, start_lsn=_fmt(self.captured_lsn))
-        buffers: dict[int, _TableBuffer] = {}
+        event(log, "capture.start", slot=self.config.slot_name, start_lsn=format_lsn(self.captured_lsn))
+        buffers: dict[int, TableBuffer] = {}
         spilled: list[StagedFile] = []
         relations: dict[int, TableSchema] = {}
         txn: Begin | None = None
@@ -183,7 +166,7 @@ class Capture:
         policy = self.config.staging
         try:
             while not stop.is_set():
-                if txn is None and self._make_room(state, stream, stop, buffers, spilled, pending_end):
+                if txn is None and self._make_room(index, stream, stop, buffers, spilled, pending_end):
                     first_change_at, last_ack_at = None, time.monotonic()
                 if self._heartbeat_due or time.monotonic() - last_message_at > policy.heartbeat_seconds:
                     emit_heartbeat(source, HEARTBEAT_PREFIX)
@@ -204,11 +187,11 @@ class Capture:
                                 # Flush at this boundary: a read of many transactions mostly ends
                                 # inside one, so waiting for a read that ends between two let the
                                 # buffer grow to flush_bytes whatever flush_rows said.
-                                self._flush(state, stream, buffers, spilled, pending_end)
+                                self._flush(index, stream, buffers, spilled, pending_end)
                                 spilled, buffers, first_change_at = [], {}, None
                                 last_ack_at = time.monotonic()
                             # Here too, not only between reads: those mostly end inside a transaction.
-                            if self._make_room(state, stream, stop, buffers, spilled, pending_end):
+                            if self._make_room(index, stream, stop, buffers, spilled, pending_end):
                                 first_change_at, last_ack_at = None, time.monotonic()
                         case Relation():
                             known = self.known.get(ev.oid)
@@ -228,10 +211,11 @@ class Capture:
                             seq += 1
                             if first_change_at is None:
                                 first_change_at = time.monotonic()
-                            self._stage(ev, txn, seq, relations, buffers)
+                            for oid, op in stage(ev, txn, seq, relations, buffers):
+                                self.changes_captured[(oid, op)] = self.changes_captured.get((oid, op), 0) + 1
                         case Message():
                             pass  # heartbeats only move the position
-                    if txn is not None and self._buffered_bytes(buffers) > policy.flush_bytes:
+                    if txn is not None and buffered_bytes(buffers) > policy.flush_bytes:
                         # A large transaction: spill to files now, register them at its commit.
                         spilled += [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
                         buffers.clear()
@@ -240,7 +224,7 @@ class Capture:
                 rows = sum(len(tb.buffer) for tb in buffers.values()) + sum(f.rows for f in spilled)
                 due = rows > 0 and (
                     rows >= policy.flush_rows
-                    or self._buffered_bytes(buffers) >= policy.flush_bytes
+                    or buffered_bytes(buffers) >= policy.flush_bytes
                     or (first_change_at is not None and time.monotonic() - first_change_at >= policy.flush_seconds)
                     or stop.is_set()
                 )
@@ -248,141 +232,48 @@ class Capture:
                     time.monotonic() - last_ack_at >= min(policy.flush_seconds, 1.0)
                 )
                 if due or idle_ack:
-                    self._flush(state, stream, buffers, spilled, pending_end)
+                    self._flush(index, stream, buffers, spilled, pending_end)
                     spilled = []
                     buffers = {}
                     first_change_at = None
                     last_ack_at = time.monotonic()
             if txn is None and (buffers or spilled or pending_end > self.captured_lsn):
-                self._flush(state, stream, buffers, spilled, pending_end)
+                self._flush(index, stream, buffers, spilled, pending_end)
         finally:
             self.connected = False
-            event(log, "capture.stop", captured_lsn=_fmt(self.captured_lsn))
+            event(log, "capture.stop", captured_lsn=format_lsn(self.captured_lsn))
 
-    def _stage(self, ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int,
-               relations: dict[int, TableSchema], buffers: dict[int, _TableBuffer]) -> None:
-        if isinstance(ev, Truncate):
-            for oid in ev.relation_oids:
-                if oid in relations:
-                    self._buffer(oid, relations, buffers).append("T", txn.final_lsn, seq, txn.commit_ts_us,
-                                                                  txn.xid, None)
-                    self._count(oid, "T")
-            return
-        schema = relations.get(ev.relation_oid)
-        if schema is None:
-            return
-        buf = self._buffer(ev.relation_oid, relations, buffers)
-        names = schema.column_names
-        match ev:
-            case Insert():
-                data, unchanged = encode_row(names, ev.new)
-                buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
-                op = "I"
-            case Update():
-                new = ev.new
-                if ev.old is not None and ev.old_kind == "O":
-                    # REPLICA IDENTITY FULL sends the whole old row (TOAST values inline), so a TOAST
-                    # value the update left untouched is known here: stage it, not "unchanged".
-                    new = tuple(o if v is UNCHANGED else v for v, o in zip(new, ev.old, strict=True))
-                data, unchanged = encode_row(names, new)
-                old_key = None
-                if ev.old is not None and not schema.key:
-                    # No key: the old row is the identity of the row the update replaces.
-                    old_key, _ = encode_row(names, ev.old)
-                elif ev.old is not None:
-                    old_vals = _key_values(schema, ev.old)
-                    if old_vals != _key_values(schema, new):
-                        old_key = json.dumps(old_vals, ensure_ascii=False, separators=(",", ":"))
-                buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
-                op = "U"
-            case Delete():
-                key = _key_values(schema, ev.old) if schema.key else dict(zip(names, ev.old, strict=True))
-                data = json.dumps(key, ensure_ascii=False, separators=(",", ":"))
-                buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
-                op = "D"
-        self._count(ev.relation_oid, op)
-
-    def _count(self, oid: int, op: str) -> None:
-        self.changes_captured[(oid, op)] = self.changes_captured.get((oid, op), 0) + 1
-
-    @staticmethod
-    def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, _TableBuffer]) -> StagingBuffer:
-        tb = buffers.get(oid)
-        if tb is None:
-            tb = buffers[oid] = _TableBuffer(relations[oid], StagingBuffer())
-        return tb.buffer
-
-    @staticmethod
-    def _buffered_bytes(buffers: dict[int, _TableBuffer]) -> int:
-        return sum(tb.buffer.nbytes for tb in buffers.values())
-
-    def _full(self, buffers: dict[int, _TableBuffer], spilled: list[StagedFile]) -> bool:
+    def _full(self, buffers: dict[int, TableBuffer], spilled: list[StagedFile]) -> bool:
         """The flush policy's size limit (rows or bytes) is reached."""
         rows = sum(len(tb.buffer) for tb in buffers.values()) + sum(f.rows for f in spilled)
-        return rows >= self.config.staging.flush_rows or self._buffered_bytes(buffers) >= self.config.staging.flush_bytes
+        return rows >= self.config.staging.flush_rows or buffered_bytes(buffers) >= self.config.staging.flush_bytes
 
-    def _write(self, oid: int, tb: _TableBuffer) -> StagedFile:
-        name = f"{tb.buffer.max_lsn:016X}-{uuid.uuid4().hex[:12]}.parquet"
-        path = self.staging_root / str(oid) / name
-        size = write_staging_file(path, tb.buffer)
-        return StagedFile(oid, str(path), len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
+    def _write(self, oid: int, tb: TableBuffer) -> StagedFile:
+        location, size = self.staging.write(oid, tb.buffer)
+        return StagedFile(oid, location, len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
 
-    def _over_bound(self, state: StateStore) -> bool:
-        """Staged-but-unapplied changes exceed the configured bound (checked at most twice a second)."""
-        policy = self.config.staging
-        if policy.max_pending_rows is None and policy.max_pending_bytes is None:
-            return False
-        now = time.monotonic()
-        # At most twice a second, unless a quarter of the bound was staged since the last look:
-        # a fast reader would otherwise stage many times the bound between two looks.
-        quick = ((policy.max_pending_rows is not None and 4 * self._staged_rows >= policy.max_pending_rows)
-                 or (policy.max_pending_bytes is not None and 4 * self._staged_bytes >= policy.max_pending_bytes))
-        if now - self._bound_checked_at < 0.5 and not quick:
-            return False
-        self._bound_checked_at = now
-        self._staged_rows = self._staged_bytes = 0
-        return self._backlog_exceeds(state)
-
-    def _backlog_exceeds(self, state: StateStore) -> bool:
-        policy = self.config.staging
-        rows, nbytes = state.pending_totals()
-        self.pending_rows, self.pending_bytes = rows, nbytes
-        return ((policy.max_pending_rows is not None and rows > policy.max_pending_rows)
-                or (policy.max_pending_bytes is not None and nbytes > policy.max_pending_bytes))
-
-    def _make_room(self, state: StateStore, stream: ReplicationStream, stop: threading.Event,
-                   buffers: dict[int, _TableBuffer], spilled: list[StagedFile], pending_end: int) -> bool:
+    def _make_room(self, index: LogIndex, stream: ReplicationStream, stop: threading.Event,
+                   buffers: dict[int, TableBuffer], spilled: list[StagedFile], pending_end: int) -> bool:
         """Backpressure, at a transaction boundary: when over the bound, make what is buffered
         durable (emptying ``buffers`` and ``spilled``), then read no WAL (the slot keeps it) until
         the materializer has applied enough. True when it paused."""
-        if not self._over_bound(state):
+        if not self.backpressure.over_bound(index):
             return False
         if buffers or spilled or pending_end > self.captured_lsn:
-            self._flush(state, stream, buffers, spilled, pending_end)
+            self._flush(index, stream, buffers, spilled, pending_end)
             buffers.clear()
             spilled.clear()
-        self._wait_for_room(state, stream, stop)
+        self.backpressure.wait(index, stop, lambda: self._confirm(index, stream))
         return True
 
-    def _wait_for_room(self, state: StateStore, stream: ReplicationStream, stop: threading.Event) -> None:
-        """Read no WAL until the backlog is back under the bound, confirming the position
-        regularly so the server does not time the connection out (wal_sender_timeout)."""
-        self.paused = True
-        event(log, "capture.paused", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
-        last_status = time.monotonic()
-        try:
-            while not stop.wait(0.5) and self._backlog_exceeds(state):
-                if time.monotonic() - last_status >= PAUSED_STATUS_S:
-                    # The confirmation may carry psycopg2's forwarded position: bound it first.
-                    assert self._source is not None
-                    state.register([], self.captured_lsn, _wal_flush_lsn(self._source))
-                    stream.acknowledge(self.captured_lsn)
-                    last_status = time.monotonic()
-        finally:
-            self.paused = False
-        event(log, "capture.resumed", pending_rows=self.pending_rows, pending_bytes=self.pending_bytes)
+    def _confirm(self, index: LogIndex, stream: ReplicationStream) -> None:
+        """Confirm the captured position again (while paused); the confirmation may carry
+        psycopg2's forwarded position, so bound it in state first."""
+        assert self._source is not None
+        index.register([], self.captured_lsn, _wal_flush_lsn(self._source))
+        stream.acknowledge(self.captured_lsn)
 
-    def _flush(self, state: StateStore, stream: ReplicationStream, buffers: dict[int, _TableBuffer],
+    def _flush(self, index: LogIndex, stream: ReplicationStream, buffers: dict[int, TableBuffer],
                spilled: list[StagedFile], end_lsn: int) -> None:
         files = spilled + self._write_waiting(stream, buffers)
         if files:
@@ -390,20 +281,18 @@ class Capture:
         # Anything psycopg2 forwarded the confirmation to came from a keepalive already read, so
         # it is at most the server's flushed WAL now.
         bound = _wal_flush_lsn(self._source) if self._source is not None else end_lsn
-        state.register(files, end_lsn, bound)  # durable and registered: now the slot may move
+        index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
         if files:
             crash_point("capture.after_register")
         self.captured_lsn = max(self.captured_lsn, end_lsn)
         self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
-        self._staged_rows += sum(f.rows for f in files)
-        self._staged_bytes += sum(f.bytes for f in files)
+        self.backpressure.staged(sum(f.rows for f in files), sum(f.bytes for f in files))
         stream.acknowledge(self.captured_lsn)
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
-                  captured_lsn=_fmt(self.captured_lsn))
+                  captured_lsn=format_lsn(self.captured_lsn))
 
-
-    def _write_waiting(self, stream: ReplicationStream, buffers: dict[int, _TableBuffer]) -> list[StagedFile]:
+    def _write_waiting(self, stream: ReplicationStream, buffers: dict[int, TableBuffer]) -> list[StagedFile]:
         """One file per buffered table, waiting while staging cannot take them (``capture.staging``)."""
         def write(written: list[StagedFile]) -> None:
             written.extend(self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer))
@@ -411,7 +300,7 @@ class Capture:
         def report(error: str | None) -> None:
             self.storage_error = error
 
-        return write_waiting(write, self.staging_root, self._backoff(), self._stop,
+        return write_waiting(write, self.staging, self._backoff(), self._stop,
                              lambda: stream.acknowledge(self.captured_lsn), report)
 
     def _backoff(self) -> Backoff:
@@ -422,14 +311,3 @@ def _wal_flush_lsn(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn").fetchone()
     assert row is not None
     return int(row[0])
-
-
-def _key_values(schema: TableSchema, values: tuple[Value, ...]) -> dict[str, Value]:
-    names = schema.column_names
-    return {name: values[names.index(name)] for name in schema.key}
-
-
-def _fmt(lsn: int) -> str:
-    from headrace.core.position import format_lsn
-
-    return format_lsn(lsn)

@@ -1,4 +1,4 @@
-"""Capture's staged files on disk: leftovers of a crash, and a staging directory that cannot take files.
+"""Capture's staged files in the store: leftovers of a crash, and a staging store that cannot take files.
 
 A flush writes its files before registering them; a crash or a full disk between the two leaves
 files no one registered. Those are deleted before capture writes again, and their changes are read
@@ -9,42 +9,36 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 from headrace.core.backoff import Backoff
+from headrace.log.index import LogIndex, StagedFile
+from headrace.log.store import StagingStore
 from headrace.logs import event
 from headrace.outage import storage_unavailable
-from headrace.state.store import StagedFile, StateStore
 
 log = logging.getLogger("headrace.capture")
 
 
-def remove_orphans(staging_root: Path, state: StateStore) -> None:
+def remove_orphans(staging: StagingStore, index: LogIndex) -> None:
     """Delete staged files written but never registered (a crash between write and register).
 
     Runs before capture writes anything, so every unregistered file is a leftover; its changes are
     read from the slot again.
     """
-    if not staging_root.exists():
-        return
-    registered = {os.path.abspath(p) for p in state.registered_paths()}
     removed = 0
-    for path in staging_root.rglob("*"):
-        if path.is_file() and path.suffix in (".parquet", ".tmp") and os.path.abspath(path) not in registered:
-            path.unlink(missing_ok=True)
-            removed += 1
+    for location in staging.orphans(index.registered_paths()):
+        removed += staging.delete(location)
     if removed:
         event(log, "capture.orphans_removed", files=removed)
 
 
-def write_waiting(write: Callable[[list[StagedFile]], None], staging_root: Path, backoff: Backoff,
+def write_waiting(write: Callable[[list[StagedFile]], None], staging: StagingStore, backoff: Backoff,
                   stop: threading.Event, keep_alive: Callable[[], None],
                   report: Callable[[str | None], None]) -> list[StagedFile]:
     """``write`` (appending each file it finishes to the list given), again and again with backoff
-    while the staging directory cannot take files (full, over quota, read-only); the files written.
+    while the staging store cannot take files (full, over quota, read-only); the files written.
 
     The caller reads no WAL meanwhile (the server keeps it) and keeps what it buffered in memory;
     ``keep_alive`` is called between attempts (a status message, so the server does not time the
@@ -61,12 +55,12 @@ def write_waiting(write: Callable[[list[StagedFile]], None], staging_root: Path,
             except OSError as exc:
                 if not storage_unavailable(exc) or stop.is_set():
                     raise
-                for path in [f.path for f in written] + [str(p) for p in staging_root.rglob("*.tmp")]:
+                for f in written:  # a failed write removed its own temporary file already
                     with contextlib.suppress(OSError):
-                        os.remove(path)
+                        staging.delete(f.path)
                 failures += 1
                 if failures == 1:
-                    reason = (f"staging directory {staging_root} cannot take files ({str(exc).strip()}): free"
+                    reason = (f"staging directory {staging} cannot take files ({str(exc).strip()}): free"
                               " space or fix its permissions; capture waits (the slot keeps the WAL) and resumes"
                               " by itself")
                     report(reason)

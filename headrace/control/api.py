@@ -78,7 +78,7 @@ class ApiServer:
         state = StateStore(p.state_dsn, p.config.name)
         try:
             row = find_table(state, name)
-            pending = state.pending_changes().get(row.oid, 0)
+            pending = state.log_index.pending_changes().get(row.oid, 0)
         finally:
             state.close()
         s = row.schema

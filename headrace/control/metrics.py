@@ -71,7 +71,7 @@ class PipelineMetrics:
     def batch_applied(self, state: StateStore, row: TableRow, applied: Applied) -> None:
         """Count one applied batch by operation, note its last commit time and any schema change."""
         try:
-            entries = state.log_entries_through(row.oid, applied.log_offset, applied.entries)
+            entries = state.log_index.entries_through(row.oid, applied.log_offset, applied.entries)
             ops, last_ts = _count_ops([e.path for e in entries], row.snapshot_lsn)
             if not ops and applied.rows_in:
                 ops = {"unknown": applied.rows_in}  # staged files not readable from the driver

@@ -52,7 +52,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
         if not state.installed() or state.meta() is None:
             return {"pipeline": config.name, "slot": None, "tables": [], "note": "not started yet: run `headrace run`"}
         captured = state.captured_lsn()
-        pending = state.pending_changes()
+        pending = state.log_index.pending_changes()
         progress = _copy_progress(config.source.state_dsn or dsn, config.name)
         maintained = _maintenance(config.source.state_dsn or dsn, config.name)
         tables = []

@@ -16,11 +16,12 @@ from headrace.config import SchemaChangesConfig, ValuesConfig
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
+from headrace.log.index import LogEntry
 from headrace.logs import event
 from headrace.materialize.batch import read_change_batch
 from headrace.materialize.evolve import evolve_table
 from headrace.materialize.types import value_rules
-from headrace.state.store import LogEntry, StateStore, TableRow
+from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,12 +51,12 @@ def current_cursor(state: StateStore, target: Target, row: TableRow) -> int:
     if target.stores_cursor:
         stored = target.read_cursor(row.schema)
         return max(stored or 0, 0)
-    return state.cursor(row.oid)
+    return state.log_index.cursor(row.oid)
 
 
 def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int) -> list[LogEntry]:
     """Consecutive entries after ``cursor`` that share one schema."""
-    entries = state.log_entries(row.oid, cursor, max_files)
+    entries = state.log_index.entries(row.oid, cursor, max_files)
     if not entries:
         return []
     first = entries[0].schema
@@ -72,7 +73,7 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
                values: ValuesConfig | None = None) -> Applied | None:
     """Apply the table's next batch; None when the table is caught up with the staged log."""
     cursor = current_cursor(state, target, row)
-    tail = state.last_offset(row.oid)
+    tail = state.log_index.last_offset(row.oid)
     entries = next_batch(state, row, cursor, max_files)
     if not entries:
         return None
@@ -96,7 +97,7 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
         state.record_ddl(row.oid, row.qualified_name, "truncate", f"TRUNCATE at {format_lsn(trunc.lsn)}", trunc.lsn)
         ddl.append("truncate")
     crash_point("apply.after_target_commit")
-    state.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
+    state.log_index.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
     applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
                       time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl),
                       values_changed=batch.values_changed)

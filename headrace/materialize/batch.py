@@ -23,7 +23,7 @@ from headrace.core.errors import TerminalError
 from headrace.core.names import quote_spark
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
-from headrace.log.staging import STAGING_SPARK_DDL
+from headrace.log.codec import STAGING_SPARK_DDL
 from headrace.materialize.types import ValueRules, cast_text, changed_value_counts
 
 _MAP = "map<string,string>"

@@ -148,7 +148,7 @@ class InitialCopy:
             if schema != row.schema or schema.target_as != row.schema.target_as:
                 state.set_schema(schema)
             table_lsn = snapshot_lsn
-        state.set_state(row.oid, TableState.SNAPSHOT, snapshot_lsn=table_lsn, error=None)
+        state.copy_started(row.oid, table_lsn)
         self.target.ensure_table(schema)
         todo = [c for c in chunks if not c.done]
         done_rows = sum(c.rows or 0 for c in chunks if c.done)
@@ -180,7 +180,7 @@ class InitialCopy:
             done_rows += rows
             self._report(name, len(chunks) - len(todo) + start + len(group), len(chunks), done_rows, started)
         crash_point("snapshot.after_write")
-        state.set_state(row.oid, TableState.CATCHUP, rows_copied=done_rows, error_count=0, retry_at=None)
+        state.copy_finished(row.oid, done_rows)
         self.rows_copied[name] = done_rows
         secs = time.monotonic() - started
         event(log, "snapshot.done", table=name, rows=done_rows, chunks=len(chunks), seconds=round(secs, 2),

@@ -7,11 +7,10 @@ table's applied cursor is never read again, whatever the table's state: a table 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 
 from headrace.core.interfaces import Target
+from headrace.log.store import StagingStore
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.state.store import StateStore
@@ -19,7 +18,7 @@ from headrace.state.store import StateStore
 log = logging.getLogger("headrace.materialize")
 
 
-def collect_applied(state: StateStore, target: Target) -> int:
+def collect_applied(state: StateStore, target: Target, staging: StagingStore) -> int:
     """Delete the staged files (and log entries) every table has applied; return the file count.
 
     The cursor is the target's when it keeps one (DuckLake commits it with the data, so it may be
@@ -30,9 +29,8 @@ def collect_applied(state: StateStore, target: Target) -> int:
         cursor = current_cursor(state, target, row)
         if cursor <= 0:
             continue
-        for path in state.collect_entries(row.oid, cursor):  # rows are gone now; files next
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        for location in state.log_index.collect_entries(row.oid, cursor):  # rows are gone now; files next
+            staging.delete(location)
             removed += 1
     if removed:
         event(log, "staging.collected", files=removed)

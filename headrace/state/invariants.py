@@ -8,7 +8,6 @@ gap in the log.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psycopg
@@ -16,6 +15,7 @@ import psycopg
 from headrace.core.errors import SourceError
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
+from headrace.log.store import StagingStore
 from headrace.source.postgres.wal_guard import lost_message
 from headrace.state.store import StateStore, TableRow
 
@@ -97,16 +97,16 @@ def check_tables(state: StateStore, schemas: list[TableSchema],
     return recreated
 
 
-def check_staged_files(state: StateStore) -> None:
-    """Every staged file some table still has to apply is on disk."""
+def check_staged_files(state: StateStore, staging: StagingStore) -> None:
+    """Every staged file some table still has to apply is in the staging store."""
     for row in state.tables():
-        cursor = state.cursor(row.oid)
+        cursor = state.log_index.cursor(row.oid)
         while True:
-            entries = state.log_entries(row.oid, cursor, 1000)
+            entries = state.log_index.entries(row.oid, cursor, 1000)
             if not entries:
                 break
             for entry in entries:
-                if not os.path.exists(entry.path):
+                if not staging.exists(entry.path):
                     raise SourceError(
                         f"staged file {entry.path} (table {row.qualified_name}, log offset {entry.offset}) is "
                         "registered but missing: the staging store lost changes the target has not applied yet. "

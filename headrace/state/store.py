@@ -1,9 +1,9 @@
 """The state store: coordination tables in the ``_headrace`` schema of a PostgreSQL database.
 
 Everything a restart needs lives here: the pipeline's identity and captured position, each table's
-lifecycle state, the staged log's index, and each table's materializer cursor. All writes that
-must agree with each other happen in one transaction (e.g. registering staged files together with
-the captured position).
+lifecycle state (moved only by the named transitions below: ``copy_started``, ``caught_up``,
+``errored`` ...), schema change events and refused tables. The staged log's index and cursors
+(``headrace.log.index``) share the store's connection as ``StateStore.log_index``.
 """
 
 from __future__ import annotations
@@ -17,88 +17,13 @@ import psycopg
 from psycopg.rows import dict_row
 
 from headrace.core.schema import TableSchema, schema_from_dict, schema_to_dict
+from headrace.log.index import DDL as LOG_INDEX_DDL
+from headrace.log.index import LogIndex
+from headrace.state.ddl import DDL
 from headrace.state.lifecycle import TableState
 
-DDL = """
-CREATE SCHEMA IF NOT EXISTS _headrace;
-CREATE TABLE IF NOT EXISTS _headrace.pipeline_meta (
-    pipeline          text PRIMARY KEY,
-    system_identifier text NOT NULL,
-    slot_name         text NOT NULL,
-    publication       text NOT NULL,
-    captured_lsn      bigint NOT NULL DEFAULT 0,  -- end LSN of the last transaction in the log
-    created_at        timestamptz NOT NULL DEFAULT now(),
-    updated_at        timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS _headrace.tables (
-    pipeline      text NOT NULL,
-    table_oid     bigint NOT NULL,
-    schema_name   text NOT NULL,
-    table_name    text NOT NULL,
-    state         text NOT NULL,
-    resume_state  text,               -- state to return to after ERRORED or PAUSED
-    snapshot_lsn  bigint,
-    applied_lsn   bigint,
-    rows_copied   bigint NOT NULL DEFAULT 0,
-    rows_applied  bigint NOT NULL DEFAULT 0,
-    error         text,
-    error_count   integer NOT NULL DEFAULT 0,
-    retry_at      timestamptz,
-    table_schema  jsonb NOT NULL,
-    updated_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pipeline, table_oid)
-);
-CREATE SEQUENCE IF NOT EXISTS _headrace.log_seq;
-CREATE TABLE IF NOT EXISTS _headrace.log_index (
-    pipeline     text NOT NULL,
-    log_offset   bigint NOT NULL DEFAULT nextval('_headrace.log_seq'),
-    table_oid    bigint NOT NULL,
-    path         text NOT NULL,
-    rows         integer NOT NULL,
-    bytes        bigint NOT NULL,
-    min_lsn      bigint NOT NULL,
-    max_lsn      bigint NOT NULL,
-    table_schema jsonb NOT NULL,     -- the table's columns as the rows in the file were written
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pipeline, log_offset)
-);
-CREATE INDEX IF NOT EXISTS log_index_table ON _headrace.log_index (pipeline, table_oid, log_offset);
--- Highest position this pipeline may have confirmed to its slot: at least captured_lsn, and the
--- stream's wal_end when psycopg2 forwarded the confirmation past idle WAL. A slot beyond it was
--- advanced by someone else.
-ALTER TABLE _headrace.pipeline_meta ADD COLUMN IF NOT EXISTS acked_lsn bigint NOT NULL DEFAULT 0;
--- Schema changes and table events applied to targets (add_column, drop_table, ...): status and audit.
-CREATE TABLE IF NOT EXISTS _headrace.ddl_events (
-    pipeline    text NOT NULL,
-    table_oid   bigint NOT NULL,
-    table_name  text NOT NULL,
-    kind        text NOT NULL,
-    detail      text NOT NULL,
-    lsn         bigint,
-    applied_at  timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX IF NOT EXISTS ddl_events_pipeline ON _headrace.ddl_events (pipeline, applied_at);
-CREATE TABLE IF NOT EXISTS _headrace.mat_cursor (
-    pipeline    text NOT NULL,
-    table_oid   bigint NOT NULL,
-    log_offset  bigint NOT NULL,
-    updated_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pipeline, table_oid)
-);
--- Tables found by discovery (source.schemas / all_tables) that cannot be replicated, and why.
--- Not tracked; assessed again at each discovery pass, so fixing the table gets it replicated.
-CREATE TABLE IF NOT EXISTS _headrace.refused_tables (
-    pipeline    text NOT NULL,
-    table_oid   bigint NOT NULL,
-    table_name  text NOT NULL,
-    reason      text NOT NULL,
-    seen_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pipeline, table_oid)
-);
--- What an ERRORED table's error is (transient, terminal, unknown) and what fixes it (status, readyz).
-ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_kind text;
-ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_fix text;
-"""
+# A cleared error takes its kind and fix along.
+_NO_ERROR = {"error": None, "error_kind": None, "error_fix": None}
 
 
 @dataclass(frozen=True)
@@ -129,32 +54,6 @@ class TableRow:
         return self.state is TableState.ERRORED and self.retry_at is None
 
 
-@dataclass(frozen=True)
-class LogEntry:
-    """A staged file registered in the log."""
-
-    offset: int
-    table_oid: int
-    path: str
-    rows: int
-    min_lsn: int
-    max_lsn: int
-    schema: TableSchema
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    """A staged file written by capture, about to be registered."""
-
-    table_oid: int
-    path: str
-    rows: int
-    bytes: int
-    min_lsn: int
-    max_lsn: int
-    schema: TableSchema
-
-
 class StateStore:
     """Reads and writes the ``_headrace`` tables of one pipeline. Not thread-safe: one per thread."""
 
@@ -162,6 +61,7 @@ class StateStore:
         self.pipeline = pipeline
         self._dsn = dsn
         self._conn = self._connect()
+        self.log_index = LogIndex(lambda: self.conn, pipeline)  # the staged log's index, on this connection
 
     @property
     def conn(self) -> psycopg.Connection[dict[str, Any]]:
@@ -190,6 +90,7 @@ class StateStore:
         with self.conn.transaction():
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('_headrace.install'))")
             self.conn.execute(DDL)
+            self.conn.execute(LOG_INDEX_DDL)
 
     def installed(self) -> bool:
         row = self.conn.execute("SELECT to_regclass('_headrace.pipeline_meta') AS r").fetchone()
@@ -211,29 +112,6 @@ class StateStore:
     def captured_lsn(self) -> int:
         meta = self.meta()
         return int(meta["captured_lsn"]) if meta else 0
-
-    def register(self, files: list[StagedFile], captured_lsn: int, acked_lsn: int = 0) -> list[int]:
-        """Register staged files and the captured position in one transaction; return offsets.
-
-        ``acked_lsn`` is the most the slot is about to be confirmed to (recorded before it is).
-        """
-        offsets = []
-        with self.conn.transaction():
-            for f in files:
-                row = self.conn.execute(
-                    "INSERT INTO _headrace.log_index (pipeline, table_oid, path, rows, bytes, min_lsn,"
-                    " max_lsn, table_schema) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) RETURNING log_offset",
-                    (self.pipeline, f.table_oid, f.path, f.rows, f.bytes, f.min_lsn, f.max_lsn,
-                     json.dumps(schema_to_dict(f.schema))),
-                ).fetchone()
-                assert row is not None
-                offsets.append(int(row["log_offset"]))
-            self.conn.execute(
-                "UPDATE _headrace.pipeline_meta SET captured_lsn = greatest(captured_lsn, %s),"
-                " acked_lsn = greatest(acked_lsn, %s, %s), updated_at = now() WHERE pipeline = %s",
-                (captured_lsn, captured_lsn, acked_lsn, self.pipeline),
-            )
-        return offsets
 
     # -- tables ---------------------------------------------------------------------------------
     def tables(self) -> list[TableRow]:
@@ -265,24 +143,74 @@ class StateStore:
             (json.dumps(schema_to_dict(schema)), schema.schema, schema.name, self.pipeline, schema.oid),
         )
 
+    def remove_table(self, oid: int) -> None:
+        """Stop tracking a table: its state row, cursor and staged-log entries go (files stay)."""
+        with self.conn.transaction():
+            self.conn.execute("DELETE FROM _headrace.tables WHERE pipeline = %s AND table_oid = %s",
+                              (self.pipeline, oid))
+            self.log_index.forget_table(oid)
+
+    # -- lifecycle transitions: PENDING → SNAPSHOT → CATCHUP → STREAMING, ERRORED, PAUSED ---------
+    def copy_started(self, oid: int, snapshot_lsn: int) -> None:
+        """SNAPSHOT: the copy runs under a snapshot at ``snapshot_lsn`` (changes up to it are skipped)."""
+        self._move(oid, TableState.SNAPSHOT, snapshot_lsn=snapshot_lsn, **_NO_ERROR)
+
+    def copy_finished(self, oid: int, rows_copied: int) -> None:
+        """CATCHUP: copied; the changes staged since the copy's position are applied next."""
+        self._move(oid, TableState.CATCHUP, rows_copied=rows_copied, error_count=0, retry_at=None)
+
+    def caught_up(self, oid: int) -> None:
+        """STREAMING: the table applied everything staged up to its copy position; errors are behind it."""
+        self._move(oid, TableState.STREAMING, error_count=0, retry_at=None, **_NO_ERROR)
+
+    def recovered(self, oid: int, resume: TableState) -> None:
+        """An ERRORED table applied a batch again: back to ``resume`` (its state before the error)."""
+        self._move(oid, resume, error_count=0, **_NO_ERROR)
+
+    def errored(self, oid: int, error: str, *, kind: str, fix: str | None, count: int,
+                retry_at: datetime | None, resume: TableState | None) -> None:
+        """ERRORED with ``error`` (kept to 2000 characters), its ``kind`` (transient, terminal,
+        unknown) and ``fix``; the ``count``-th failure in a row. Retried at ``retry_at`` (None: waits
+        for the operator), then resumes in ``resume`` (None: only a resync brings it back)."""
+        self._move(oid, TableState.ERRORED, error=error[:2000], error_kind=kind, error_fix=fix,
+                   error_count=count, retry_at=retry_at, resume_state=resume)
+
+    def paused(self, oid: int, resume: TableState) -> None:
+        """PAUSED by the operator; ``resumed`` returns it to ``resume``."""
+        self._move(oid, TableState.PAUSED, resume_state=resume)
+
+    def resumed(self, oid: int, to: TableState) -> None:
+        """The operator resumed a PAUSED table, or retries an ERRORED one now: to ``to``, error cleared."""
+        self._move(oid, to, resume_state=None, error_count=0, retry_at=None, **_NO_ERROR)
+
+    def resync_requested(self, oid: int) -> None:
+        """PENDING for a fresh copy that replaces the target's rows (the operator's resync): all cleared."""
+        self._move(oid, TableState.PENDING, snapshot_lsn=None, rows_copied=0, error_count=0, retry_at=None,
+                   resume_state=None, **_NO_ERROR)
+
+    def copy_restarted(self, oid: int) -> None:
+        """PENDING again: the copy under way is void (the table's shape changed) and starts over."""
+        self._move(oid, TableState.PENDING, snapshot_lsn=None, rows_copied=0)
+
+    def copy_restarts_on_resume(self, oid: int) -> None:
+        """A PAUSED or ERRORED table that resumes into a copy starts that copy over (state unchanged)."""
+        self._move(oid, None, resume_state=TableState.PENDING)
+
     def set_state(self, oid: int, state: TableState, **fields: Any) -> None:
-        """Move a table to ``state``, updating any other columns given (e.g. snapshot_lsn=...)."""
-        allowed = {"snapshot_lsn", "applied_lsn", "rows_copied", "error", "error_count", "retry_at",
-                   "resume_state", "error_kind", "error_fix"}
-        unknown = set(fields) - allowed
-        if unknown:
-            raise ValueError(f"unknown table fields {unknown}")
-        if "error" in fields and fields["error"] is None:  # a cleared error takes its kind and fix along
-            fields = {"error_kind": None, "error_fix": None, **fields}
-        sets = ["state = %s", "updated_at = now()"]
-        params: list[Any] = [state.value]
-        for name, value in fields.items():
-            sets.append(f"{name} = %s")
-            params.append(value.value if isinstance(value, TableState) else value)
-        params += [self.pipeline, oid]
-        self.conn.execute(
-            f"UPDATE _headrace.tables SET {', '.join(sets)} WHERE pipeline = %s AND table_oid = %s", params
-        )
+        """Transitional (issue 14): the run loop's and control's calls until they use the named
+        transitions above; remove with the last caller."""
+        if "error" in fields and fields["error"] is None:
+            fields = {**_NO_ERROR, **fields}
+        self._move(oid, state, **fields)
+
+    def _move(self, oid: int, state: TableState | None, **columns: Any) -> None:
+        sets = ["updated_at = now()"] + [f"{name} = %s" for name in columns]
+        params = [v.value if isinstance(v, TableState) else v for v in columns.values()]
+        if state is not None:
+            sets.append("state = %s")
+            params.append(state.value)
+        self.conn.execute(f"UPDATE _headrace.tables SET {', '.join(sets)}"
+                          " WHERE pipeline = %s AND table_oid = %s", [*params, self.pipeline, oid])
 
     # -- schema change events -------------------------------------------------------------------
     def record_ddl(self, oid: int, table: str, kind: str, detail: str, lsn: int | None = None) -> None:
@@ -335,117 +263,6 @@ class StateStore:
         return self.conn.execute(
             "SELECT table_name AS table, table_oid AS oid, reason, seen_at FROM _headrace.refused_tables"
             " WHERE pipeline = %s ORDER BY table_name", (self.pipeline,)).fetchall()
-
-    # -- staged log and cursors -----------------------------------------------------------------
-    def cursor(self, oid: int) -> int:
-        row = self.conn.execute(
-            "SELECT log_offset FROM _headrace.mat_cursor WHERE pipeline = %s AND table_oid = %s",
-            (self.pipeline, oid),
-        ).fetchone()
-        return int(row["log_offset"]) if row else 0
-
-    def log_entries(self, oid: int, after: int, limit: int) -> list[LogEntry]:
-        rows = self.conn.execute(
-            "SELECT * FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s AND log_offset > %s"
-            " ORDER BY log_offset LIMIT %s",
-            (self.pipeline, oid, after, limit),
-        ).fetchall()
-        return [
-            LogEntry(int(r["log_offset"]), int(r["table_oid"]), r["path"], int(r["rows"]), int(r["min_lsn"]),
-                     int(r["max_lsn"]), schema_from_dict(r["table_schema"]))
-            for r in rows
-        ]
-
-    def log_entries_through(self, oid: int, through: int, count: int) -> list[LogEntry]:
-        """The last ``count`` entries of the table at or below offset ``through``, oldest first."""
-        rows = self.conn.execute(
-            "SELECT * FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s AND log_offset <= %s"
-            " ORDER BY log_offset DESC LIMIT %s",
-            (self.pipeline, oid, through, count),
-        ).fetchall()
-        return [
-            LogEntry(int(r["log_offset"]), int(r["table_oid"]), r["path"], int(r["rows"]), int(r["min_lsn"]),
-                     int(r["max_lsn"]), schema_from_dict(r["table_schema"]))
-            for r in reversed(rows)
-        ]
-
-    def remove_table(self, oid: int) -> None:
-        """Stop tracking a table: its state row, cursor and staged-log entries go (files stay)."""
-        with self.conn.transaction():
-            for table in ("tables", "mat_cursor", "log_index"):
-                self.conn.execute(
-                    f"DELETE FROM _headrace.{table} WHERE pipeline = %s AND table_oid = %s", (self.pipeline, oid)
-                )
-
-    def last_offset(self, oid: int, before_lsn: int | None = None) -> int:
-        """The table's newest log offset (only entries holding changes before ``before_lsn``, if given)."""
-        row = self.conn.execute(
-            "SELECT max(log_offset) AS m FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s"
-            " AND (%s::bigint IS NULL OR min_lsn < %s::bigint)",
-            (self.pipeline, oid, before_lsn, before_lsn),
-        ).fetchone()
-        return int(row["m"]) if row and row["m"] is not None else 0
-
-    def advance(self, oid: int, log_offset: int, applied_lsn: int, rows: int) -> None:
-        """Record that the table's target holds everything up to ``log_offset``."""
-        with self.conn.transaction():
-            self.conn.execute(
-                "INSERT INTO _headrace.mat_cursor (pipeline, table_oid, log_offset) VALUES (%s,%s,%s)"
-                " ON CONFLICT (pipeline, table_oid) DO UPDATE SET log_offset = greatest("
-                "_headrace.mat_cursor.log_offset, excluded.log_offset), updated_at = now()",
-                (self.pipeline, oid, log_offset),
-            )
-            self.conn.execute(
-                "UPDATE _headrace.tables SET applied_lsn = greatest(coalesce(applied_lsn, 0), %s),"
-                " rows_applied = rows_applied + %s, updated_at = now()"
-                " WHERE pipeline = %s AND table_oid = %s",
-                (applied_lsn, rows, self.pipeline, oid),
-            )
-
-    def registered_paths(self) -> set[str]:
-        """Paths of every staged file in the pipeline's log."""
-        rows = self.conn.execute("SELECT path FROM _headrace.log_index WHERE pipeline = %s", (self.pipeline,))
-        return {r["path"] for r in rows.fetchall()}
-
-    def collect_entries(self, oid: int, through: int) -> list[str]:
-        """Drop the table's log entries at or below offset ``through``; return their file paths.
-
-        The rows go first (committed here), the files after, by the caller: a crash in between
-        leaves unregistered files, which the orphan sweep at capture start removes.
-        """
-        rows = self.conn.execute(
-            "DELETE FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s AND log_offset <= %s"
-            " RETURNING path",
-            (self.pipeline, oid, through),
-        ).fetchall()
-        return [r["path"] for r in rows]
-
-    def pending_totals(self) -> tuple[int, int]:
-        """Staged rows and bytes not yet applied, over the tables that are applying changes.
-
-        ERRORED and PAUSED tables are left out: their backlog waits on disk and must not stop the
-        other tables' capture.
-        """
-        row = self.conn.execute(
-            "SELECT coalesce(sum(l.rows), 0) AS n, coalesce(sum(l.bytes), 0) AS b FROM _headrace.log_index l"
-            " JOIN _headrace.tables t ON t.pipeline = l.pipeline AND t.table_oid = l.table_oid"
-            " LEFT JOIN _headrace.mat_cursor c ON c.pipeline = l.pipeline AND c.table_oid = l.table_oid"
-            " WHERE l.pipeline = %s AND l.log_offset > coalesce(c.log_offset, 0)"
-            " AND t.state NOT IN ('ERRORED', 'PAUSED')",
-            (self.pipeline,),
-        ).fetchone()
-        assert row is not None
-        return int(row["n"]), int(row["b"])
-
-    def pending_changes(self) -> dict[int, int]:
-        """Staged rows not yet applied, per table."""
-        rows = self.conn.execute(
-            "SELECT l.table_oid, sum(l.rows) AS n FROM _headrace.log_index l"
-            " LEFT JOIN _headrace.mat_cursor c ON c.pipeline = l.pipeline AND c.table_oid = l.table_oid"
-            " WHERE l.pipeline = %s AND l.log_offset > coalesce(c.log_offset, 0) GROUP BY l.table_oid",
-            (self.pipeline,),
-        ).fetchall()
-        return {int(r["table_oid"]): int(r["n"]) for r in rows}
 
 
 def _table_row(r: dict[str, Any]) -> TableRow:

@@ -59,13 +59,13 @@ def test_capture_pauses_over_the_bound_and_resumes(source_dsn: str, pg_server: T
         time.sleep(6)  # three sender timeouts
         assert capture.paused and capture.last_error is None
         assert _slot_pid(source_dsn, config.slot_name) == pid  # same connection, never cut off
-        pending_rows, _ = state.pending_totals()
+        pending_rows, _ = state.log_index.pending_totals()
         assert 100 < pending_rows < TXNS * ROWS_PER_TXN  # over the bound (by at most a read), not all
         assert capture.captured_lsn < end
 
         # The materializer applies (the cursor moves): capture reads on, until everything is staged.
         def drained() -> bool:
-            state.advance(row.oid, state.last_offset(row.oid), 0, 0)
+            state.log_index.advance(row.oid, state.log_index.last_offset(row.oid), 0, 0)
             capture.request_heartbeat()
             return capture.captured_lsn >= end
 

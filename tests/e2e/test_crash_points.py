@@ -102,7 +102,7 @@ def test_crash_point_then_converge(point: str, source_dsn: str, tmp_path: Path, 
     if point == "capture.after_write":
         state = StateStore(source_dsn, "cp")
         try:
-            registered = {os.path.abspath(p) for p in state.registered_paths()}
+            registered = {os.path.abspath(p) for p in state.log_index.registered_paths()}
         finally:
             state.close()
         on_disk = {os.path.abspath(p) for p in staging.rglob("*.parquet")}
@@ -114,7 +114,7 @@ def test_crash_point_then_converge(point: str, source_dsn: str, tmp_path: Path, 
 
     state = StateStore(source_dsn, "cp")
     try:
-        registered = {os.path.abspath(p) for p in state.registered_paths()}
+        registered = {os.path.abspath(p) for p in state.log_index.registered_paths()}
     finally:
         state.close()
     assert {os.path.abspath(p) for p in staging.rglob("*.parquet")} <= registered  # no orphan left

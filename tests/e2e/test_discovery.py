@@ -73,7 +73,7 @@ def caught_up(config: PipelineConfig, dsn: str) -> Callable[[], bool]:
         try:
             if not state.installed() or state.meta() is None:
                 return False  # the pipeline is still setting up
-            pending = state.pending_changes()
+            pending = state.log_index.pending_changes()
             return state.captured_lsn() >= lsn and all(
                 r.state.value == "STREAMING" and not pending.get(r.oid) for r in state.tables())
         finally:

@@ -68,7 +68,7 @@ def test_a_burst_of_15x_the_bound_keeps_rss_bounded(source_dsn: str, tmp_path: P
                     conn.execute("INSERT INTO burst SELECT g, repeat(md5(g::text), 31)"
                                  " FROM generate_series(%s::int, %s::int) g", (first, first + ROWS_PER_TXN - 1))
             end = wal_insert_lsn(source_dsn)
-            wait_until(lambda: state.captured_lsn() >= end and state.pending_totals()[0] == 0, 300,
+            wait_until(lambda: state.captured_lsn() >= end and state.log_index.pending_totals()[0] == 0, 300,
                        "the burst was not applied")
             peak = rss_kib(proc.pid, "VmHWM")
         finally:

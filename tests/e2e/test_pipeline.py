@@ -145,7 +145,7 @@ def test_large_transaction_spills_and_applies(shop: str, tmp_path: Path, spark: 
     state = StateStore(shop, "t")
     try:
         oid = state.tables()[0].oid
-        assert len(state.log_entries(oid, 0, 1000)) > 1, "the big transaction should span several files"
+        assert len(state.log_index.entries(oid, 0, 1000)) > 1, "the big transaction should span several files"
     finally:
         state.close()
 

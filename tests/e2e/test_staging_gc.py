@@ -8,11 +8,11 @@ from typing import Any
 
 import psycopg
 
-from headrace.log.staging import StagingBuffer, write_staging_file
+from headrace.log.codec import StagingBuffer, write_staging_file
+from headrace.log.store import StagingStore
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.retention import collect_applied
 from headrace.pipeline import Pipeline
-from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
 from tests.e2e.helpers import assert_same, capture_while, make_config
 from tests.e2e.test_pipeline import run_caught_up
@@ -23,7 +23,7 @@ def _files(root: Path) -> set[str]:
 
 
 def _registered(state: StateStore) -> set[str]:
-    return {os.path.abspath(p) for p in state.registered_paths()}
+    return {os.path.abspath(p) for p in state.log_index.registered_paths()}
 
 
 def test_orphaned_staged_files_are_removed_at_capture_start(source_dsn: str, tmp_path: Path) -> None:
@@ -70,16 +70,17 @@ def test_applied_files_are_collected_and_pending_ones_kept(source_dsn: str, tmp_
     state = Pipeline(config).setup()
     try:
         rows = {r.qualified_name: r for r in state.tables()}
-        state.set_state(rows["public.b"].oid, TableState.PENDING, snapshot_lsn=None)
-        before = {name: state.log_entries(r.oid, 0, 10_000) for name, r in rows.items()}
+        state.copy_restarted(rows["public.b"].oid)
+        before = {name: state.log_index.entries(r.oid, 0, 10_000) for name, r in rows.items()}
         cursors = {name: current_cursor(state, pipeline.target, r) for name, r in rows.items()}
         assert all(c > 0 for c in cursors.values())
         assert all(any(e.offset > cursors[n] for e in before[n]) for n in rows)  # something still to apply
 
-        removed = collect_applied(state, pipeline.target)
+        staging = StagingStore.for_pipeline(config.staging.path, config.name)
+        removed = collect_applied(state, pipeline.target, staging)
 
         for name, row in rows.items():
-            after = state.log_entries(row.oid, 0, 10_000)
+            after = state.log_index.entries(row.oid, 0, 10_000)
             assert [e for e in before[name] if e.offset > cursors[name]] == after  # pending entries kept
             for entry in before[name]:
                 assert os.path.exists(entry.path) == (entry.offset > cursors[name])
@@ -110,7 +111,7 @@ def test_the_run_loop_collects_applied_files(source_dsn: str, tmp_path: Path, sp
     run_caught_up(first)
     state = StateStore(first.state_dsn, config.name)
     try:
-        applied_in_first_run = {e.path for r in state.tables() for e in state.log_entries(r.oid, 0, 10_000)}
+        applied_in_first_run = {e.path for r in state.tables() for e in state.log_index.entries(r.oid, 0, 10_000)}
     finally:
         state.close()
     assert applied_in_first_run, "the first run staged nothing"

@@ -143,7 +143,7 @@ def test_refuses_a_missing_staged_file(items: str, tmp_path: Path) -> None:
     state = _setup(config)
     try:
         (row,) = state.tables()
-        entries = state.log_entries(row.oid, 0, 100)
+        entries = state.log_index.entries(row.oid, 0, 100)
     finally:
         state.close()
     assert entries

@@ -14,7 +14,6 @@ import pytest
 from headrace.lineage.emitter import Lineage
 from headrace.materialize.apply import Applied
 from headrace.pipeline import Pipeline
-from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
 from tests.e2e.helpers import make_config
 
@@ -42,7 +41,8 @@ def test_a_copy_once_then_interval_summaries(source_dsn: str, tmp_path: Path) ->
                                    interval_seconds=3600)
     try:
         _step(lineage, state)  # first look: the table is PENDING
-        state.set_state(oid, TableState.CATCHUP, snapshot_lsn=1000, rows_copied=7)
+        state.copy_started(oid, 1000)
+        state.copy_finished(oid, 7)
         _step(lineage, state)
         _step(lineage, state)  # the same copy is not reported twice
         row = state.table(oid)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from headrace.config import DuckLakeConfig
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.log.staging import StagingBuffer, encode_row, write_staging_file
+from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.materialize.batch import read_change_batch
 from headrace.targets.ducklake.target import DuckLakeTarget
 

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from headrace.core.changes import UNCHANGED, Value
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.log.staging import StagingBuffer, encode_row, write_staging_file
+from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.materialize.batch import read_change_batch
 
 INT = ColumnType(TypeKind.INT, "integer")

@@ -7,7 +7,6 @@ so schema evolution only ever touches target tables.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,24 +110,15 @@ class StagingBuffer:
         )
 
 
-def write_staging_file(path: str | Path, buffer: StagingBuffer) -> int:
-    """Write ``buffer`` durably (fsync) to ``path``; return the file size in bytes."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(buffer.to_table(), tmp, compression="zstd")
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path.stat().st_size
+def write_staging_file(sink: str | Path | pa.NativeFile, buffer: StagingBuffer) -> None:
+    """Encode ``buffer`` as Parquet into ``sink``: a local path (its folder is created) or an open stream.
+
+    Not durable by itself: the staging store (``headrace.log.store``) writes through here to a
+    temporary name, syncs and renames.
+    """
+    if isinstance(sink, (str, Path)):
+        Path(sink).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(buffer.to_table(), sink, compression="zstd")
 
 
 def read_staging_file(path: str | Path) -> pa.Table:
