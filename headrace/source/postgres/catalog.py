@@ -364,3 +364,25 @@ def leaf_partitions(conn: Conn, oids: list[int]) -> dict[int, dict[int, bool]]:
     ).fetchall():
         out.setdefault(int(root), {})[int(leaf)] = bool(attached)
     return out
+
+
+def current_names(conn: Conn, oids: list[int]) -> list[TableName]:
+    """Current names of those of ``oids`` that still exist, in the order given.
+
+    By oid, so a renamed table keeps its place, and a dropped one drops out.
+    """
+    found = {oid: TableName(schema, name) for oid, schema, name in conn.execute(
+        "SELECT c.oid::int8, n.nspname, c.relname FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])", (oids,)).fetchall()}
+    return [found[oid] for oid in oids if oid in found]
+
+
+def oid_of(conn: Conn, schema: str, name: str) -> int | None:
+    """The oid of the table called ``schema.name``, as the transaction's snapshot sees it.
+
+    A query on ``pg_class``, not ``to_regclass``: that reads the latest catalog, not the snapshot.
+    """
+    row = conn.execute(
+        "SELECT c.oid::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')", (schema, name)).fetchone()
+    return int(row[0]) if row else None
