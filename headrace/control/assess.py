@@ -13,7 +13,8 @@ from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.names import TableName
 from headrace.outage import recorded_source_problems
 from headrace.source.postgres.assess import assess, assess_table
-from headrace.source.postgres.catalog import columns_as_text_problems, list_tables, published_oids
+from headrace.source.postgres.catalog import columns_as_text_problems, published_oids
+from headrace.source.postgres.tables import list_tables
 from headrace.source.postgres.types import TypeCatalog
 from headrace.source.postgres.wal_guard import keep_size_advice
 

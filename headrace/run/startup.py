@@ -24,11 +24,11 @@ from headrace.run.tracking import published_names
 from headrace.source.postgres.catalog import (
     check_source,
     columns_as_text_problems,
-    list_tables,
     read_table_schema,
     table_problems,
 )
 from headrace.source.postgres.replication import ensure_publication, ensure_slot
+from headrace.source.postgres.tables import list_tables
 from headrace.source.postgres.types import TypeCatalog
 from headrace.state.invariants import check_slot, check_staged_files, check_tables
 from headrace.state.progress import DDL as PROGRESS_DDL

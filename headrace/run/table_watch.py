@@ -39,13 +39,8 @@ from headrace.materialize.evolve import remap_error, remapped_columns
 from headrace.materialize.initial_copy import FailHandler
 from headrace.run.observer import RunObserver
 from headrace.run.tracking import TableTracking
-from headrace.source.postgres.catalog import (
-    existing_oids,
-    leaf_partitions,
-    list_tables,
-    oid_of,
-    read_table_schema,
-)
+from headrace.source.postgres.catalog import read_table_schema
+from headrace.source.postgres.tables import existing_oids, leaf_partitions, list_tables, oid_of
 from headrace.source.postgres.types import TypeCatalog
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow

@@ -22,8 +22,9 @@ from headrace.core.names import TableName, TableNameError
 from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.source.postgres.assess import assess
-from headrace.source.postgres.catalog import current_names, read_table_schema
+from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.replication import ensure_publication
+from headrace.source.postgres.tables import current_names
 from headrace.source.postgres.types import TypeCatalog
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
