@@ -3,6 +3,7 @@ attempts it takes, and waits on the servers, not on a fixed sleep (no database: 
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import psycopg
@@ -19,7 +20,7 @@ def test_one_outage_however_many_attempts() -> None:
     stop.set()  # the run is stopping: no waiting for the server
     error = psycopg.OperationalError("connection refused\nmore detail")
     for attempt in (1, 2, 3):
-        ride_out(watch, error, attempt, stop, lambda n=attempt: released.append(n))  # type: ignore[misc]
+        ride_out(watch, error, attempt, stop, functools.partial(released.append, attempt))
     assert watch.outages == 1
     assert released == [1, 2, 3]  # each attempt drops what the outage broke
 
