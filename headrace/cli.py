@@ -147,7 +147,7 @@ def _changed_values(table: dict[str, object]) -> str:
 def cmd_maintain(args: argparse.Namespace) -> int:
     """One maintenance pass over every table, or one; beside a running pipeline or while it is stopped."""
     from headrace.core.interfaces import load_target
-    from headrace.maintenance import maintain_tables
+    from headrace.run.maintenance import maintain_tables
     from headrace.spark import build_session
 
     config = load_config(args.config)

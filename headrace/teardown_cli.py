@@ -72,7 +72,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 def _opener(config: Any) -> Any:
     def open_target() -> Target:
-        from headrace.pipeline import Pipeline
+        from headrace.run import Pipeline
 
         return Pipeline(config).target
 

@@ -2,8 +2,9 @@
 
 Standard library only (``ThreadingHTTPServer``). Reads are open; every mutating request (POST,
 DELETE) must carry ``Authorization: Bearer <token>`` when a token is configured, and a JSON
-content type always, so a web page elsewhere cannot submit a form to it. Table operations go
-through ``Operations``, which runs them in the pipeline's loop.
+content type always, so a web page elsewhere cannot submit a form to it. Table operations are
+submitted to the run (``RunView.submit``), which runs them in its loop; the run's domain errors
+become status codes here (``STATUS_OF``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import psycopg
@@ -21,25 +22,35 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from headrace.control import health
 from headrace.control.assess import assess_config, candidates
+from headrace.control.metrics import SAMPLE_SECONDS, MeteredRun
 from headrace.control.openapi import OPENAPI
-from headrace.control.operations import Command, OperationError, find_table
 from headrace.control.page import render_page
 from headrace.control.status import target_name as status_target_name
+from headrace.core.errors import (
+    CommandConflict,
+    RequestError,
+    RunUnavailable,
+    TableNotFound,
+    TableRefused,
+)
 from headrace.core.schema import TableSchema
 from headrace.logs import event
 from headrace.outage import lost_connection
+from headrace.run.view import Request, find_table
 from headrace.state.store import StateStore
 
-if TYPE_CHECKING:
-    from headrace.pipeline import Pipeline
-
 log = logging.getLogger("headrace.control")
+
+# The run's domain errors, as HTTP status codes (the most specific class first; RequestError: 400).
+STATUS_OF: tuple[tuple[type[RequestError], int], ...] = (
+    (TableNotFound, 404), (CommandConflict, 409), (TableRefused, 422), (RunUnavailable, 503), (RequestError, 400),
+)
 
 
 class ApiServer:
     """Serves the control plane of one pipeline on ``config.api.listen`` in background threads."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: MeteredRun) -> None:
         self.pipeline = pipeline
         api = pipeline.config.api
         self.token = api.resolved_token()
@@ -66,8 +77,6 @@ class ApiServer:
         self.httpd.server_close()
 
     def _sample(self) -> None:
-        from headrace.control.metrics import SAMPLE_SECONDS
-
         while not self._stop.is_set():
             self.pipeline.metrics.sample()
             self._stop.wait(SAMPLE_SECONDS)
@@ -117,7 +126,7 @@ class ApiServer:
         return assess_config(p.config, tracked)
 
 
-def target_name(pipeline: Pipeline, schema: TableSchema) -> str:
+def target_name(pipeline: MeteredRun, schema: TableSchema) -> str:
     """The table's name in the target (see ``status.target_name``)."""
     return status_target_name(pipeline.config, schema)
 
@@ -151,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
             return {}
         data = json.loads(self.rfile.read(length))
         if not isinstance(data, dict):
-            raise OperationError("the request body must be a JSON object")
+            raise RequestError("the request body must be a JSON object")
         return data
 
     def _authorized(self) -> bool:
@@ -167,8 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.split("/") if p]
         return parts, parse_qs(url.query)
 
-    def _run(self, command: Command, created: bool = False) -> None:
-        done, result = self.api.pipeline.operations.call(command)
+    def _run(self, request: Request, created: bool = False) -> None:
+        done, result = self.api.pipeline.submit(request)
         if done:
             self._json(201 if created else 200, result)
         else:
@@ -177,13 +186,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _guarded(self, handler: Any) -> None:
         try:
             handler()
-        except OperationError as exc:
-            self._error(exc.status, str(exc))
+        except RequestError as exc:
+            self._error(next(code for kind, code in STATUS_OF if isinstance(exc, kind)), str(exc))
         except json.JSONDecodeError as exc:
             self._error(400, f"the request body is not JSON: {exc}")
         except Exception as exc:
             if lost_connection(exc):  # a server is away: the run waits for it, the client may retry
-                reasons = self.api.pipeline.outage.reasons() or [str(exc).strip().splitlines()[0]]
+                reasons = self.api.pipeline.outage_reasons() or [str(exc).strip().splitlines()[0]]
                 log.debug("api: %s %s during an outage: %s", self.command, self.path, exc)
                 self._error(503, "; ".join(reasons))
                 return
@@ -245,23 +254,23 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(404, f"no such resource: {self.path} (see /openapi.json)")
 
     def _post(self) -> None:
-        ops, parts = self.api.pipeline.operations, self._route()[0]
+        parts = self._route()[0]
         match parts:
             case ["api", "pause"]:
-                self._run(ops.pause_pipeline)
+                self._run(Request("pause"))
             case ["api", "resume"]:
-                self._run(ops.resume_pipeline)
+                self._run(Request("resume"))
             case ["api", "tables"]:
                 table = self._body().get("table")
                 if not isinstance(table, str) or not table:
-                    raise OperationError('give the table to add: {"table": "schema.table"}')
-                self._run(ops.add_table(table), created=True)
+                    raise RequestError('give the table to add: {"table": "schema.table"}')
+                self._run(Request("add_table", table), created=True)
             case ["api", "tables", name, "pause"]:
-                self._run(ops.pause_table(name))
+                self._run(Request("pause_table", name))
             case ["api", "tables", name, "resume"]:
-                self._run(ops.resume_table(name))
+                self._run(Request("resume_table", name))
             case ["api", "tables", name, "resync"]:
-                self._run(ops.resync_table(name))
+                self._run(Request("resync_table", name))
             case _:
                 self._error(404, f"no such action: POST {self.path} (see /openapi.json)")
 
@@ -270,12 +279,12 @@ class _Handler(BaseHTTPRequestHandler):
         match parts:
             case ["api", "tables", name]:
                 drop = query.get("drop_target", ["false"])[0].lower() in ("1", "true", "yes")
-                self._run(self.api.pipeline.operations.remove_table(name, drop_target=drop))
+                self._run(Request("remove_table", name, drop_target=drop))
             case _:
                 self._error(404, f"no such resource: DELETE {self.path} (see /openapi.json)")
 
 
-def start_api(pipeline: Pipeline) -> ApiServer | None:
+def start_api(pipeline: MeteredRun) -> ApiServer | None:
     """Start the control plane; a port that is taken is logged, and replication runs on without it."""
     try:
         return ApiServer(pipeline).start()

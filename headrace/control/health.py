@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from headrace.run.view import RunView
 from headrace.source.postgres.wal_guard import warning
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore
 
-if TYPE_CHECKING:
-    from headrace.pipeline import Pipeline
-
 STARTED = time.time()
 
 
-def liveness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
+def liveness(pipeline: RunView) -> tuple[bool, dict[str, Any]]:
     """The process is up and serving; says whether capture is alive too."""
-    capture = pipeline.capture
+    capture = pipeline.capture_status()
     return True, {
         "status": "alive",
         "pipeline": pipeline.config.name,
@@ -26,10 +24,10 @@ def liveness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
     }
 
 
-def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
+def readiness(pipeline: RunView) -> tuple[bool, dict[str, Any]]:
     """Ready when every server answers, capture is connected and no table waits for the operator."""
-    reasons = pipeline.outage.reasons()  # a server that went away: the run waits for it
-    capture = pipeline.capture
+    reasons = pipeline.outage_reasons()  # a server that went away: the run waits for it
+    capture = pipeline.capture_status()
     if capture is None or not capture.connected:
         why = f": {capture.last_error}" if capture and capture.last_error else ""
         reasons.append(f"capture is not connected to slot {pipeline.config.slot_name}{why}")
@@ -57,7 +55,7 @@ def readiness(pipeline: Pipeline) -> tuple[bool, dict[str, Any]]:
             else:
                 reasons.append(f"table {row.qualified_name} failed {row.error_count} times ({row.error_kind}"
                                f" error, retrying): {row.error}")
-    wal = pipeline.wal_guard.current()
+    wal = pipeline.slot_wal()
     if wal is not None and (wal.lost or wal.over_limit):
         reasons.append(warning(wal) or "")
     ready = not reasons

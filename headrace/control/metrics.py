@@ -15,19 +15,17 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from headrace.control.status import pipeline_status
+from headrace.materialize.apply import Applied
+from headrace.run.view import RunView
 from headrace.state.lifecycle import TableState
-
-if TYPE_CHECKING:
-    from headrace.materialize.apply import Applied
-    from headrace.pipeline import Pipeline
-    from headrace.state.store import StateStore, TableRow
+from headrace.state.store import StateStore, TableRow
 
 log = logging.getLogger("headrace.control")
 
@@ -40,9 +38,12 @@ SAMPLES_KEPT = 120  # ten minutes at one sample per 5 s
 
 
 class PipelineMetrics:
-    """Counters the run loop feeds, plus the live view read at scrape time."""
+    """Counters the run loop feeds, plus the live view read at scrape time.
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    A ``run.observer.RunObserver``: attach it to the run's ``observers``.
+    """
+
+    def __init__(self, pipeline: RunView) -> None:
         self.pipeline = pipeline
         self.registry = CollectorRegistry()
         r = self.registry
@@ -67,7 +68,7 @@ class PipelineMetrics:
         self._lock = threading.Lock()
         r.register(_LiveCollector(self))
 
-    # -- hooks (called from the run loop) ---------------------------------------------------------
+    # -- RunObserver (called from the run loop) ---------------------------------------------------------
     def batch_applied(self, state: StateStore, row: TableRow, applied: Applied) -> None:
         """Count one applied batch by operation, note its last commit time and any schema change."""
         try:
@@ -152,8 +153,8 @@ class PipelineMetrics:
         """``pipeline_status`` plus what only the running process knows (lag seconds, throughput)."""
         p = self.pipeline
         status = pipeline_status(p.config)
-        capture = p.capture
-        status["paused"] = p.operations.paused
+        capture = p.capture_status()
+        status["paused"] = p.paused
         status["capture"] = {
             "connected": bool(capture and capture.connected),
             "last_error": capture.last_error if capture else None,
@@ -247,26 +248,26 @@ class _LiveCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         p = self.metrics.pipeline
-        capture = p.capture
+        capture = p.capture_status()
         up = GaugeMetricFamily("headrace_source_up", "1 when the source and state tables answered the scrape")
         connected = GaugeMetricFamily("headrace_capture_connected", "1 while capture streams from the slot")
         connected.add_metric([], 1.0 if capture and capture.connected else 0.0)
         paused = GaugeMetricFamily("headrace_pipeline_paused", "1 while the operator has paused the pipeline")
-        paused.add_metric([], 1.0 if p.operations.paused else 0.0)
+        paused.add_metric([], 1.0 if p.paused else 0.0)
         yield connected
         yield paused
         try:
             status = self.metrics.live_status()
         except Exception as exc:
             # Once per scrape would be once per retry: the outage itself is logged by the run.
-            level = logging.DEBUG if p.outage.reasons() else logging.WARNING
+            level = logging.DEBUG if p.outage_reasons() else logging.WARNING
             log.log(level, "metrics: cannot read the source or state: %s", exc)
             up.add_metric([], 0.0)
             yield up
             return
         # The run's own probes know of an outage the scrape's fresh connections may not meet (a
         # state or DuckLake catalog server down while the source answers).
-        up.add_metric([], 1.0 if p.outage.up("source") else 0.0)
+        up.add_metric([], 1.0 if p.server_up("source") else 0.0)
         yield up
         names = {t["oid"]: t["table"] for t in status["tables"]}
         captured = CounterMetricFamily("headrace_changes_captured", "Changes staged by capture",
@@ -307,3 +308,9 @@ class _LiveCollector(Collector):
                 fams["headrace_apply_lag_seconds"].add_metric([name], float(t["lag_seconds"]))
         yield from fams.values()
         yield from _maintenance_gauges(status["tables"])
+
+
+class MeteredRun(RunView, Protocol):
+    """A run with these metrics attached: what the API and the status page serve."""
+
+    metrics: PipelineMetrics

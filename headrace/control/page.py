@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from headrace.control.metrics import MeteredRun
 from headrace.control.status import error_summary
-
-if TYPE_CHECKING:
-    from headrace.pipeline import Pipeline
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#1d2430;background:#f7f8fa}
@@ -96,7 +94,7 @@ def _wal_warning(status: dict[str, Any]) -> str:
     return f'<div id="wal-warning" class="err">{escape(warning)}</div>' if warning else ""
 
 
-def render_page(pipeline: Pipeline, auth: bool) -> str:
+def render_page(pipeline: MeteredRun, auth: bool) -> str:
     """The whole page for the pipeline as it is now."""
     status = pipeline.metrics.live_status()
     slot = status.get("slot") or {}

@@ -59,3 +59,25 @@ class ValueNotStorableError(TerminalError):
 # message with this marker; the Spark boundary finds it in the root cause and raises
 # ``ValueNotStorableError`` with the rest of the message, so the table stops instead of retrying.
 TERMINAL_MARKER = "[headrace:terminal] "
+
+
+# Operator requests (add, remove, pause, resume, resync a table) that cannot be carried out. The run
+# raises these; the control plane answers each with its HTTP status (``control.api``).
+class RequestError(HeadraceError):
+    """The request itself is malformed: a table name that does not parse, a body of the wrong shape."""
+
+
+class TableNotFound(RequestError):
+    """The table named does not exist in the source, or is not replicated by this pipeline."""
+
+
+class CommandConflict(RequestError):
+    """The request conflicts with the table's state: tracked already, not paused, cannot resume."""
+
+
+class TableRefused(RequestError):
+    """The source table exists but cannot be replicated (the message lists every problem and fix)."""
+
+
+class RunUnavailable(RequestError):
+    """The pipeline is not running (not started yet, or stopped before the command ran)."""

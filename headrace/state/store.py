@@ -196,13 +196,6 @@ class StateStore:
         """A PAUSED or ERRORED table that resumes into a copy starts that copy over (state unchanged)."""
         self._move(oid, None, resume_state=TableState.PENDING)
 
-    def set_state(self, oid: int, state: TableState, **fields: Any) -> None:
-        """Transitional (issue 14): the run loop's and control's calls until they use the named
-        transitions above; remove with the last caller."""
-        if "error" in fields and fields["error"] is None:
-            fields = {**_NO_ERROR, **fields}
-        self._move(oid, state, **fields)
-
     def _move(self, oid: int, state: TableState | None, **columns: Any) -> None:
         sets = ["updated_at = now()"] + [f"{name} = %s" for name in columns]
         params = [v.value if isinstance(v, TableState) else v for v in columns.values()]

@@ -14,8 +14,8 @@ from headrace import cli
 from headrace.config import PipelineConfig, parse_config
 from headrace.control.status import format_status, pipeline_status
 from headrace.core.interfaces import load_target
-from headrace.maintenance import maintain_table
 from headrace.pipeline import Pipeline
+from headrace.run.maintenance import maintain_table
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
 from tests.e2e.helpers import assert_same, capture_while, raw_config, running, wait_until

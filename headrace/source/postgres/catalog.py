@@ -311,56 +311,6 @@ def check_source(conn: Conn, tables: Sequence[str | TableName], publication: str
     return problems
 
 
-_SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "_headrace")
-
-# Partitions are left out: a partitioned table is replicated as one table (its root), and its
-# partitions' changes arrive under the root's oid (publish_via_partition_root).
-_SCHEMA_TABLES = """
-SELECT c.oid::int8, format('%%I.%%I', n.nspname, c.relname), n.nspname, c.relname
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-  AND n.nspname <> ALL(%s) AND n.nspname NOT LIKE 'pg_toast%%' AND n.nspname NOT LIKE 'pg_temp%%'
-  AND (%s::text[] IS NULL OR n.nspname = ANY(%s::text[]))
-ORDER BY 2
-"""
-
-
-def list_tables(conn: Conn, schemas: list[str] | None) -> dict[int, str]:
-    """oid → ``schema.table`` (display form) of every table in ``schemas`` (all non-system ones when None).
-
-    Partitions are not listed (their partitioned root is); nor are headrace's own ``_headrace`` tables.
-    """
-    rows = conn.execute(_SCHEMA_TABLES, (list(_SYSTEM_SCHEMAS), schemas, schemas)).fetchall()
-    return {int(oid): str(TableName(schema, name)) for oid, _quoted, schema, name in rows}
-
-
-def existing_oids(conn: Conn, oids: list[int]) -> set[int]:
-    """Those of ``oids`` that still name a relation in ``pg_class`` (a dropped table's oid is gone)."""
-    return {int(oid) for (oid,) in conn.execute(
-        "SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s::oid[])", (oids,)).fetchall()}
-
-
 def table_problems(conn: Conn, table: str | TableName, publication: str) -> list[str]:
     """Why ``table`` cannot be replicated through ``publication`` (empty when it can), as sentences."""
     return problems_of_table(conn, table, published_oids(conn, publication))
-
-
-def leaf_partitions(conn: Conn, oids: list[int]) -> dict[int, dict[int, bool]]:
-    """For each partitioned table among ``oids``: leaf partition oid → whether it looks *attached*.
-
-    A partition made by ``CREATE TABLE ... PARTITION OF`` gets its row type (``pg_type``) and its
-    ``pg_inherits`` link in one transaction (same xmin) and starts empty, so all its rows reach the
-    stream. One made by ``ATTACH PARTITION`` was created earlier (another xmin; ``pg_class`` itself
-    is rewritten by the attach, ``pg_type`` is not) and may hold rows that never did. A table
-    created, filled and attached in one transaction looks created, and is missed.
-    """
-    out: dict[int, dict[int, bool]] = {}
-    for root, leaf, attached in conn.execute(
-        "SELECT r.oid::int8, t.relid::oid::int8, (SELECT i.xmin::text <> ty.xmin::text FROM pg_inherits i"
-        " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_type ty ON ty.oid = c.reltype WHERE i.inhrelid = t.relid)"
-        " FROM pg_class r, LATERAL pg_partition_tree(r.oid) t"
-        " WHERE r.oid = ANY(%s::oid[]) AND r.relkind = 'p' AND t.isleaf",
-        (oids,),
-    ).fetchall():
-        out.setdefault(int(root), {})[int(leaf)] = bool(attached)
-    return out

@@ -6,25 +6,18 @@ therefore makes the source's disk fill, unless ``max_slot_wal_keep_size`` bounds
 invalidates the slot instead (``wal_status = 'lost'``; on PostgreSQL 15 ``restart_lsn`` becomes
 NULL, there is no ``invalidation_reason`` column before 17). A lost slot's changes are gone: the only
 way back to an exact target is to copy every table again under a new slot (``headrace reset``).
+
+The figures and the sentences; what a run does about them is ``headrace.run.wal_guard``.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from headrace.config import PipelineConfig
-from headrace.core.errors import SourceError
 from headrace.core.size import format_size
-from headrace.logs import event
-
-log = logging.getLogger("headrace.wal")
-
-CHECK_SECONDS = 10.0  # how often a run looks at its slot's WAL
 
 
 @dataclass(frozen=True)
@@ -105,38 +98,3 @@ def keep_size_advice(conn: psycopg.Connection[Any], limit_bytes: int) -> dict[st
         advice = (f"{format_size(setting_mb << 20)}: the slot is invalidated if headrace stops for longer than "
                   f"that much WAL takes; headrace warns at {format_size(limit_bytes)}")
     return {"max_slot_wal_keep_size_mb": setting_mb, "advised_mb": advised_mb, "advice": advice}
-
-
-class WalGuard:
-    """Looks at the slot every ``CHECK_SECONDS`` during a run: logs when it starts (and stops) keeping
-    more WAL than the limit, and stops the run with the recovery when PostgreSQL invalidated it."""
-
-    def __init__(self, config: PipelineConfig, dsn: str) -> None:
-        self.config = config
-        self.dsn = dsn
-        self._next = 0.0
-        self._warned = False
-
-    def current(self) -> SlotWal | None:
-        """The slot's WAL read now (for /readyz); None when the slot or the source cannot be seen."""
-        try:
-            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
-                return read_slot_wal(conn, self.config.slot_name, self.config.source.max_retained_wal)
-        except psycopg.Error:
-            return None  # the source is away: capture and the state store report that
-
-    def step(self) -> None:
-        """Check when due; raise ``SourceError`` naming the recovery when the slot is lost."""
-        if time.monotonic() < self._next:
-            return
-        self._next = time.monotonic() + CHECK_SECONDS
-        wal = self.current()
-        if wal is None:
-            return  # capture creates the slot; a slot dropped under a run is capture's error
-        if wal.lost:
-            event(log, "slot.lost", logging.ERROR, slot=wal.slot)
-            raise SourceError(lost_message(self.config.name, wal.slot))
-        if wal.over_limit != self._warned:
-            self._warned = wal.over_limit
-            event(log, "slot.wal_retained", logging.WARNING if wal.over_limit else logging.INFO, slot=wal.slot,
-                  retained_bytes=wal.retained_bytes, max_retained_wal=wal.limit_bytes, over=wal.over_limit)

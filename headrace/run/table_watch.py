@@ -18,27 +18,31 @@ pgoutput says nothing about CREATE or DROP TABLE, so the run loop asks the catal
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
-from headrace.control.operations import OperationError
+from headrace.capture.loop import Capture
+from headrace.config import PipelineConfig
+from headrace.core.errors import RequestError, TableRefused
+from headrace.core.interfaces import Target
 from headrace.core.position import format_lsn
+from headrace.core.schema import TableSchema
+from headrace.log.store import StagingStore
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.evolve import remap_error, remapped_columns
-from headrace.source.postgres.catalog import existing_oids, leaf_partitions, list_tables, read_table_schema
+from headrace.materialize.initial_copy import FailHandler
+from headrace.run.observer import RunObserver
+from headrace.run.tracking import TableTracking
+from headrace.source.postgres.catalog import read_table_schema
+from headrace.source.postgres.tables import existing_oids, leaf_partitions, list_tables, oid_of
+from headrace.source.postgres.types import TypeCatalog
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
-
-if TYPE_CHECKING:
-    from headrace.core.schema import TableSchema
-    from headrace.pipeline import Pipeline
-    from headrace.source.postgres.types import TypeCatalog
 
 log = logging.getLogger("headrace.tables")
 
@@ -48,8 +52,18 @@ LAST_OFFSET = 2**63 - 1  # above every staged-log offset
 class TableWatch:
     """Follows the source catalog for the run loop (``step`` between copy and apply steps)."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
+    def __init__(self, config: PipelineConfig, dsn: str, tracking: TableTracking, observer: RunObserver,
+                 fail: FailHandler, capture: Callable[[], Capture | None], target: Callable[[], Target],
+                 copy_running: Callable[[], bool], staging: StagingStore) -> None:
+        self.config = config
+        self.staging = staging
+        self.dsn = dsn
+        self.tracking = tracking
+        self.observer = observer
+        self.fail = fail
+        self._capture = capture  # None before the run starts capture
+        self._target = target  # opened on first use
+        self._copy_running = copy_running
         self.dropping: dict[int, int] = {}  # oid -> WAL insert LSN when the drop was observed
         self._retired: dict[int, int] = {}  # old oid of a recreated table -> LSN: sweep late staged rows
         self._refused_recreate: set[int] = set()
@@ -68,29 +82,28 @@ class TableWatch:
         try:
             did_work = self._finish_drops(state)
             if time.monotonic() >= self._next_poll:
-                self._next_poll = time.monotonic() + self.pipeline.config.source.discovery_seconds
+                self._next_poll = time.monotonic() + self.config.source.discovery_seconds
                 self._poll(state)
             return did_work
         except Exception as exc:
-            self._next_poll = self._quiet_until = time.monotonic() + self.pipeline.config.source.discovery_seconds
+            self._next_poll = self._quiet_until = time.monotonic() + self.config.source.discovery_seconds
             event(log, "tables.watch_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}".strip(),
-                  retry_s=self.pipeline.config.source.discovery_seconds)
+                  retry_s=self.config.source.discovery_seconds)
             log.debug("traceback", exc_info=exc)
             return False
 
     # -- the catalog poll -------------------------------------------------------------------------
     def _poll(self, state: StateStore) -> None:
-        p = self.pipeline
-        source = p.config.source
+        source = self.config.source
         rows = state.tables()
-        with psycopg.connect(p.dsn, autocommit=True) as conn, conn.transaction():
+        with psycopg.connect(self.dsn, autocommit=True) as conn, conn.transaction():
             # One snapshot for every read: a DROP + CREATE committing between two of them would
             # otherwise look like a new table beside a live one, then like a drop of the old.
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             alive = existing_oids(conn, [r.oid for r in rows])
             listed = list_tables(conn, source.schemas or None) if source.discovers else {}
             gone = [r for r in rows if r.oid not in alive]
-            successors = {r.oid: _oid_of(conn, r.schema) for r in gone}
+            successors = {r.oid: oid_of(conn, r.schema.schema, r.schema.name) for r in gone}
             leaves = leaf_partitions(conn, [r.oid for r in rows if r.oid in alive])
             # Read after the snapshot was taken: a drop it shows committed before this position.
             lsn = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
@@ -121,7 +134,7 @@ class TableWatch:
                 refused.add(oid)
                 continue
             state.record_ddl(schema.oid, schema.qualified_name, "create_table", "new table: copying", lsn)
-            p.metrics.ddl_applied("create_table")
+            self.observer.ddl_applied("create_table")
             event(log, "table.created", table=schema.qualified_name, oid=schema.oid)
         state.forget_refused(refused)
 
@@ -145,37 +158,34 @@ class TableWatch:
                 continue
             columns = ", ".join(after.name for _, after in remapped)
             if row.state is TableState.SNAPSHOT:
-                state.set_state(row.oid, TableState.PENDING, snapshot_lsn=None, rows_copied=0)
+                state.copy_restarted(row.oid)
                 event(log, "table.copy_restarted", table=row.qualified_name, reason="source.columns_as_text",
                       columns=columns)
             elif row.resume_state is not None and row.resume_state.needs_copy:
-                state.set_state(row.oid, row.state, resume_state=TableState.PENDING)  # a resumed copy restarts
+                state.copy_restarts_on_resume(row.oid)
             elif row.state is not TableState.PAUSED:
-                self.pipeline._fail(state, row, remap_error(row.schema, remapped),
-                                    resume=row.resume_state or row.state)
+                self.fail(state, row, remap_error(row.schema, remapped), row.resume_state or row.state)
 
     def _track(self, state: StateStore, oid: int, name: str) -> TableSchema | None:
         """Track a table found in the catalog; None (noted as refused) when it cannot be replicated."""
         try:
-            return self.pipeline.operations.start_tracking(state, name)
-        except OperationError as exc:
-            if exc.status == 422 and state.refuse_table(oid, name, str(exc)):
+            return self.tracking.start_tracking(state, name)
+        except RequestError as exc:  # gone meanwhile, or tracked already: nothing to note
+            if isinstance(exc, TableRefused) and state.refuse_table(oid, name, str(exc)):
                 event(log, "table.refused", logging.WARNING, table=name, oid=oid, reason=str(exc))
             return None
 
     def _recreated(self, state: StateStore, row: TableRow, new_oid: int, lsn: int) -> None:
-        p = self.pipeline
-        if p.config.schema_changes.recreated_table == "refuse":
+        if self.config.schema_changes.recreated_table == "refuse":
             if row.oid not in self._refused_recreate:
                 message = (f"table {row.qualified_name} was dropped and recreated (oid {row.oid}, now {new_oid})"
                            " and schema_changes.recreated_table is refuse: remove it (headrace remove-table"
                            f" {row.qualified_name}) and add it again (headrace add-table {row.qualified_name})"
                            " to copy the new table, or set recreated_table: resync")
-                state.set_state(row.oid, TableState.ERRORED, error=message, error_count=RETRY_BUDGET,
-                                retry_at=None, resume_state=None, error_kind="terminal",
-                                error_fix=f"headrace remove-table {row.qualified_name}; headrace add-table "
-                                          f"{row.qualified_name}")
-                p.metrics.table_failed(row.qualified_name, "terminal")
+                state.errored(row.oid, message, kind="terminal", count=RETRY_BUDGET, retry_at=None, resume=None,
+                              fix=f"headrace remove-table {row.qualified_name}; headrace add-table "
+                                  f"{row.qualified_name}")
+                self.observer.table_failed(row.qualified_name, "terminal")
                 event(log, "table.recreated_refused", logging.ERROR, table=row.qualified_name, error=message)
                 self._refused_recreate.add(row.oid)
             return
@@ -183,14 +193,14 @@ class TableWatch:
             return  # its copy must end before the new table's replaces the target's rows
         # The old table's staged changes must never reach the target: out of the pipeline now, and
         # rows capture registers for it later are swept once capture passes ``lsn``.
-        _forget(state, row.oid)
+        self._forget(state, row.oid)
         self._retired[row.oid] = lsn
         # The copy replaces the target's rows, and the table itself when the new one has another shape.
         schema = self._track(state, new_oid, row.qualified_name)
         detail = (f"oid {row.oid} -> {new_oid}: " + ("copying the new table into the same target table"
                   if schema is not None else "the new table cannot be replicated (see refused tables)"))
         state.record_ddl(new_oid, row.qualified_name, "recreate_table", detail, lsn)
-        p.metrics.ddl_applied("recreate_table")
+        self.observer.ddl_applied("recreate_table")
         event(log, "table.recreated", table=row.qualified_name, old_oid=row.oid, oid=new_oid,
               resync=schema is not None)
 
@@ -209,9 +219,9 @@ class TableWatch:
             if removed or attached:
                 detail = (f"partitions detached or dropped: {len(removed)}, attached: {len(attached)};"
                           " copying the table again")
-                self.pipeline.operations.resync_table(str(row.oid))(state)
+                self.tracking.resync(state, str(row.oid))
                 state.record_ddl(row.oid, row.qualified_name, "resync_partitions", detail, lsn)
-                self.pipeline.metrics.ddl_applied("resync_partitions")
+                self.observer.ddl_applied("resync_partitions")
                 event(log, "table.partitions_changed", logging.WARNING, table=row.qualified_name,
                       removed=len(removed), attached=len(attached))
         if known is None or not self._copying(row):
@@ -219,11 +229,11 @@ class TableWatch:
 
     # -- finishing drops ----------------------------------------------------------------------------
     def _finish_drops(self, state: StateStore) -> bool:
-        p = self.pipeline
-        captured = p.capture.captured_lsn if p.capture else 0
+        capture = self._capture()
+        captured = capture.captured_lsn if capture else 0
         for oid, lsn in list(self._retired.items()):
             if captured >= lsn:
-                _forget(state, oid)
+                self._forget(state, oid)
                 del self._retired[oid]
         did_work = False
         for oid, lsn in list(self.dropping.items()):
@@ -231,7 +241,7 @@ class TableWatch:
             if row is None:  # removed through the API meanwhile
                 del self.dropping[oid]
                 continue
-            policy = p.config.schema_changes.drop_table
+            policy = self.config.schema_changes.drop_table
             # With drop, its last changes would be applied to a table about to go: skip them.
             if captured < lsn or self._copying(row) or (policy == "keep" and self._still_applying(state, row)):
                 continue
@@ -240,12 +250,12 @@ class TableWatch:
                       and (r.schema.target_schema, r.schema.target_table) == (row.schema.target_schema,
                                                                                row.schema.target_table)]
             if policy == "drop" and not shared:
-                p.target.drop_table(row.schema)
-            _forget(state, oid)
+                self._target().drop_table(row.schema)
+            self._forget(state, oid)
             detail = ("target table dropped" if policy == "drop" and not shared else
                       f"target table kept (written by {', '.join(shared)})" if shared else "target table kept")
             state.record_ddl(oid, row.qualified_name, "drop_table", detail, lsn)
-            p.metrics.ddl_applied("drop_table")
+            self.observer.ddl_applied("drop_table")
             event(log, "table.dropped", table=row.qualified_name, oid=oid, target=policy,
                   applied_lsn=format_lsn(row.applied_lsn) if row.applied_lsn is not None else None)
             del self.dropping[oid]
@@ -260,32 +270,22 @@ class TableWatch:
         paused = row.state is TableState.PAUSED and resumes  # waits for the operator's resume
         if not (row.state.applies_changes or retrying or paused):
             return False
-        return current_cursor(state, self.pipeline.target, row) < state.log_index.last_offset(row.oid)
+        return current_cursor(state, self._target(), row) < state.log_index.last_offset(row.oid)
 
     def _copying(self, row: TableRow) -> bool:
         in_copy = row.state.needs_copy or (row.resume_state is not None and row.resume_state.needs_copy)
-        return in_copy and self.pipeline.copy_running
+        return in_copy and self._copy_running()
 
     def _heartbeat(self) -> None:
-        if self.pipeline.capture is not None:
-            self.pipeline.capture.request_heartbeat()
+        capture = self._capture()
+        if capture is not None:
+            capture.request_heartbeat()
+
+    def _forget(self, state: StateStore, oid: int) -> None:
+        """Stop tracking a table, deleting its staged files (the log rows go first, as in retention)."""
+        for location in state.log_index.collect_entries(oid, LAST_OFFSET):
+            self.staging.delete(location)
+        state.remove_table(oid)
 
 
-def _forget(state: StateStore, oid: int) -> None:
-    """Stop tracking a table, deleting its staged files (the log rows go first, as in retention)."""
-    for path in state.log_index.collect_entries(oid, LAST_OFFSET):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-    state.remove_table(oid)
 
-
-def _oid_of(conn: psycopg.Connection[Any], table: TableSchema) -> int | None:
-    """The oid of the table now called ``table``'s name, as the transaction's snapshot sees it.
-
-    A query on ``pg_class``, not ``to_regclass``: that reads the latest catalog, not the snapshot.
-    """
-    row = conn.execute(
-        "SELECT c.oid::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')", (table.schema, table.name),
-    ).fetchone()
-    return int(row[0]) if row else None

@@ -14,9 +14,12 @@ import logging
 import time
 
 from headrace.config import PipelineConfig
+from headrace.core.errors import ConfigError
 from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
+from headrace.core.names import TableName
 from headrace.logs import event
+from headrace.materialize.failure import translate
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
 
@@ -31,9 +34,7 @@ def maintain_table(target: Target, store: MaintenanceStore, row: TableRow, polic
     try:
         target.maintain(row.schema, policy)
     except Exception as exc:
-        from headrace.materialize.failure import translate  # unwraps Py4J and DuckDB errors
-
-        text = str(translate(exc, row.qualified_name))[:1000]
+        text = str(translate(exc, row.qualified_name))[:1000]  # unwraps Py4J and DuckDB errors
         event(log, "maintenance.failed", logging.WARNING, table=row.qualified_name, error=text)
         store.record(row.oid, _measure(target, row), ran=True, error=text)
         return None
@@ -96,9 +97,6 @@ class MaintenanceSchedule:
 def maintain_tables(config: PipelineConfig, target: Target, only: str | None = None) -> dict[str, TableFiles | None]:
     """``headrace maintain``: one pass over every tracked table (or the one named ``schema.table``),
     whatever the schedule; returns the file counts after each pass."""
-    from headrace.core.errors import ConfigError
-    from headrace.core.names import TableName
-
     dsn = config.source.state_dsn or config.source.resolved_dsn()
     state = StateStore(dsn, config.name)
     store = MaintenanceStore(dsn, config.name)

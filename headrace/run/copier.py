@@ -1,0 +1,72 @@
+"""The initial-copy round: the tables that need a copy (or a retried one), copied in a thread of their own.
+
+Copies run beside the apply loop, so the other tables keep streaming meanwhile. Stopping lets the
+running copy finish its current chunk group; what is left resumes at the next round (progress is
+kept per chunk).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from headrace.config import PipelineConfig
+from headrace.core.interfaces import Target
+from headrace.materialize.initial_copy import FailHandler, InitialCopy
+from headrace.run.observer import RunObserver
+from headrace.state.lifecycle import TableState
+from headrace.state.store import StateStore, TableRow
+
+if TYPE_CHECKING:  # pyspark loads only when a Spark job runs
+    from pyspark.sql import SparkSession
+
+
+class Copier:
+    """Starts copy rounds and stops them (at a run's end, or to ride out an outage)."""
+
+    def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: Callable[[], SparkSession],
+                 target: Callable[[], Target], fail: FailHandler, observer: RunObserver) -> None:
+        self.config = config
+        self.dsn = dsn
+        self.state_dsn = state_dsn
+        self._spark = spark
+        self._target = target
+        self._fail = fail
+        self._observer = observer
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def running(self) -> bool:
+        """A copy round is under way (in its thread)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, state: StateStore) -> bool:
+        """Start a round for the tables that need a copy; False when one runs already or none needs it."""
+        if self.running:
+            return False
+        now = datetime.now(timezone.utc)
+        todo = [r.oid for r in state.tables() if r.state.needs_copy or retry_copy(r, now)]
+        if not todo:
+            return False
+        copy = InitialCopy(self.config, self.dsn, self.state_dsn, self._spark(), self._target(), self._fail,
+                           self._stop, self._observer.values_changed)
+        self._thread = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        """Let a running copy finish its current chunk group; what is left resumes next round."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._stop = threading.Event()
+
+
+def retry_copy(row: TableRow, now: datetime) -> bool:
+    """An ERRORED table whose copy is due for another try."""
+    return (row.state is TableState.ERRORED and row.resume_state is not None and row.resume_state.needs_copy
+            and row.retry_at is not None and row.retry_at <= now)

@@ -1,0 +1,141 @@
+"""Outages: the servers a run depends on going away and coming back.
+
+A run talks to up to three PostgreSQL servers: the source, the state store (``source.state_dsn``,
+by default the source itself) and a DuckLake catalog on PostgreSQL. Any of them may restart, crash,
+fail over or be cut off for minutes. None of that is an error a table did: the run waits, probing
+each server with backoff (``reconnect``), and carries on where it was once all of them answer again.
+Nothing is lost meanwhile: the slot keeps the WAL, and staged changes are already durable.
+
+``OutageWatch`` is what the run loop, ``/readyz`` and the ``headrace_source_up`` metric consult. It
+logs one line when a server stops answering and one when it answers again, never one per attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+
+from headrace.config import PipelineConfig, redacted_dsn
+from headrace.core.backoff import Backoff
+from headrace.core.errors import ConfigError
+from headrace.logs import event
+from headrace.outage import lost_connection
+
+log = logging.getLogger("headrace.outage")
+run_log = logging.getLogger("headrace.pipeline")  # the run's own events
+
+
+def servers_of(config: PipelineConfig, dsn: str, state_dsn: str) -> dict[str, str]:
+    """Role -> libpq connection string of every PostgreSQL server the run depends on."""
+    servers = {"source": dsn}
+    if state_dsn != dsn:
+        servers["state"] = state_dsn
+    if config.target.kind == "ducklake":
+        from headrace.targets.ducklake.extension import resolve_catalog
+
+        try:
+            catalog = resolve_catalog(config.target.settings)  # type: ignore[arg-type]
+        except ConfigError:
+            return servers  # reported, with its fix, when the target is opened
+        if catalog.kind == "postgres":
+            servers["ducklake catalog"] = catalog.location.partition(":")[2]
+    return servers
+
+
+class OutageWatch:
+    """Which of the run's servers answer, why the others do not, and waiting until they all do."""
+
+    def __init__(self, servers: dict[str, str], backoff: Backoff, connect_timeout: int = 5) -> None:
+        self.servers = dict(servers)
+        self.backoff = backoff
+        self.connect_timeout = connect_timeout
+        self._down: dict[str, str] = {}  # role -> why it does not answer
+        self._lock = threading.Lock()
+        self.outages = 0  # episodes the run loop waited through (tests and the soak bench read it)
+
+    @classmethod
+    def for_config(cls, config: PipelineConfig, dsn: str, state_dsn: str) -> OutageWatch:
+        """The watch over every server ``config`` names, with its ``reconnect`` policy."""
+        policy = config.reconnect
+        return cls(servers_of(config, dsn, state_dsn), Backoff(policy.first_seconds, policy.max_seconds),
+                   policy.connect_timeout_seconds)
+
+    # -- reading (any thread) -------------------------------------------------------------------
+    def reasons(self) -> list[str]:
+        """One sentence per server that does not answer, for ``/readyz``."""
+        with self._lock:
+            return [f"the {role} server {redacted_dsn(self.servers[role])} does not answer: {why};"
+                    " waiting for it (nothing is lost: the slot keeps the WAL)" for role, why in self._down.items()]
+
+    def up(self, role: str = "source") -> bool:
+        """The server last answered (or was never found down)."""
+        with self._lock:
+            return role not in self._down
+
+    # -- probing --------------------------------------------------------------------------------
+    def probe(self) -> dict[str, str]:
+        """Connect to every server once; role -> reason for those that do not answer. Updates the state."""
+        down = {}
+        for role, dsn in self.servers.items():
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=self.connect_timeout) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                down[role] = redacted_dsn(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        for role in self.servers:
+            self._mark(role, down.get(role))
+        return down
+
+    def _mark(self, role: str, reason: str | None) -> None:
+        with self._lock:
+            was = self._down.get(role)
+            if reason is None:
+                self._down.pop(role, None)
+            else:
+                self._down[role] = reason
+        if was is None and reason is not None:
+            event(log, "server.down", logging.WARNING, server=role, dsn=redacted_dsn(self.servers[role]),
+                  error=reason)
+        elif was is not None and reason is None:
+            event(log, "server.up", server=role, dsn=redacted_dsn(self.servers[role]))
+
+    def explains(self, exc: BaseException) -> bool:
+        """``exc`` comes from an outage (a broken connection, or a server that does not answer now),
+        not from the table being worked on: the run should wait, not fail the table."""
+        return lost_connection(exc) or bool(self.probe())
+
+    def wait_until_up(self, stop: threading.Event) -> bool:
+        """Probe with backoff until every server answers; False if ``stop`` was set first."""
+        failures = 0
+        while not stop.is_set():
+            if not self.probe():
+                return True
+            failures += 1
+            stop.wait(self.backoff.delay(failures))
+        return False
+
+
+def ride_out(watch: OutageWatch, exc: Exception, attempt: int, stop: threading.Event,
+             release: Callable[[], None]) -> None:
+    """Wait until every server answers again, after ``release`` dropped what the outage broke.
+
+    Logged once per outage (``run.interrupted`` here, ``run.resumed`` by the loop), not per attempt.
+    """
+    if attempt == 1:
+        watch.outages += 1
+        event(run_log, "run.interrupted", logging.WARNING, error=first_line(exc))
+    else:
+        run_log.debug("still interrupted (attempt %d): %s", attempt, first_line(exc))
+    release()
+    if watch.wait_until_up(stop):
+        # Every server answers, yet the step failed: wait before the next one rather than spin.
+        stop.wait(watch.backoff.delay(attempt - 1))
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, for one-line log fields."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -1,0 +1,266 @@
+"""A pipeline run: set up the source, copy what needs copying, and keep every table streaming.
+
+The driver runs capture in a thread and, in its main loop, the Spark jobs: initial copies (in a
+thread of their own, ``run.copier``) and apply batches (``run.apply_pass``). Between steps the loop
+runs the operator's commands (``run.commands``), follows the source catalog (``run.table_watch``),
+watches the slot's WAL (``run.wal_guard``) and maintains tables (``run.maintenance``). One table's
+failure puts that table in ERRORED (``run.failure``); the others go on. A server going away is
+ridden out (``run.outage``).
+
+The run reports to whoever listens through ``observers`` (``run.observer``) and starts the
+``services`` attached to it (the control plane's API) once capture runs; it implements
+``run.view.RunView``, all the control plane sees of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from headrace.capture.loop import Capture
+from headrace.config import PipelineConfig, redacted_dsn
+from headrace.core.errors import TerminalError
+from headrace.core.interfaces import Target, load_target
+from headrace.core.position import format_lsn, parse_lsn
+from headrace.lineage.emitter import Lineage
+from headrace.log.store import StagingStore
+from headrace.logs import event
+from headrace.materialize.retention import collect_applied
+from headrace.run import startup
+from headrace.run.apply_pass import ApplyPass, RunStats, caught_up
+from headrace.run.commands import Operations, Request
+from headrace.run.copier import Copier
+from headrace.run.failure import Failures
+from headrace.run.maintenance import MaintenanceSchedule
+from headrace.run.observer import Observers
+from headrace.run.outage import OutageWatch, ride_out
+from headrace.run.table_watch import TableWatch
+from headrace.run.tracking import TableTracking
+from headrace.run.view import CaptureStatus
+from headrace.run.wal_guard import WalGuard
+from headrace.source.postgres.wal_guard import SlotWal
+from headrace.state.lifecycle import TableState
+from headrace.state.store import StateStore, TableRow
+
+if TYPE_CHECKING:  # pyspark loads only when a Spark job runs
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("headrace.pipeline")
+
+__all__ = ["Pipeline", "RunStats", "Service"]
+
+
+class Service(Protocol):
+    """Something that runs beside the run loop while it runs (the control plane's HTTP server)."""
+
+    def start(self) -> None:
+        """Called once capture runs, before the first loop pass; failing to start must not raise."""
+
+    def stop(self) -> None:
+        """Called when the run ends."""
+
+
+class Pipeline:
+    """Everything ``headrace run`` does, for one config."""
+
+    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
+        self.config = config
+        self.dsn = config.source.resolved_dsn()
+        self.state_dsn = config.source.state_dsn or self.dsn
+        self._spark = spark
+        self._target: Target | None = None
+        self._target_lock = threading.Lock()
+        self.capture: Capture | None = None
+        self.stats = RunStats()
+        self.observers = Observers()  # who hears of batches, failures, DDL (the control plane's metrics)
+        self.services: list[Service] = []  # started and stopped with the run (the control plane's API)
+        self.loop_passes = 0  # passes of the run loop so far (tests wait on these, not on time)
+        self.outage = OutageWatch.for_config(config, self.dsn, self.state_dsn)  # servers gone away, and back
+        self.wal_guard = WalGuard(config, self.dsn)  # WAL the slot keeps; a slot PostgreSQL invalidated
+        self.lineage = Lineage(config, self.dsn)  # OpenLineage events (off unless configured)
+        self.maintenance = MaintenanceSchedule(config, self.state_dsn)  # compaction, snapshot expiry
+        self.failures = Failures(self._source_user, self.observers)
+        self.tracking = TableTracking(config, self.dsn, lambda: self.capture, lambda: self.target)
+        self.operations = Operations(config.name, self.tracking)  # commands, run by the loop between steps
+        self.copier = Copier(config, self.dsn, self.state_dsn, lambda: self.spark, lambda: self.target,
+                             self._fail, self.observers)
+        self.staging = StagingStore.for_pipeline(config.staging.path, config.name)  # staged files, any pyarrow.fs
+        self.table_watch = TableWatch(config, self.dsn, self.tracking, self.observers, self._fail,
+                                      lambda: self.capture, lambda: self.target, lambda: self.copier.running,
+                                      self.staging)
+        self.apply_pass = ApplyPass(config, self.outage, self._fail, self.observers, self.maintenance,
+                                    self.lineage, self.stats)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Every problem that would stop ``run``, for people to read; empty when all is well."""
+        return startup.check(self.config, self.dsn)
+
+    def setup(self) -> StateStore:
+        """Create what the pipeline needs, idempotently, and return the state store."""
+        return startup.setup(self.config, self.dsn, self.state_dsn, self.table_watch, self.observers, self.staging)
+
+    @property
+    def _source_user(self) -> str | None:
+        """The role headrace connects to the source as (named in GRANT fixes)."""
+        user = conninfo_to_dict(self.dsn).get("user")
+        return str(user) if user else None
+
+    @property
+    def copy_running(self) -> bool:
+        """An initial copy round is under way (in its thread)."""
+        return self.copier.running
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            from headrace.spark import build_session  # pyspark loads only when a Spark job runs
+
+            self._spark = build_session(self.config.spark.master, self.config.spark.conf,
+                                        app_name=f"headrace-{self.config.name}",
+                                        jdbc_driver=self.config.target.needs_jdbc_driver)
+        return self._spark
+
+    @property
+    def target(self) -> Target:
+        with self._target_lock:  # the API and tests read the target from other threads
+            if self._target is None:
+                self._target = load_target(self.config.target.kind, self.spark, self.config.target.settings,
+                                           self.config.name)
+        return self._target
+
+    def _fail(self, state: StateStore, row: TableRow, exc: Exception, resume: TableState) -> None:
+        self.failures.fail(state, row, exc, resume)
+
+    # -- run ------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None, until_caught_up: bool = False) -> int:
+        """Copy, then stream until ``stop`` is set (or until caught up); return an exit code."""
+        stop = stop or threading.Event()
+        self.config.api.resolved_token()  # an API off loopback without its token stops here, before set-up
+        state = self.setup()
+        # The insert position, not pg_current_wal_lsn() (the write position): under asynchronous
+        # commit a committed transaction's record can still be past the write position.
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+        rows = state.tables()
+        self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows})
+        capture_stop = threading.Event()
+        thread = threading.Thread(target=self.capture.run, args=(capture_stop,), name="capture", daemon=True)
+        thread.start()
+        for service in self.services:
+            service.start()
+        event(log, "run.start", pipeline=self.config.name, source=redacted_dsn(self.dsn),
+              target=self.config.target.kind, tables=len(rows), until_lsn=format_lsn(start_lsn))
+        code = 0
+        try:
+            code = self._loop(state, stop, until_caught_up, start_lsn, thread)
+        finally:
+            for service in self.services:
+                service.stop()
+            self.operations.close()
+            self.copier.stop()
+            capture_stop.set()
+            thread.join(timeout=60)
+            if self._target is not None:
+                self._target.close()
+                self._target = None  # reopened on next use (DuckLake allows one attach per process)
+            self.lineage.close(state)
+            self.maintenance.close()
+            state.close()
+            event(log, "run.stop", pipeline=self.config.name)
+        return code
+
+    def _loop(self, state: StateStore, stop: threading.Event, until_caught_up: bool, start_lsn: int,
+              thread: threading.Thread) -> int:
+        """The run loop, until ``stop`` (0), caught up (0) or a table failed for good while catching up (1)."""
+        assert self.capture is not None
+        next_gc = time.monotonic() + self.config.staging.gc_seconds
+        interrupted = 0  # consecutive loop steps an outage cut short
+        while not stop.is_set():
+            self.loop_passes += 1
+            try:
+                self.operations.run_pending(state)
+                self.wal_guard.step()
+                self.lineage.step(state)
+                did_work = self.table_watch.step(state)
+                if not self.operations.paused:
+                    did_work |= self.copier.start(state)
+                    did_work |= self.apply_pass.run(self.spark, state, self.target, self.capture.captured_lsn)
+                    did_work |= self.maintenance.step(state, self.target)  # between apply passes
+                if time.monotonic() >= next_gc:
+                    collect_applied(state, self.target, self.staging)
+                    next_gc = time.monotonic() + self.config.staging.gc_seconds
+                if until_caught_up:
+                    done, failed = caught_up(state, self.target, self.capture.captured_lsn, start_lsn)
+                    if failed:
+                        event(log, "run.failed", logging.ERROR, tables=",".join(failed))
+                        return 1
+                    if done:
+                        event(log, "run.caught_up", captured_lsn=format_lsn(self.capture.captured_lsn))
+                        return 0
+                if not thread.is_alive():
+                    if isinstance(self.capture.failure, TerminalError):
+                        raise self.capture.failure  # its own class and message: the start-up check's
+                    raise TerminalError(f"capture stopped: {self.capture.last_error}")
+                if not did_work:
+                    self.operations.wait(self.config.apply.idle_sleep_seconds)
+                if interrupted:
+                    event(log, "run.resumed", after_attempts=interrupted)
+                    interrupted = 0
+            except TerminalError:
+                raise
+            except Exception as exc:
+                # A server restarting, crashing or failing over is not the tables' fault: wait
+                # for it, then go on where the loop was (run.outage).
+                if stop.is_set() or not self.outage.explains(exc):
+                    raise
+                interrupted += 1
+                ride_out(self.outage, exc, interrupted, stop, self._release)
+        return 0
+
+    def _release(self) -> None:
+        """Drop what an outage broke: the copy round (its progress is kept per chunk; the next round
+        resumes after the last one done) and the target (a broken DuckLake catalog connection)."""
+        self.copier.stop()
+        with self._target_lock:
+            if self._target is not None:
+                try:
+                    self._target.close()  # a DuckLake catalog connection the outage broke is attached anew
+                except Exception as close_exc:
+                    log.debug("closing the target after an outage failed", exc_info=close_exc)
+                self._target = None
+
+    # -- the view the control plane has of the run (run.view.RunView) ----------------------------------
+    @property
+    def paused(self) -> bool:
+        """The operator paused the whole pipeline (capture goes on; copy and apply wait)."""
+        return self.operations.paused
+
+    def capture_status(self) -> CaptureStatus | None:
+        """Capture's connection and last error; None before the run has started it."""
+        capture = self.capture
+        if capture is None:
+            return None
+        return CaptureStatus(capture.connected, capture.last_error, capture.storage_error,
+                             dict(capture.changes_captured))
+
+    def outage_reasons(self) -> list[str]:
+        """One sentence per server the run depends on that does not answer now."""
+        return self.outage.reasons()
+
+    def server_up(self, role: str = "source") -> bool:
+        """The server last answered the run's probes (or was never found down)."""
+        return self.outage.up(role)
+
+    def slot_wal(self) -> SlotWal | None:
+        """The slot's WAL figures read now; None when the slot or the source cannot be seen."""
+        return self.wal_guard.current()
+
+    def submit(self, request: Request, timeout: float = 20.0) -> tuple[bool, dict[str, Any]]:
+        """Run ``request`` in the run loop: (True, result), or (False, {}) when still queued at ``timeout``."""
+        return self.operations.submit(request, timeout)
