@@ -22,7 +22,7 @@ from headrace.config import PipelineConfig, redacted_dsn
 from headrace.control.metrics import PipelineMetrics
 from headrace.control.operations import Operations, published_names
 from headrace.core.errors import SourceError, TerminalError
-from headrace.core.interfaces import Target, load_target
+from headrace.core.interfaces import Target
 from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.core.schema import TableSchema
@@ -49,6 +49,7 @@ from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
 from headrace.state.progress import DDL as PROGRESS_DDL
 from headrace.state.store import StateStore, TableRow
 from headrace.table_watch import TableWatch
+from headrace.targets.registry import open_target
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -195,14 +196,14 @@ class Pipeline:
 
             self._spark = build_session(self.config.spark.master, self.config.spark.conf,
                                         app_name=f"headrace-{self.config.name}",
-                                        jdbc_driver=self.config.target.needs_jdbc_driver)
+                                        target_conf=self.config.target.spark_conf(self.config.spark.conf))
         return self._spark
 
     @property
     def target(self) -> Target:
         with self._target_lock:  # the API and tests read the target from other threads
             if self._target is None:
-                self._target = load_target(self.config.target.kind, self.spark, self.config.target.settings,
+                self._target = open_target(self.config.target.kind, self.spark, self.config.target.settings,
                                            self.config.name)
         return self._target
 

@@ -17,8 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from headrace.config import DuckLakeConfig, read_yaml
+from headrace.config import read_yaml
 from headrace.core.errors import ConfigError
+from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.extension import Catalog, parse_catalog
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
