@@ -22,7 +22,7 @@ import psycopg2
 
 from headrace.config import redacted_dsn
 from headrace.core.backoff import Backoff
-from headrace.core.errors import ConfigError, SourceError, TransientError, exception_chain
+from headrace.core.errors import SourceError, TransientError, exception_chain
 from headrace.logs import event
 
 if TYPE_CHECKING:
@@ -57,15 +57,7 @@ def servers_of(config: PipelineConfig, dsn: str, state_dsn: str) -> dict[str, st
     servers = {"source": dsn}
     if state_dsn != dsn:
         servers["state"] = state_dsn
-    if config.target.kind == "ducklake":
-        from headrace.targets.ducklake.extension import resolve_catalog
-
-        try:
-            catalog = resolve_catalog(config.target.settings)  # type: ignore[arg-type]
-        except ConfigError:
-            return servers  # reported, with its fix, when the target is opened
-        if catalog.kind == "postgres":
-            servers["ducklake catalog"] = catalog.location.partition(":")[2]
+    servers.update(config.target.plugin.servers(config.target.settings))  # e.g. a DuckLake catalog on PostgreSQL
     return servers
 
 

@@ -38,6 +38,10 @@ def _not_mapped(settings: Any, table: TableName) -> bool:
     return False
 
 
+def _no_servers(settings: Any) -> dict[str, str]:
+    return {}
+
+
 @dataclass(frozen=True)
 class TargetPlugin:
     """One target, as the rest of headrace sees it before opening it."""
@@ -59,6 +63,9 @@ class TargetPlugin:
     # settings -> why the target cannot rename tables (completing "not possible with target.<name>
     # ..."), or None when it can (``schema_changes.rename_table: follow``).
     rename_refusal: Callable[[Any], str | None] = _no_refusal
+    # settings -> role -> libpq connection string of each PostgreSQL server the target depends on
+    # (watched through outages like the source: headrace.outage).
+    servers: Callable[[Any], dict[str, str]] = _no_servers
 
 
 def _folder() -> Path:

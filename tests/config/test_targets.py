@@ -151,3 +151,16 @@ def test_spark_conf_comes_from_the_target() -> None:
     assert merged["spark.jars"].endswith(",/mine.jar") and merged["spark.jars"].startswith(conf["spark.jars"])
     assert merged["spark.sql.extensions"].split(",") == [conf["spark.sql.extensions"], "my.Ext"]
     assert merged["spark.sql.iceberg.handle-timestamp-without-timezone"] == "false"
+
+
+def test_servers_a_target_depends_on_are_watched_like_the_source() -> None:
+    from headrace.outage import servers_of
+
+    lake = {"catalog": "postgres:dbname=lake host=127.0.0.1", "data_path": "/d"}
+    for target in ({"ducklake": lake}, {"faulty": {"inner": {"ducklake": lake}}}):
+        config = parse_config(pipeline(target))
+        assert servers_of(config, "dbname=x", "dbname=x") == {"source": "dbname=x",
+                                                               "ducklake catalog": "dbname=lake host=127.0.0.1"}
+    for target in ({"ducklake": LAKE}, {"iceberg": {"warehouse": "/w"}}):
+        assert servers_of(parse_config(pipeline(target)), "dbname=x", "dbname=y") == {
+            "source": "dbname=x", "state": "dbname=y"}

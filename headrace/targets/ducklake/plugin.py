@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from headrace.core.errors import ConfigError
 from headrace.core.names import TableName
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.registry import TargetPlugin
@@ -31,10 +32,23 @@ def table_name(settings: DuckLakeConfig, pipeline: str, table: TableName) -> str
     return str(TableName(settings.schema_ or table.schema, table.name))
 
 
+def _servers(settings: DuckLakeConfig) -> dict[str, str]:
+    from headrace.targets.ducklake.extension import resolve_catalog  # loads DuckDB
+
+    try:
+        catalog = resolve_catalog(settings)
+    except ConfigError:
+        return {}  # reported, with its fix, when the target is opened
+    if catalog.kind == "postgres":
+        return {"ducklake catalog": catalog.location.partition(":")[2]}
+    return {}
+
+
 PLUGIN = TargetPlugin(
     name="ducklake",
     settings_model=DuckLakeConfig,
     open=_open,
     spark_conf=_spark_conf,
     table_name=table_name,
+    servers=_servers,
 )

@@ -40,6 +40,10 @@ def _rename_refusal(settings: FaultyConfig) -> str | None:
     return settings.inner.plugin.rename_refusal(settings.inner.settings)
 
 
+def _servers(settings: FaultyConfig) -> dict[str, str]:
+    return settings.inner.plugin.servers(settings.inner.settings)
+
+
 PLUGIN = TargetPlugin(
     name="faulty",
     settings_model=FaultyConfig,
@@ -48,4 +52,5 @@ PLUGIN = TargetPlugin(
     table_name=_table_name,
     name_mapped=_name_mapped,
     rename_refusal=_rename_refusal,
+    servers=_servers,
 )
