@@ -7,6 +7,7 @@ on the state table, never on a fixed delay.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,18 @@ from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
 from headrace.targets.faulty.config import Fault
 from headrace.targets.faulty.target import FaultyTarget
-from tests.e2e.helpers import assert_same, make_config, running, wait_until
+from tests.e2e.helpers import assert_same, make_config, raw_config, run_command, running, wait_until
+from tests.e2e.test_pipeline import run_caught_up
+
+
+def lake(tmp: Path) -> dict[str, Any]:
+    """A ``target:`` section: a DuckLake under ``tmp``."""
+    return {"ducklake": {"catalog": str(tmp / "lake" / "meta.ducklake"), "data_path": str(tmp / "lake" / "data")}}
 
 
 def faulty(tmp: Path, *faults: dict[str, Any]) -> dict[str, Any]:
-    """A ``target:`` section: a DuckLake under ``tmp`` behind the faulty target."""
-    lake = {"catalog": str(tmp / "lake" / "meta.ducklake"), "data_path": str(tmp / "lake" / "data")}
-    return {"faulty": {"inner": {"ducklake": lake}, "faults": list(faults)}}
+    """A ``target:`` section: the DuckLake of ``lake(tmp)`` behind the faulty target."""
+    return {"faulty": {"inner": lake(tmp), "faults": list(faults)}}
 
 
 def tables(dsn: str, *names: str) -> None:
@@ -130,3 +136,18 @@ def test_an_unknown_error_waits_for_the_operator_after_the_retry_budget(
             assert isinstance(target, FaultyTarget) and len(target.injected) == RETRY_BUDGET
     finally:
         state.close()
+
+
+def test_a_crash_in_a_target_call_then_a_run_without_the_fault_converges(source_dsn: str, tmp_path: Path,
+                                                                         spark: Any) -> None:
+    tables(source_dsn, "t")
+    crash = faulty(tmp_path, {"fail_on": "write_snapshot", "table": "public.t", "error": "crash"})
+    died = subprocess.run(run_command(raw_config(source_dsn, tmp_path, ["public.t"], crash), tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert died.returncode == 137, died.stderr[-2000:]
+    assert "injected crash failure in write_snapshot of public.t (faulty target), exiting" in died.stderr
+    # The same pipeline on the same lake, the fault gone: the copy starts over and streams.
+    pipeline = Pipeline(make_config(source_dsn, tmp_path, ["public.t"], lake(tmp_path)), spark=spark)
+    change(source_dsn, "t")
+    run_caught_up(pipeline)
+    assert assert_same(pipeline, source_dsn, "public.t") == 21
