@@ -8,6 +8,7 @@ on the state table, never on a fixed delay.
 from __future__ import annotations
 
 import subprocess
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,20 @@ import pytest
 from headrace.core.backoff import Backoff
 from headrace.pipeline import Pipeline
 from headrace.state import lifecycle
-from headrace.state.lifecycle import RETRY_BUDGET, TableState
+from headrace.state.lifecycle import BACKOFF_BASE_SECONDS, RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
 from headrace.targets.faulty.config import Fault
 from headrace.targets.faulty.target import FaultyTarget
-from tests.e2e.helpers import assert_same, make_config, raw_config, run_command, running, wait_until
+from tests.e2e.helpers import (
+    assert_same,
+    make_config,
+    raw_config,
+    run_command,
+    running,
+    slot_position,
+    wait_until,
+    wal_insert_lsn,
+)
 from tests.e2e.test_pipeline import run_caught_up
 
 
@@ -109,6 +119,54 @@ def test_a_transient_failure_is_retried_until_the_table_converges(source_dsn: st
             assert row(state, "public.t").error is None and row(state, "public.t").error_count == 0
             assert target.injected == [("apply_batch", "public.t")] * 2
             assert errors and all("TransientError" in e for e in errors), errors
+    finally:
+        state.close()
+
+
+def test_a_table_failing_transiently_backs_off_while_the_others_stream_then_converges(
+        source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    tables(source_dsn, "good", "bad")
+    config = make_config(source_dsn, tmp_path, ["public.good", "public.bad"], faulty(tmp_path))
+    pipeline = Pipeline(config, spark=spark)
+    state = Pipeline(config).setup()
+    try:
+        with running(pipeline):
+            wait_until(lambda: streaming(state), 180, "the tables never reached STREAMING")
+            target = pipeline.target
+            assert isinstance(target, FaultyTarget)
+            # public.bad's target fails every batch until the fault is cleared (an outage of its storage).
+            target.inject(Fault(fail_on="apply_batch", table="public.bad", error="transient", times=None))
+            change(source_dsn, "good", "bad")
+            bad_changes_end = wal_insert_lsn(source_dsn)
+            seen: dict[int, tuple[datetime, datetime]] = {}  # attempt -> (first seen, its retry_at)
+
+            def failed_twice() -> bool:
+                bad = row(state, "public.bad")
+                if bad.state is TableState.ERRORED and bad.retry_at is not None and bad.error_count not in seen:
+                    seen[bad.error_count] = (datetime.now(bad.retry_at.tzinfo), bad.retry_at)
+                return 2 in seen
+
+            wait_until(failed_twice, 120, "public.bad did not fail twice", every=0.05)
+            bad = row(state, "public.bad")
+            assert (bad.error_kind, bad.resume_state) == ("transient", TableState.STREAMING)
+            assert bad.error is not None and "TransientError" in bad.error and "public.bad" in bad.error, bad.error
+            # Retried only once due, each wait twice the last (see tests/e2e/test_isolation.py).
+            for attempt, (at, retry_at) in seen.items():
+                assert (retry_at - at).total_seconds() <= BACKOFF_BASE_SECONDS * 2 ** (attempt - 1) + 0.1
+            assert seen[2][0] >= seen[1][1]
+            assert (seen[2][1] - seen[1][1]).total_seconds() >= 2 * BACKOFF_BASE_SECONDS - 0.1
+            # Meanwhile the other table streams, and the slot moves past the failing table's changes.
+            wait_until(lambda: assert_same(pipeline, source_dsn, "public.good") == 21, 120,
+                       "public.good stopped streaming while public.bad was failing")
+            wait_until(lambda: slot_position(source_dsn, config.slot_name)[1] >= bad_changes_end, 120,
+                       "the slot did not advance past the failing table's changes")
+            assert row(state, "public.bad").state is TableState.ERRORED
+            # The cause goes away: the next retry applies everything staged meanwhile.
+            target.clear()
+            wait_until(lambda: row(state, "public.bad").state is TableState.STREAMING, 120,
+                       "public.bad did not recover")
+            assert row(state, "public.bad").error is None
+            assert assert_same(pipeline, source_dsn, "public.bad") == 21
     finally:
         state.close()
 
