@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from headrace.core.errors import SchemaChangeError, UnsupportedError
+from headrace.core.errors import SchemaChangeError
 from headrace.core.interfaces import Target
 from headrace.core.keyless import net_row_changes
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
-from headrace.core.names import TableName, display_ident, quote_ident
+from headrace.core.names import TableName, quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_SEQ, POSITION_COLUMNS
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import text_value_frame
-from headrace.targets.ducklake import extension, files, maintenance, plan
+from headrace.targets.ducklake import extension, files, maintenance, naming, plan
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly, spark_type
 
@@ -67,26 +67,12 @@ class DuckLakeTarget(Target):
         # REPLICA IDENTITY FULL: every column identifies the row.
         return table.key or table.column_names
 
-    def _refuse_table_twin(self, table: TableSchema) -> None:
-        """Refuse a table whose name matches another lake table's but for case: DuckDB would take
-        one for the other and mix two source tables' rows."""
-        schema, name = self._schema(table), table.target_table
-        for have_schema, have_name in self._con.execute(
-                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?"
-                " AND lower(schema_name) = lower(?) AND lower(table_name) = lower(?)", [L, schema, name]).fetchall():
-            if (have_schema, have_name) != (schema, name):
-                raise UnsupportedError(
-                    f"table {table.qualified_name} would be DuckLake table {TableName(schema, name)}, but the lake"
-                    f" has {TableName(have_schema, have_name)}, a name that differs only in case: DuckDB names are"
-                    " case-insensitive; replicate only one of the two tables to this lake (remove"
-                    f" {table.qualified_name} from the pipeline), or rename one in the source")
-
     # -- Target ------------------------------------------------------------------------------
     def ensure_table(self, table: TableSchema) -> str:
         """Create the schema and table (source columns + position columns) if missing."""
-        _refuse_case_twins(table)
+        naming.refuse_case_twins(table)
         with self._lock:
-            self._refuse_table_twin(table)
+            naming.refuse_table_twin(self._con, L, self._schema(table), table)
             self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
             self._con.execute(plan.create_sql(self._qualified(table), table)
                               .replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
@@ -364,17 +350,3 @@ class DuckLakeTarget(Target):
             used = row is not None and row[0] > 0
             if not used:
                 files.remove(str(attempt))
-
-
-def _refuse_case_twins(table: TableSchema) -> None:
-    """DuckDB (and so DuckLake) matches names case-insensitively: columns "ID" and "id" cannot live
-    in one table. Refuse such a table with the fix rather than fail on a DuckDB catalog error."""
-    seen: dict[str, str] = {}
-    for name in table.column_names:
-        twin = seen.setdefault(name.lower(), name)
-        if twin != name:
-            raise UnsupportedError(
-                f"table {table.qualified_name} has columns {display_ident(twin)} and {display_ident(name)}, which"
-                " differ only in case: DuckLake (DuckDB) names are case-insensitive and cannot hold both;"
-                f" rename one in the source (ALTER TABLE {table.qualified_name} RENAME COLUMN"
-                f" {display_ident(name)} TO <new name>) and resync the table, or replicate it to Iceberg")
