@@ -24,12 +24,14 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from timing import median_ms  # bench/timing.py, beside this script
 
-from headrace.config import DuckLakeConfig, IcebergConfig
 from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.spark import build_session
+from headrace.targets.ducklake.config import DuckLakeConfig
+from headrace.targets.iceberg.config import IcebergConfig
+from headrace.targets.iceberg.session import iceberg_session_conf
 
 TABLE = TableSchema(oid=1, schema="public", name="churn", key=("id",), columns=(
     Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),
@@ -115,7 +117,7 @@ def main() -> int:
     parser.add_argument("--changes", type=int, default=50)
     parser.add_argument("--targets", default="iceberg,ducklake")
     args = parser.parse_args()
-    spark = build_session("local[2]")
+    spark = build_session("local[2]", target_conf=iceberg_session_conf())
     root = Path(tempfile.mkdtemp(prefix="hr-bench-maint-"))
     lines = ["| target | when | data files | delete files | snapshots | MB | full scan ms | vs copy | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]

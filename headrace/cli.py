@@ -146,13 +146,14 @@ def _changed_values(table: dict[str, object]) -> str:
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     """One maintenance pass over every table, or one; beside a running pipeline or while it is stopped."""
-    from headrace.core.interfaces import load_target
     from headrace.run.maintenance import maintain_tables
     from headrace.spark import build_session
+    from headrace.targets.registry import open_target
 
     config = load_config(args.config)
-    spark = build_session(config.spark.master, config.spark.conf, app_name=f"headrace-maintain-{config.name}")
-    target = load_target(config.target.kind, spark, config.target.settings, config.name)
+    spark = build_session(config.spark.master, config.spark.conf, app_name=f"headrace-maintain-{config.name}",
+                          target_conf=config.target.spark_conf(config.spark.conf))
+    target = open_target(config.target.kind, spark, config.target.settings, config.name)
     try:
         results = maintain_tables(config, target, args.table)
     finally:

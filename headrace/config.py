@@ -1,27 +1,30 @@
 """Typed pipeline configuration: YAML file in, frozen pydantic models out, resolved once at start-up.
 
 Secrets never sit in the file: any ``*_env`` key names an environment variable that holds the
-value (``dsn_env: SHOP_DSN``). ``redacted_dsn`` is what logs and status show.
+value (``dsn_env: SHOP_DSN``). ``redacted_dsn`` is what logs and status show. The ``target:``
+section names one registered target (``headrace.targets.registry``), whose own model reads its settings.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
 from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.names import ColumnName, TableName, TableNameError
+from headrace.core.names import columns_as_text_item as columns_as_text_item  # re-exported (was defined here)
 from headrace.core.settings import Frozen as _Frozen
 from headrace.core.settings import check_listen, is_loopback, listen_host, listen_port, read_yaml, validate
 from headrace.core.settings import from_env as _from_env
 from headrace.core.settings import redacted_dsn as redacted_dsn  # re-exported: imported from here elsewhere
 from headrace.lineage.config import LineageConfig
+from headrace.targets.registry import TargetSection
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
@@ -139,94 +142,17 @@ class SourceConfig(_Frozen):
         return dsn
 
 
-class IcebergCatalogConfig(_Frozen):
-    """Which Iceberg catalog keeps track of the tables (README "Iceberg catalogs")."""
+class TargetConfig(TargetSection):
+    """Exactly one registered target (``headrace.targets.registry``): ``kind`` names it, ``settings``
+    is its own settings model (``targets/<kind>/config.py``)."""
 
-    type: Literal["hadoop", "jdbc"] = Field(
-        "hadoop", description="hadoop: metadata files on the warehouse path only (no server; cannot rename"
-        " tables, and Iceberg advises against it in production); jdbc: Iceberg's JDBC catalog, a table of"
-        " current metadata locations in a PostgreSQL database, readable by pyiceberg, Trino, Flink, ..."
-    )
-    uri: str | None = Field(
-        None, description="jdbc: the catalog database, as a URL (postgresql://user@host:5432/lakecat) or a"
-        " libpq conninfo; a password is better given through uri_env or PGPASSWORD"
-    )
-    uri_env: str | None = Field(None, description="jdbc: environment variable holding the uri")
+    def spark_conf(self, user_conf: Mapping[str, str]) -> dict[str, str]:
+        """The Spark conf this target needs at session start (jars, extensions), beside ``user_conf``."""
+        return self.plugin.spark_conf(self.settings, user_conf)
 
-    @model_validator(mode="after")
-    def _uri_for_jdbc(self) -> IcebergCatalogConfig:
-        given = self.uri is not None or self.uri_env is not None
-        if self.type == "jdbc" and (self.uri is None) == (self.uri_env is None):
-            raise ValueError("catalog type jdbc needs exactly one of: uri, uri_env")
-        if self.type == "hadoop" and given:
-            raise ValueError("catalog type hadoop takes no uri (it lives on the warehouse path); set type: jdbc")
-        return self
-
-    def resolved_uri(self) -> str:
-        """The JDBC catalog's database (from ``uri`` or the variable ``uri_env`` names)."""
-        uri = _from_env(self.uri, self.uri_env, "target.iceberg.catalog.uri")
-        if not uri:
-            raise ConfigError("target.iceberg.catalog: type jdbc needs uri (or uri_env)")
-        return uri
-
-
-class IcebergConfig(_Frozen):
-    """An Iceberg warehouse and the catalog that tracks its tables."""
-
-    warehouse: str = Field(description="warehouse root: a local path or any Hadoop filesystem URI")
-    namespace: str | None = Field(None, description="namespace of the target tables; default: source schema")
-    catalog_name: str = Field(
-        "headrace", description="name under which the catalog is registered in Spark; a JDBC catalog's rows"
-        " carry it, so other readers (pyiceberg's SqlCatalog) must use the same name"
-    )
-    catalog: IcebergCatalogConfig = Field(
-        IcebergCatalogConfig(), description="the catalog; default: a Hadoop catalog on the warehouse path"
-    )
-
-
-class DuckLakeConfig(_Frozen):
-    """A DuckLake: catalog database plus a data path for Parquet files."""
-
-    catalog: str | None = Field(
-        None, description="DuckDB file path, sqlite:/path/meta.sqlite, or postgres:<libpq conninfo>"
-    )
-    catalog_env: str | None = Field(None, description="environment variable holding the catalog string")
-    data_path: str = Field(description="folder the DuckLake writes its Parquet files to")
-    schema_: str | None = Field(None, alias="schema", description="target schema; default: source schema")
-
-    @model_validator(mode="after")
-    def _one_catalog(self) -> DuckLakeConfig:
-        if (self.catalog is None) == (self.catalog_env is None):
-            raise ValueError("ducklake needs exactly one of: catalog, catalog_env")
-        return self
-
-
-class TargetConfig(_Frozen):
-    """Exactly one of the target kinds."""
-
-    iceberg: IcebergConfig | None = None
-    ducklake: DuckLakeConfig | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> TargetConfig:
-        if (self.iceberg is None) == (self.ducklake is None):
-            raise ValueError("target needs exactly one of: iceberg, ducklake")
-        return self
-
-    @property
-    def kind(self) -> Literal["iceberg", "ducklake"]:
-        return "iceberg" if self.iceberg is not None else "ducklake"
-
-    @property
-    def needs_jdbc_driver(self) -> bool:
-        """The target is Iceberg with a JDBC catalog: Spark needs the PostgreSQL JDBC driver."""
-        return self.iceberg is not None and self.iceberg.catalog.type == "jdbc"
-
-    @property
-    def settings(self) -> IcebergConfig | DuckLakeConfig:
-        settings = self.iceberg or self.ducklake
-        assert settings is not None
-        return settings
+    def table_name(self, pipeline: str, table: TableName) -> str:
+        """The name users query for the table whose target-side name is ``table``."""
+        return self.plugin.table_name(self.settings, pipeline, table)
 
 
 class StagingConfig(_Frozen):
@@ -404,13 +330,10 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _renames_supported(self) -> PipelineConfig:
-        iceberg = self.target.iceberg
-        if iceberg is not None and iceberg.catalog.type == "hadoop" and self.schema_changes.rename_table == "follow":
-            raise ValueError(
-                "schema_changes.rename_table: follow is not possible with target.iceberg on a Hadoop catalog:"
-                " it cannot rename tables; use keep (the target table keeps its name), or a JDBC catalog"
-                " (target.iceberg.catalog: {type: jdbc, uri: ...}), which can"
-            )
+        refusal = self.target.plugin.rename_refusal(self.target.settings)
+        if refusal and self.schema_changes.rename_table == "follow":
+            raise ValueError(f"schema_changes.rename_table: follow is not possible with target.{self.target.kind}"
+                             f" {refusal}")
         return self
 
     @property
@@ -430,8 +353,3 @@ def load_config(path: str | Path) -> PipelineConfig:
 def parse_config(raw: Any, origin: str = "config") -> PipelineConfig:
     """Validate an already-parsed mapping (as from YAML)."""
     return validate(PipelineConfig, raw, origin)
-
-
-def columns_as_text_item(column: ColumnName) -> str:
-    """The YAML list item that keeps ``column`` as text: ``- public.grid.cells`` (quoted where YAML needs it)."""
-    return str(yaml.safe_dump([str(column)], allow_unicode=True, width=1 << 20)).strip()

@@ -200,7 +200,7 @@ def _how_to_read(out: Path, target: str) -> str:
         f"  orders = StaticTable.from_metadata('{table}')\n"
         "  print(orders.scan().to_arrow().group_by('status').aggregate([('id', 'count')]))\n"
         "with PySpark (Iceberg runtime on the classpath):\n"
-        "  from headrace.spark import build_session\n"
-        f"  spark = build_session(warehouse='{out / 'warehouse'}')\n"
+        "  from headrace.readers import iceberg_spark\n"
+        f"  spark = iceberg_spark(warehouse='{out / 'warehouse'}')\n"
         "  spark.sql('SELECT status, count(*) FROM headrace.shop.orders GROUP BY status').show()"
     )

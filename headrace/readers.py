@@ -1,4 +1,4 @@
-"""Reading headrace's target without Spark: DuckDB and pyiceberg, set up from a pipeline's config.
+"""Reading headrace's target: DuckDB and pyiceberg (no Spark), or a Spark session set up for Iceberg.
 
 These are conveniences for offline machines (the DuckDB extensions are loaded from their PyPI
 wheels by path); README "Reading the target" shows the same reads with nothing of headrace.
@@ -6,19 +6,23 @@ wheels by path); README "Reading the target" shows the same reads with nothing o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
 
-from headrace.config import DuckLakeConfig, IcebergConfig
 from headrace.core.errors import ConfigError
 from headrace.core.names import path_segment
 from headrace.targets.ducklake import extension
+from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.iceberg.catalog import pyiceberg_properties
+from headrace.targets.iceberg.config import IcebergConfig
+from headrace.targets.iceberg.session import hadoop_catalog_conf, iceberg_session_conf
 
 if TYPE_CHECKING:
     from pyiceberg.catalog.sql import SqlCatalog
+    from pyspark.sql import SparkSession
 
 
 def duckdb_with(*extensions: str) -> duckdb.DuckDBPyConnection:
@@ -60,3 +64,16 @@ def iceberg_metadata_location(settings: IcebergConfig, namespace: str, table: st
 def ducklake(settings: DuckLakeConfig, alias: str = "lake") -> duckdb.DuckDBPyConnection:
     """DuckDB with the lake attached as ``alias`` (any catalog kind: DuckDB file, SQLite, PostgreSQL)."""
     return extension.connect(settings, alias)
+
+
+def iceberg_spark(warehouse: str | None = None, jdbc_driver: bool = False,
+                  conf: Mapping[str, str] | None = None) -> SparkSession:
+    """A Spark session that reads Iceberg tables: the runtime jars and extensions, with ``warehouse``
+    a Hadoop catalog ``headrace`` on it, with ``jdbc_driver`` the PostgreSQL JDBC driver (a JDBC
+    catalog, registered through ``conf``)."""
+    from headrace.spark import build_session
+
+    target_conf = iceberg_session_conf(conf, jdbc_driver=jdbc_driver)
+    if warehouse:
+        target_conf.update(hadoop_catalog_conf(warehouse))
+    return build_session(conf=conf, target_conf=target_conf)

@@ -172,12 +172,12 @@ def _drop_state(dsn: str, pipeline: str, keep_schema: bool) -> list[str]:
 def _forget_target_cursors(config: PipelineConfig) -> None:
     """A DuckLake keeps each table's log offset beside its rows: a pipeline set up again under this
     name starts its offsets over, and a stale cursor there would skip its first changes."""
-    if config.target.ducklake is None:
+    if config.target.kind != "ducklake":
         return
     from headrace.targets.ducklake import extension
     from headrace.targets.ducklake.target import CURSOR_TABLE
 
-    con = extension.connect(config.target.ducklake)
+    con = extension.connect(config.target.settings)
     try:
         with contextlib.suppress(Exception):  # no cursor table: the target never applied a change
             con.execute(f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ?", [config.name])

@@ -63,7 +63,9 @@ def spark():  # type: ignore[no-untyped-def]
     """One local Spark session (2 cores) with the Iceberg runtime and the PostgreSQL JDBC driver
     (Iceberg JDBC catalogs), shared by every test."""
     from headrace.spark import build_session
+    from headrace.targets.iceberg.session import iceberg_session_conf
 
-    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}, jdbc_driver=True)
+    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"},
+                            target_conf=iceberg_session_conf(jdbc_driver=True))
     yield session
     session.stop()

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 from headrace.config import PipelineConfig
-from headrace.core.names import TableName, display_ident, path_segment, quote_spark
+from headrace.core.names import TableName
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
 from headrace.state.progress import ProgressStore
@@ -15,25 +15,14 @@ from headrace.state.store import StateStore
 
 
 def target_name(config: PipelineConfig, schema: TableSchema) -> str:
-    """The table's name in the target, as the target's SQL spells it (quoted where it needs quotes).
-
-    Iceberg (Hadoop catalog) names that cannot be one directory are mapped by ``path_segment``.
-    """
-    settings: Any = config.target.settings
-    if config.target.kind == "iceberg":
-        namespace = path_segment(settings.namespace or schema.target_schema)
-        parts = (settings.catalog_name, namespace, path_segment(schema.target_table))
-        return ".".join(p if display_ident(p) == p else quote_spark(p) for p in parts)
-    return str(TableName(settings.schema_ or schema.target_schema, schema.target_table))
+    """The table's name in the target, as the target's SQL spells it (the target's plugin says how)."""
+    return config.target.table_name(config.name, TableName(schema.target_schema, schema.target_table))
 
 
 def target_name_mapped(config: PipelineConfig, schema: TableSchema) -> bool:
     """Whether the target holds the table under a mapped name (see ``target_name``)."""
-    settings: Any = config.target.settings
-    if config.target.kind != "iceberg":
-        return False
-    parts = (settings.namespace or schema.target_schema, schema.target_table)
-    return any(path_segment(p) != p for p in parts)
+    target = config.target
+    return target.plugin.name_mapped(target.settings, TableName(schema.target_schema, schema.target_table))
 
 
 def pipeline_status(config: PipelineConfig) -> dict[str, Any]:

@@ -1,31 +1,29 @@
-"""The interface every target implements, and the registry that finds one by name.
+"""The interface every target implements.
 
 A target receives Spark DataFrames shaped by the materializer (see ``write_snapshot`` and
 ``apply_batch``); it never sees pgoutput or staging files. Adding a target means adding a folder
-under ``headrace/targets`` and one line in ``TARGETS`` below.
+under ``headrace/targets`` with a ``plugin.py`` (``headrace.targets.registry``).
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from headrace.core.errors import ConfigError
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
 from headrace.core.schema import SchemaChange, TableSchema
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 
 class Target(ABC):
     """A lakehouse format headrace keeps in sync with the source.
 
     Row shape shared by ``write_snapshot`` and ``apply_batch``: every source column under its own
-    name, typed by ``headrace.materialize.types`` (Spark types), plus ``_hr_lsn`` (long),
+    name, typed by ``headrace.core.spark_types`` (Spark types), plus ``_hr_lsn`` (long),
     ``_hr_seq`` (long) and ``_hr_commit_ts`` (timestamp). Change batches add ``_hr_op`` (``I``,
     ``U`` or ``D``; deletes carry only the key columns, the rest NULL) and ``_hr_unchanged``
     (comma-separated names of TOAST columns the update left untouched, or NULL). A batch holds at
@@ -37,7 +35,7 @@ class Target(ABC):
     deduplicated, one row per row image a change adds (``_hr_op`` ``I``) or removes (``D``, every
     column set), at the change's position; an update is a ``D`` of its old row and an ``I`` of
     its new one. Identical rows are legitimate, so such a batch must be applied exactly once, as
-    a multiset delta (``headrace.materialize.batch.net_row_changes``).
+    a multiset delta (``headrace.core.keyless.net_row_changes``). Column names: ``headrace.core.rows``.
     """
 
     name: str = ""
@@ -111,28 +109,3 @@ class Target(ABC):
 
     def close(self) -> None:
         """Release connections; the default has nothing to release."""
-
-
-# name -> "module:Class", imported lazily so a missing optional dependency only matters when used.
-TARGETS: dict[str, str] = {
-    "iceberg": "headrace.targets.iceberg.target:IcebergTarget",
-    "ducklake": "headrace.targets.ducklake.target:DuckLakeTarget",
-}
-
-
-def load_target(kind: str, spark: SparkSession, settings: Any, pipeline: str) -> Target:
-    """Build the target called ``kind`` from its config section."""
-    try:
-        module_name, _, class_name = TARGETS[kind].partition(":")
-    except KeyError:
-        raise ConfigError(f"unknown target {kind!r}; choose one of {', '.join(sorted(TARGETS))}") from None
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"target {kind!r} needs a package that is not installed ({exc.name}): "
-            f"run `pip install headrace` in this environment"
-        ) from exc
-    cls = getattr(module, class_name)
-    target: Target = cls(spark=spark, settings=settings, pipeline=pipeline)
-    return target

@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import yaml
+
 MAX_NAME_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 
 # Keywords PostgreSQL's quote_ident quotes (pg_get_keywords() where catcode <> 'U', PostgreSQL 15):
@@ -207,3 +209,8 @@ def _suggest(text: str, what: str = "table name") -> str:
     if not dot:
         return f"'public.{display_ident(raw)}'"
     return f"'{display_ident(schema.strip())}.{display_ident(name.strip())}'"
+
+
+def columns_as_text_item(column: ColumnName) -> str:
+    """The YAML list item that keeps ``column`` as text: ``- public.grid.cells`` (quoted where YAML needs it)."""
+    return str(yaml.safe_dump([str(column)], allow_unicode=True, width=1 << 20)).strip()

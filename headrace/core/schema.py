@@ -14,6 +14,9 @@ from enum import Enum
 from headrace.core.errors import SchemaChangeError
 from headrace.core.names import TableName
 
+# The row shape's column names, also importable from here (they were defined here first).
+from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED  # noqa: F401
+
 
 class TypeKind(str, Enum):
     """The logical types headrace distinguishes."""
@@ -140,14 +143,6 @@ def rename_collision(table: TableSchema, change: SchemaChange, target_name: str)
         f" target table {target_name} still has (a dropped column kept by policy); drop it there or run"
         f" `headrace resync {table.qualified_name}`"
     )
-
-
-# Metadata columns every target table carries beside the source columns.
-HR_LSN = "_hr_lsn"  # commit LSN of the change that last wrote the row (bigint)
-HR_SEQ = "_hr_seq"  # ordinal of that change inside its transaction (bigint)
-HR_COMMIT_TS = "_hr_commit_ts"  # source commit time of that change (timestamp with time zone)
-HR_OP = "_hr_op"  # only in change batches: I, U or D
-HR_UNCHANGED = "_hr_unchanged"  # only in change batches: comma-separated unchanged TOAST columns
 
 
 def _type_to_dict(t: ColumnType) -> dict[str, object]:

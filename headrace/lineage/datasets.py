@@ -45,16 +45,16 @@ def source_dataset(dsn: str, table: TableSchema) -> DatasetName:
 
 def target_dataset(config: PipelineConfig, table: TableSchema) -> DatasetName:
     """The target table, named by where it lives."""
-    if config.target.iceberg is not None:
-        settings = config.target.iceberg
+    if config.target.kind == "iceberg":
+        settings = config.target.settings
         namespace = settings.namespace or table.target_schema
         url = urlparse(settings.warehouse)
         if url.scheme and url.scheme != "file":
             return DatasetName(f"{url.scheme}://{url.netloc}", f"{url.path.rstrip('/')}/{namespace}/{table.target_table}")
         path = os.path.abspath(url.path if url.scheme else settings.warehouse)
         return DatasetName("file", f"{path}/{namespace}/{table.target_table}")
-    assert config.target.ducklake is not None
-    lake = config.target.ducklake
+    lake = config.target.section("ducklake")
+    assert lake is not None
     data_path = lake.data_path if "://" in lake.data_path else os.path.abspath(lake.data_path)
     return DatasetName(f"ducklake://{data_path.removeprefix('file://')}",
                        f"{lake.schema_ or table.target_schema}.{table.target_table}")

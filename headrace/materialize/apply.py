@@ -16,11 +16,11 @@ from headrace.config import SchemaChangesConfig, ValuesConfig
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
+from headrace.core.spark_types import value_rules
 from headrace.log.index import LogEntry
 from headrace.logs import event
 from headrace.materialize.batch import read_change_batch
 from headrace.materialize.evolve import evolve_table
-from headrace.materialize.types import value_rules
 from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ Tables without a key (REPLICA IDENTITY FULL) are not deduplicated: identical row
 change can only be applied as a multiset delta. Their batch holds one row per row image a change
 adds or removes (``I``: one more copy of this row; ``D``: one copy fewer; an update is a ``D`` of
 the old row and an ``I`` of the new one at the same position). ``net_row_changes`` folds such a
-batch into counts per distinct row.
+batch into counts per distinct row
+(``headrace.core.keyless``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from headrace.core.errors import TerminalError
-from headrace.core.names import quote_spark
 from headrace.core.position import Position
-from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, TableSchema
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.schema import TableSchema
+from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
 from headrace.log.codec import STAGING_SPARK_DDL
-from headrace.materialize.types import ValueRules, cast_text, changed_value_counts
 
 _MAP = "map<string,string>"
 
@@ -158,33 +159,7 @@ def _row_images(changes: DataFrame, table: TableSchema, rules: ValueRules | None
     )
 
 
-HR_DELTA = "_hr_delta"  # in net row changes: copies to add (+1 per row) or to remove (-n)
-
-
-def net_row_changes(images: DataFrame, table: TableSchema) -> DataFrame:
-    """Fold a keyless batch (row images, see ``_row_images``) into the multiset delta it makes.
-
-    Per distinct row: one row with ``_hr_delta`` = -n when the batch removes n more copies than
-    it adds, or one row with ``_hr_delta`` = 1 for each copy it adds net, carrying the position
-    of the latest change that added that row. Rows the batch adds and removes equally vanish.
-    """
-    cols = [F.col(quote_spark(c.name)) for c in table.columns]
-    sign = F.when(F.col(HR_OP) == "I", F.lit(1)).otherwise(F.lit(-1))
-    added_at = F.when(F.col(HR_OP) == "I", F.struct(F.col(HR_LSN), F.col(HR_SEQ), F.col(HR_COMMIT_TS)))
-    net = images.groupBy(*cols).agg(F.sum(sign).alias("_n"), F.max(added_at).alias("_at")).where(F.col("_n") != 0)
-    copies = F.when(F.col("_n") > 0, F.sequence(F.lit(1), F.col("_n"))).otherwise(F.array(F.lit(1)))
-    return net.select(
-        *cols,
-        F.col("_at")[HR_LSN].alias(HR_LSN),
-        F.col("_at")[HR_SEQ].alias(HR_SEQ),
-        F.col("_at")[HR_COMMIT_TS].alias(HR_COMMIT_TS),
-        F.when(F.col("_n") > 0, F.lit(1)).otherwise(F.col("_n")).cast("int").alias(HR_DELTA),
-        F.explode(copies).alias("_copy"),
-    ).drop("_copy")
-
-
 KEY_CHANGE_HOPS = 2  # key changes of one row within a batch followed to find an unchanged TOAST value
-HR_FROM = "_hr_from"  # in batches with key changes: the old key whose target row holds unchanged values
 
 
 def _last_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | None, has_unchanged: bool,

@@ -34,10 +34,10 @@ from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
 from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
+from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.snapshot_job import ValueCounts, snapshot_dataframe
-from headrace.materialize.types import value_rules
 from headrace.outage import lost_connection
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import plan_chunks

@@ -17,7 +17,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema
-from headrace.materialize.types import ValueRules, cast_text, changed_value_counts
+from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
 from headrace.source.postgres.copy import copy_chunk
 
 # (column, reason) -> values the casts changed (see ``changed_value_counts``)

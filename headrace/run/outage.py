@@ -20,7 +20,6 @@ import psycopg
 
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.backoff import Backoff
-from headrace.core.errors import ConfigError
 from headrace.logs import event
 from headrace.outage import lost_connection
 
@@ -33,15 +32,7 @@ def servers_of(config: PipelineConfig, dsn: str, state_dsn: str) -> dict[str, st
     servers = {"source": dsn}
     if state_dsn != dsn:
         servers["state"] = state_dsn
-    if config.target.kind == "ducklake":
-        from headrace.targets.ducklake.extension import resolve_catalog
-
-        try:
-            catalog = resolve_catalog(config.target.settings)  # type: ignore[arg-type]
-        except ConfigError:
-            return servers  # reported, with its fix, when the target is opened
-        if catalog.kind == "postgres":
-            servers["ducklake catalog"] = catalog.location.partition(":")[2]
+    servers.update(config.target.plugin.servers(config.target.settings))  # e.g. a DuckLake catalog on PostgreSQL
     return servers
 
 

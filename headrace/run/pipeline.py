@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.errors import TerminalError
-from headrace.core.interfaces import Target, load_target
+from headrace.core.interfaces import Target
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.lineage.emitter import Lineage
 from headrace.log.store import StagingStore
@@ -46,6 +46,7 @@ from headrace.run.wal_guard import WalGuard
 from headrace.source.postgres.wal_guard import SlotWal
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
+from headrace.targets.registry import open_target
 
 if TYPE_CHECKING:  # pyspark loads only when a Spark job runs
     from pyspark.sql import SparkSession
@@ -123,14 +124,14 @@ class Pipeline:
 
             self._spark = build_session(self.config.spark.master, self.config.spark.conf,
                                         app_name=f"headrace-{self.config.name}",
-                                        jdbc_driver=self.config.target.needs_jdbc_driver)
+                                        target_conf=self.config.target.spark_conf(self.config.spark.conf))
         return self._spark
 
     @property
     def target(self) -> Target:
         with self._target_lock:  # the API and tests read the target from other threads
             if self._target is None:
-                self._target = load_target(self.config.target.kind, self.spark, self.config.target.settings,
+                self._target = open_target(self.config.target.kind, self.spark, self.config.target.settings,
                                            self.config.name)
         return self._target
 

@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from headrace.config import IcebergConfig
 from headrace.pipeline import Pipeline
 from headrace.readers import duckdb_with, iceberg_catalog, iceberg_metadata_location
 from headrace.source.postgres.throwaway import ThrowawayPostgres
+from headrace.targets.iceberg.config import IcebergConfig
 from tests.e2e.helpers import _norm, assert_same, make_config, running, source_rows, wait_until
 from tests.e2e.test_pipeline import run_caught_up
 
@@ -69,7 +69,7 @@ def test_jdbc_catalog_copies_streams_and_follows_a_rename_read_by_pyiceberg_and_
         """)
     config = make_config(source_dsn, tmp_path, ["public.customers"], jdbc_target(pg_server, tmp_path),
                          schema_changes={"rename_table": "follow"})
-    settings = config.target.iceberg
+    settings = config.target.section("iceberg")
     assert settings is not None
     pipeline = Pipeline(config, spark=spark)
     run_caught_up(pipeline)

@@ -23,18 +23,18 @@ from tests.e2e.helpers import assert_same, make_config, raw_config, running, wai
 def _target_tables(pipeline: Pipeline) -> set[str]:
     """Tables in the target, read without the state (which drop removes)."""
     config = pipeline.config
-    if config.target.ducklake is not None:
+    if config.target.kind == "ducklake":
         from headrace.targets.ducklake import extension
 
-        con = extension.connect(config.target.ducklake, alias="lake_check")
+        con = extension.connect(config.target.settings, alias="lake_check")
         try:
             rows = con.execute("SELECT table_schema || '.' || table_name FROM information_schema.tables"
                                " WHERE table_catalog = 'lake_check' AND table_schema <> '_headrace'").fetchall()
         finally:
             con.close()
         return {r[0] for r in rows}
-    assert config.target.iceberg is not None
-    catalog = config.target.iceberg.catalog_name
+    assert config.target.kind == "iceberg"
+    catalog = config.target.settings.catalog_name
     try:
         rows = pipeline.spark.sql(f"SHOW TABLES IN {catalog}.public").collect()
     except Exception:  # the namespace itself is gone

@@ -109,11 +109,11 @@ def test_added_table_copies_while_another_keeps_streaming(source_dsn: str, tmp_p
     first = make_config(source_dsn, tmp_path, ["public.small"])
     run_caught_up(Pipeline(first, spark=spark))
     # The user adds a table to the config and restarts; the copy is slow (many 1-chunk jobs).
-    catalog = first.target.iceberg.catalog_name  # type: ignore[union-attr]
+    catalog = first.target.settings.catalog_name
     second = make_config(source_dsn, tmp_path, ["public.small", "public.big"],
                          snapshot={"chunk_pages": 32, "max_connections": 1})
     second = second.model_copy(update={"target": first.target})
-    assert second.target.iceberg.catalog_name == catalog  # type: ignore[union-attr]
+    assert second.target.settings.catalog_name == catalog
     pipeline = Pipeline(second, spark=spark)
     stop = threading.Event()
     runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop})

@@ -13,11 +13,11 @@ import yaml
 from headrace import cli
 from headrace.config import PipelineConfig, parse_config
 from headrace.control.status import format_status, pipeline_status
-from headrace.core.interfaces import load_target
 from headrace.pipeline import Pipeline
 from headrace.run.maintenance import maintain_table
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
+from headrace.targets.registry import open_target
 from tests.e2e.helpers import assert_same, capture_while, raw_config, running, wait_until
 from tests.e2e.test_pipeline import run_caught_up
 
@@ -67,7 +67,7 @@ def test_maintain_command_after_small_batches_compacts_and_expires(
     pipeline = Pipeline(config)
     run_caught_up(pipeline)  # closes its target: the lake is free for the command below
     (row,) = _tables(source_dsn, config)
-    target = load_target(config.target.kind, spark, config.target.settings, config.name)
+    target = open_target(config.target.kind, spark, config.target.settings, config.name)
     before = target.table_files(row.schema)
     target.close()
     assert before is not None and before.snapshots > KEEP_LAST and before.delete_files > 0

@@ -23,11 +23,11 @@ import pytest
 from headrace.control.assess import assess_table, format_assessment
 from headrace.core.names import quote_ident
 from headrace.core.schema import ColumnType, TableSchema, TypeKind
-from headrace.materialize.types import INT32_MAX, INT64_MAX
+from headrace.core.spark_types import INT32_MAX, INT64_MAX
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.state.lifecycle import TableState
-from headrace.targets.ducklake.target import _to_arrow
+from headrace.targets.ducklake.files import to_arrow as _to_arrow
 from headrace.targets.ducklake.types import cast_out
 from tests.e2e.helpers import assert_same, make_config, running, wait_until
 from tests.e2e.test_pipeline import run_caught_up

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headrace.config import DuckLakeConfig
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.materialize.batch import read_change_batch
+from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
 
 KEYS = (1, 2, 3, 4)

@@ -18,8 +18,8 @@ from pyspark.sql import functions as F
 
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.core.spark_types import cast_text, parse_array_literal
 from headrace.materialize.snapshot_job import snapshot_dataframe
-from headrace.materialize.types import cast_text, parse_array_literal
 from headrace.source.postgres.copy import OPEN_END, plan_chunks
 
 K = TypeKind

@@ -13,14 +13,15 @@ import duckdb
 import psycopg
 import pytest
 
-from headrace.config import DuckLakeConfig
 from headrace.core.errors import ConfigError, TransientError, ValueNotStorableError
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.materialize.failure import classify
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.targets.ducklake import extension
-from headrace.targets.ducklake.target import CURSOR_TABLE, SNAPSHOT_FOLDER, DuckLakeTarget
+from headrace.targets.ducklake.config import DuckLakeConfig
+from headrace.targets.ducklake.files import SNAPSHOT_FOLDER
+from headrace.targets.ducklake.target import CURSOR_TABLE, DuckLakeTarget
 
 UTC = dt.timezone.utc
 TS = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)

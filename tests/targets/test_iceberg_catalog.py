@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
-from headrace.config import IcebergConfig, parse_config
+from headrace.config import parse_config
 from headrace.core.errors import ConfigError
 from headrace.targets.iceberg.catalog import jdbc_database, pyiceberg_properties, spark_catalog_conf
+from headrace.targets.iceberg.config import IcebergConfig
+from headrace.targets.iceberg.session import JDBC_DRIVER_JAR
 
 
 def pipeline(iceberg: dict[str, Any], rename: str = "keep") -> dict[str, Any]:
@@ -20,14 +22,14 @@ JDBC = {"warehouse": "/data/lake", "catalog": {"type": "jdbc", "uri": "postgresq
 
 
 def test_hadoop_is_the_default_and_cannot_follow_renames() -> None:
-    assert parse_config(pipeline({"warehouse": "/w"})).target.iceberg.catalog.type == "hadoop"  # type: ignore[union-attr]
+    assert parse_config(pipeline({"warehouse": "/w"})).target.settings.catalog.type == "hadoop"
     with pytest.raises(ConfigError, match="Hadoop catalog.*JDBC catalog"):
         parse_config(pipeline({"warehouse": "/w"}, rename="follow"))
 
 
 def test_jdbc_follows_renames_and_needs_one_uri() -> None:
     config = parse_config(pipeline(JDBC, rename="follow"))
-    assert config.target.needs_jdbc_driver
+    assert config.target.spark_conf({})["spark.driver.extraClassPath"] == JDBC_DRIVER_JAR  # the JDBC driver
     with pytest.raises(ConfigError, match="exactly one of: uri, uri_env"):
         parse_config(pipeline({"warehouse": "/w", "catalog": {"type": "jdbc"}}))
     with pytest.raises(ConfigError, match="hadoop takes no uri"):

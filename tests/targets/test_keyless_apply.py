@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from headrace.config import IcebergConfig
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.codec import StagingBuffer, write_staging_file
 from headrace.materialize.batch import read_change_batch
 from headrace.targets.iceberg import keyless
+from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
 
 _names = itertools.count()

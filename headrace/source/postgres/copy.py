@@ -3,7 +3,7 @@
 Each chunk is read by its own connection that imports the exported snapshot, so chunks copied in
 parallel (Spark tasks) see one consistent state. COPY's CSV output is drained by libpq in C
 (psycopg2 ``copy_expert`` into a buffer) and parsed by ``pyarrow.csv``, with no per-row Python;
-every value stays PostgreSQL's text output, cast later by ``headrace.materialize.types`` exactly as
+every value stays PostgreSQL's text output, cast later by ``headrace.core.spark_types`` exactly as
 change-stream values are.
 
 Why psycopg2 here: COPY sends one protocol message per row, and psycopg 3 hands each one to Python

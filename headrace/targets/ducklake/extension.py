@@ -15,8 +15,9 @@ from pathlib import Path
 
 import duckdb
 
-from headrace.config import DuckLakeConfig, redacted_dsn
 from headrace.core.errors import ConfigError, TransientError
+from headrace.core.settings import redacted_dsn
+from headrace.targets.ducklake.config import DuckLakeConfig
 
 LAKE_ALIAS = "hr_lake"
 

@@ -6,50 +6,33 @@ DuckLake transaction, so after a crash the data and the cursor always agree.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
 
-from headrace.config import DuckLakeConfig
-from headrace.core.errors import SchemaChangeError, UnsupportedError
+from headrace.core.errors import SchemaChangeError
 from headrace.core.interfaces import Target
+from headrace.core.keyless import net_row_changes
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
-from headrace.core.names import TableName, display_ident, path_segment, quote_ident, quote_spark
+from headrace.core.names import TableName, quote_ident
 from headrace.core.position import Position
-from headrace.core.schema import (
-    HR_COMMIT_TS,
-    HR_LSN,
-    HR_OP,
-    HR_SEQ,
-    HR_UNCHANGED,
-    SchemaChange,
-    TableSchema,
-    rename_collision,
-)
-from headrace.materialize.batch import HR_DELTA, HR_FROM, net_row_changes
-from headrace.targets.ducklake import extension, maintenance
-from headrace.targets.ducklake.types import (
-    cast_in,
-    cast_out,
-    duck_type,
-    registers_directly,
-    spark_type,
-)
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_SEQ, POSITION_COLUMNS
+from headrace.core.schema import SchemaChange, TableSchema, rename_collision
+from headrace.core.spark_types import text_value_frame
+from headrace.targets.ducklake import extension, files, maintenance, naming, plan
+from headrace.targets.ducklake.config import DuckLakeConfig
+from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly, spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 L = extension.LAKE_ALIAS
 CURSOR_TABLE = f"{L}._headrace.cursor"  # its own schema: cannot collide with replicated tables
-SNAPSHOT_FOLDER = "_headrace_snapshot"  # under the data path; Spark's files for initial copies
-_META = (f"{HR_LSN} BIGINT", f"{HR_SEQ} BIGINT", f"{HR_COMMIT_TS} TIMESTAMPTZ")
 
 
 class DuckLakeTarget(Target):
@@ -84,28 +67,15 @@ class DuckLakeTarget(Target):
         # REPLICA IDENTITY FULL: every column identifies the row.
         return table.key or table.column_names
 
-    def _refuse_table_twin(self, table: TableSchema) -> None:
-        """Refuse a table whose name matches another lake table's but for case: DuckDB would take
-        one for the other and mix two source tables' rows."""
-        schema, name = self._schema(table), table.target_table
-        for have_schema, have_name in self._con.execute(
-                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?"
-                " AND lower(schema_name) = lower(?) AND lower(table_name) = lower(?)", [L, schema, name]).fetchall():
-            if (have_schema, have_name) != (schema, name):
-                raise UnsupportedError(
-                    f"table {table.qualified_name} would be DuckLake table {TableName(schema, name)}, but the lake"
-                    f" has {TableName(have_schema, have_name)}, a name that differs only in case: DuckDB names are"
-                    " case-insensitive; replicate only one of the two tables to this lake (remove"
-                    f" {table.qualified_name} from the pipeline), or rename one in the source")
-
     # -- Target ------------------------------------------------------------------------------
     def ensure_table(self, table: TableSchema) -> str:
         """Create the schema and table (source columns + position columns) if missing."""
-        _refuse_case_twins(table)
+        naming.refuse_case_twins(table)
         with self._lock:
-            self._refuse_table_twin(table)
+            naming.refuse_table_twin(self._con, L, self._schema(table), table)
             self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
-            self._con.execute(self._create_sql(table).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+            self._con.execute(plan.create_sql(self._qualified(table), table)
+                              .replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
         return str(TableName(self._schema(table), table.target_table))
 
     def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
@@ -117,13 +87,13 @@ class DuckLakeTarget(Target):
         same files (no rows through Python); the files are then deleted.
         """
         self.ensure_table(table)
-        root = self._snapshot_root(table)
+        root = files.snapshot_root(self.settings.data_path, self._schema(table), table.target_table)
         self._remove_unregistered_attempts(root)
         folder = f"{root}/{uuid.uuid4().hex}"
-        self._write_parquet(table, rows, folder)
+        files.write_parquet(self.spark, table, rows, folder)
         direct = all(registers_directly(c.type) for c in table.columns)
         with self._lock:
-            files = [
+            written = [
                 r[0]
                 for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()
             ]
@@ -132,20 +102,20 @@ class DuckLakeTarget(Target):
                     # A copy in a new shape (resync after a schema change the table could not follow):
                     # the table is recreated in the same transaction as its new contents.
                     self._con.execute(f"DROP TABLE {self._qualified(table)}")
-                    self._con.execute(self._create_sql(table))
+                    self._con.execute(plan.create_sql(self._qualified(table), table))
                 elif replace:
                     # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
                     self._con.execute(f"DELETE FROM {self._qualified(table)}")
-                if files and direct:
+                if written and direct:
                     self._con.execute(
                         "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",
-                        [L, table.target_table, files, self._schema(table)],
+                        [L, table.target_table, written, self._schema(table)],
                     )
-                elif files:
-                    self._con.execute(self._insert_from_parquet(table), [files])
+                elif written:
+                    self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
                 count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
         if not direct:
-            _remove(folder)
+            files.remove(folder)
         return int(count)
 
     def apply_batch(
@@ -167,7 +137,7 @@ class DuckLakeTarget(Target):
             # No key: apply the batch as a multiset delta. Exactly once, because the cursor commits
             # in the same transaction (a batch is never applied twice).
             changes = net_row_changes(changes, table)
-        batch = _to_arrow(changes)
+        batch = files.to_arrow(changes)
         target = self._qualified(table)
         key = self._key(table)
         with self._lock:
@@ -184,7 +154,7 @@ class DuckLakeTarget(Target):
                     elif batch.num_rows:
                         moved = HR_FROM in batch.schema.names
                         kept = self._kept_columns(table)
-                        planned = self._con.execute(self._plan_sql(table, key, moved, kept)).arrow()
+                        planned = self._con.execute(plan.plan_sql(target, table, key, moved, kept)).arrow()
                         if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
                             planned = planned.read_all()
                         self._con.register("hr_planned", planned)
@@ -193,15 +163,7 @@ class DuckLakeTarget(Target):
                                 f"DELETE FROM {target} WHERE rowid IN "
                                 "(SELECT hr_old_rowid FROM hr_planned WHERE hr_older)"
                             )
-                        cols = [quote_ident(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
-                        values = [f"CAST({quote_ident(c.name)} AS {duck_type(c.type)})" for c in table.columns]
-                        values += [HR_LSN, HR_SEQ, HR_COMMIT_TS]
-                        cols += [quote_ident(k) for k in kept]
-                        values += [quote_ident(k) for k in kept]
-                        self._con.execute(
-                            f"INSERT INTO {target} ({', '.join(cols)}) SELECT {', '.join(values)} "
-                            f"FROM hr_planned WHERE {HR_OP} <> 'D' AND NOT hr_stale"
-                        )
+                        self._con.execute(plan.insert_planned_sql(target, table, kept))
                     self._write_cursor(table, log_offset)
             finally:
                 self._con.unregister("hr_batch")
@@ -231,13 +193,11 @@ class DuckLakeTarget(Target):
 
         Each step checks the table as it stands, so a second run after a crash skips what is done.
         """
-        from headrace.materialize.types import text_value_frame
-
         fills = {}
         for change in changes:
             col = change.column
             if change.apply and change.kind == "add_column" and col is not None:
-                fills[col.name] = _to_arrow(text_value_frame(self.spark, col.missing, col.type, self.keeps_infinity))
+                fills[col.name] = files.to_arrow(text_value_frame(self.spark, col.missing, col.type, self.keeps_infinity))
         with self._lock, self._transaction(new):
             name = self._qualified(old)
             if any(c.kind == "rename_table" and c.apply for c in changes):
@@ -272,15 +232,11 @@ class DuckLakeTarget(Target):
                         finally:
                             self._con.unregister("hr_default")
 
-    def _create_sql(self, table: TableSchema) -> str:
-        cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
-        return f"CREATE TABLE {self._qualified(table)} ({', '.join(cols + list(_META))})"
-
     def _shape_matches(self, table: TableSchema) -> bool:
         """The target table has exactly the columns and types ``table`` maps to (lock held)."""
         have = [(r[0], r[1]) for r in self._con.execute(f"DESCRIBE {self._qualified(table)}").fetchall()]
-        types = [duck_type(c.type) for c in table.columns] + [m.split(" ", 1)[1] for m in _META]
-        names = [*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS]
+        types = [duck_type(c.type) for c in table.columns] + [m.split(" ", 1)[1] for m in plan.META]
+        names = [*table.column_names, *POSITION_COLUMNS]
         row = self._con.execute(f"SELECT {', '.join(f'typeof(CAST(NULL AS {t}))' for t in types)}").fetchone()
         return row is not None and have == list(zip(names, row, strict=True))
 
@@ -368,29 +324,9 @@ class DuckLakeTarget(Target):
         )
 
     def _apply_net(self, table: TableSchema) -> None:
-        """Apply ``hr_batch`` (net row changes of a keyless table): remove, then add, copies.
-
-        A row the batch removes n times loses n of its identical copies in the target (the
-        oldest); each ``+1`` row is one more copy.
-        """
-        target = self._qualified(table)
-        same = " AND ".join(
-            f"o.{quote_ident(c.name)} IS NOT DISTINCT FROM {cast_in('b.' + quote_ident(c.name), c.type)}"
-            for c in table.columns
-        )
-        self._con.execute(
-            f"DELETE FROM {target} WHERE rowid IN (SELECT hr_rowid FROM ("
-            f"SELECT o.rowid AS hr_rowid, b.{HR_DELTA} AS hr_delta, row_number() OVER "
-            f"(PARTITION BY b.hr_row ORDER BY o.{HR_LSN}, o.{HR_SEQ}, o.rowid) AS hr_nth "
-            f"FROM (SELECT *, row_number() OVER () AS hr_row FROM hr_batch WHERE {HR_DELTA} < 0) b "
-            f"JOIN {target} o ON {same}) WHERE hr_nth <= -hr_delta)"
-        )
-        cols = [quote_ident(c.name) for c in table.columns] + [HR_LSN, HR_SEQ, HR_COMMIT_TS]
-        values = [f"CAST({cast_in(quote_ident(c.name), c.type)} AS {duck_type(c.type)})" for c in table.columns]
-        self._con.execute(
-            f"INSERT INTO {target} ({', '.join(cols)}) SELECT {', '.join(values + [HR_LSN, HR_SEQ, HR_COMMIT_TS])} "
-            f"FROM hr_batch WHERE {HR_DELTA} > 0"
-        )
+        """Apply ``hr_batch`` (net row changes of a keyless table): remove, then add, copies."""
+        self._con.execute(plan.net_delete_sql(self._qualified(table), table))
+        self._con.execute(plan.net_insert_sql(self._qualified(table), table))
 
     def _kept_columns(self, table: TableSchema) -> list[str]:
         """Target columns the source no longer has (``schema_changes.drop_column: keep``); lock held."""
@@ -398,86 +334,12 @@ class DuckLakeTarget(Target):
         return [r[0] for r in self._con.execute(f"DESCRIBE {self._qualified(table)}").fetchall()
                 if r[0] not in known]
 
-    def _plan_sql(self, table: TableSchema, key: tuple[str, ...], moved: bool = False,
-                  kept_columns: list[str] | None = None) -> str:
-        """Batch rows cast to target types, joined to the current target row of the same key.
-
-        ``moved``: the batch has ``_hr_from`` (rows whose key changed, leaving TOAST columns
-        unchanged): those take the unchanged values from the old key's target row instead.
-        ``kept_columns``: columns dropped in the source but kept in the target; a new version of a row
-        carries the old version's values there (what an UPDATE of the other columns would do).
-        """
-        eq = "=" if table.key else "IS NOT DISTINCT FROM"
-        join = " AND ".join(
-            f"o.{quote_ident(k)} {eq} {cast_in('b.' + quote_ident(k), table.column(k).type)}" for k in key
-        )
-        from_join = ""
-        if moved:
-            on = " AND ".join(
-                f"f.{quote_ident(k)} = {cast_in(f'struct_extract(b.{HR_FROM}, {_literal(k)})', table.column(k).type)}"
-                for k in key
-            )
-            from_join = f" LEFT JOIN {self._qualified(table)} f ON {on}"
-        select = []
-        for col in table.columns:
-            new = cast_in(f"b.{quote_ident(col.name)}", col.type)
-            if col.name not in key:
-                # A TOAST column the update did not send keeps the value already in the target.
-                unchanged = f"list_contains(string_split(coalesce(b.{HR_UNCHANGED}, ''), ','), {_literal(col.name)})"
-                kept = f"o.{quote_ident(col.name)}"
-                if moved:
-                    kept = f"CASE WHEN b.{HR_FROM} IS NOT NULL THEN f.{quote_ident(col.name)} ELSE {kept} END"
-                new = f"CASE WHEN {unchanged} THEN {kept} ELSE {new} END"
-            select.append(f"{new} AS {quote_ident(col.name)}")
-        select += [f"o.{quote_ident(k)} AS {quote_ident(k)}" for k in kept_columns or ()]
-        older = f"(o.{HR_LSN} < b.{HR_LSN} OR (o.{HR_LSN} = b.{HR_LSN} AND o.{HR_SEQ} < b.{HR_SEQ}))"
-        return (
-            f"SELECT {', '.join(select)}, b.{HR_LSN}, b.{HR_SEQ}, b.{HR_COMMIT_TS}, b.{HR_OP}, "
-            f"o.rowid AS hr_old_rowid, coalesce(o.rowid IS NOT NULL AND {older}, false) AS hr_older, "
-            f"coalesce(o.rowid IS NOT NULL AND NOT {older}, false) AS hr_stale "
-            f"FROM hr_batch b LEFT JOIN {self._qualified(table)} o ON {join}{from_join}"
-        )
-
-    def _insert_from_parquet(self, table: TableSchema) -> str:
-        values = [cast_in(quote_ident(c.name), c.type) for c in table.columns] + [
-            HR_LSN,
-            HR_SEQ,
-            HR_COMMIT_TS,
-        ]
-        return f"INSERT INTO {self._qualified(table)} SELECT {', '.join(values)} FROM read_parquet(?)"
-
-    def _snapshot_root(self, table: TableSchema) -> str:
-        base = self.settings.data_path.rstrip("/")
-        return f"{base}/{SNAPSHOT_FOLDER}/{path_segment(self._schema(table))}/{path_segment(table.target_table)}"
-
-    def _write_parquet(self, table: TableSchema, rows: DataFrame, folder: str) -> None:
-        """Spark writes the rows in target column order with microsecond timestamps."""
-        from pyspark.sql import functions as F
-
-        names = [*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS]
-        conf = self.spark.conf
-        key = "spark.sql.parquet.outputTimestampType"
-        previous = conf.get(key, None)
-        # Spark's default INT96 timestamps are not a DuckLake type; micros are (with/without zone).
-        conf.set(key, "TIMESTAMP_MICROS")
-        try:
-            rows.select(*[F.col(quote_spark(n)) for n in names]).write.mode("errorifexists").parquet(folder)
-        finally:
-            if previous is None:
-                conf.unset(key)
-            else:
-                conf.set(key, previous)
-
     def _remove_unregistered_attempts(self, root: str) -> None:
         """Delete folders of earlier copies that crashed before registering their files.
 
         Folders that any snapshot of the lake still references stay (time travel needs them).
-        Only local data paths are cleaned; on object stores the files stay until DuckLake's
-        orphan-file cleanup runs.
         """
-        if "://" in root or not Path(root).is_dir():
-            return
-        for attempt in Path(root).iterdir():
+        for attempt in files.attempt_folders(root):
             # Attempt folders are uuid-named, so matching the name also covers paths the catalog
             # stores relative to the data path.
             with self._lock:
@@ -487,41 +349,4 @@ class DuckLakeTarget(Target):
                 ).fetchone()
             used = row is not None and row[0] > 0
             if not used:
-                _remove(str(attempt))
-
-
-def _literal(text: str) -> str:
-    """A DuckDB string literal."""
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _remove(folder: str) -> None:
-    if "://" not in folder:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _to_arrow(changes: DataFrame) -> pa.Table:
-    """The batch on the driver as one Arrow table (Spark 3.5 has no public ``toArrow``)."""
-    to_arrow = getattr(changes, "toArrow", None)
-    if to_arrow is not None:
-        table: pa.Table = to_arrow()
-        return table
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    batches = changes._collect_as_arrow()
-    schema = to_arrow_schema(changes.schema)
-    return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
-
-
-def _refuse_case_twins(table: TableSchema) -> None:
-    """DuckDB (and so DuckLake) matches names case-insensitively: columns "ID" and "id" cannot live
-    in one table. Refuse such a table with the fix rather than fail on a DuckDB catalog error."""
-    seen: dict[str, str] = {}
-    for name in table.column_names:
-        twin = seen.setdefault(name.lower(), name)
-        if twin != name:
-            raise UnsupportedError(
-                f"table {table.qualified_name} has columns {display_ident(twin)} and {display_ident(name)}, which"
-                " differ only in case: DuckLake (DuckDB) names are case-insensitive and cannot hold both;"
-                f" rename one in the source (ALTER TABLE {table.qualified_name} RENAME COLUMN"
-                f" {display_ident(name)} TO <new name>) and resync the table, or replicate it to Iceberg")
+                files.remove(str(attempt))

@@ -17,8 +17,9 @@ from urllib.parse import quote, urlencode
 
 from psycopg.conninfo import conninfo_to_dict
 
-from headrace.config import IcebergConfig, redacted_dsn
 from headrace.core.errors import ConfigError
+from headrace.core.settings import redacted_dsn
+from headrace.targets.iceberg.config import IcebergConfig
 
 # libpq parameter -> pgjdbc parameter, for those both drivers know (others are refused, not dropped).
 _JDBC_PARAMS = {

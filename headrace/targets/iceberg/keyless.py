@@ -31,10 +31,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from headrace.core.keyless import net_row_changes
 from headrace.core.names import quote_spark
 from headrace.core.position import Position
-from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema
-from headrace.materialize.batch import HR_DELTA, net_row_changes
+from headrace.core.rows import HR_COMMIT_TS, HR_DELTA, HR_LSN, HR_SEQ
+from headrace.core.schema import TableSchema
 
 INTENT_SNAPSHOT = "headrace.intent.snapshot"
 INTENT_POSITION = "headrace.intent.position"

@@ -25,28 +25,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, TimestampType
 
-from headrace.config import IcebergConfig
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
-from headrace.core.schema import (
-    HR_COMMIT_TS,
-    HR_LSN,
-    HR_OP,
-    HR_SEQ,
-    HR_UNCHANGED,
-    SchemaChange,
-    TableSchema,
-    rename_collision,
-)
-from headrace.materialize.batch import HR_FROM
-from headrace.materialize.types import spark_type, text_value_frame
-from headrace.spark import JDBC_DRIVER_JAR
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.schema import SchemaChange, TableSchema, rename_collision
+from headrace.core.spark_types import spark_type, text_value_frame
 from headrace.targets.iceberg import maintenance
 from headrace.targets.iceberg.catalog import spark_catalog_conf
+from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.keyless import KeylessApply
+from headrace.targets.iceberg.session import JDBC_DRIVER_JAR
 
 WRITE_MODE = "merge-on-read"
 

@@ -1,4 +1,6 @@
-"""From PostgreSQL's text output to Spark values, one cast per logical type.
+"""From PostgreSQL's text output to Spark values, one cast per logical type (shared by the
+materializer, which casts staged changes and copies, and the targets, which map types and fill
+added columns).
 
 Values reach Spark as the text PostgreSQL prints for them: COPY (text or CSV) for the initial copy,
 pgoutput for the change stream, both in a session with ``TimeZone=UTC`` and ``DateStyle=ISO``. The
@@ -41,9 +43,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from headrace.config import columns_as_text_item
 from headrace.core.errors import TERMINAL_MARKER, UnsupportedError
-from headrace.core.names import ColumnName, TableName, TableNameError, display_ident
+from headrace.core.names import ColumnName, TableName, TableNameError, columns_as_text_item, display_ident
 from headrace.core.schema import ColumnType, TypeKind
 
 # Spark's DecimalType holds at most 38 digits.

@@ -1,0 +1,24 @@
+"""The ``target: {ducklake: ...}`` section: a catalog database plus a data path for Parquet files."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from headrace.core.settings import Frozen
+
+
+class DuckLakeConfig(Frozen):
+    """A DuckLake: catalog database plus a data path for Parquet files."""
+
+    catalog: str | None = Field(
+        None, description="DuckDB file path, sqlite:/path/meta.sqlite, or postgres:<libpq conninfo>"
+    )
+    catalog_env: str | None = Field(None, description="environment variable holding the catalog string")
+    data_path: str = Field(description="folder the DuckLake writes its Parquet files to")
+    schema_: str | None = Field(None, alias="schema", description="target schema; default: source schema")
+
+    @model_validator(mode="after")
+    def _one_catalog(self) -> DuckLakeConfig:
+        if (self.catalog is None) == (self.catalog_env is None):
+            raise ValueError("ducklake needs exactly one of: catalog, catalog_env")
+        return self

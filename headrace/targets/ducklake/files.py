@@ -1,0 +1,73 @@
+"""Rows between Spark and DuckDB: a batch collected as Arrow, a snapshot written as Parquet files
+under the lake's data path, and the folders of copies that crashed before registering their files.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from headrace.core.names import path_segment, quote_spark
+from headrace.core.rows import POSITION_COLUMNS
+from headrace.core.schema import TableSchema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SNAPSHOT_FOLDER = "_headrace_snapshot"  # under the data path; Spark's files for initial copies
+
+
+def to_arrow(changes: DataFrame) -> pa.Table:
+    """The batch on the driver as one Arrow table (Spark 3.5 has no public ``toArrow``)."""
+    to_arrow = getattr(changes, "toArrow", None)
+    if to_arrow is not None:
+        table: pa.Table = to_arrow()
+        return table
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    batches = changes._collect_as_arrow()
+    schema = to_arrow_schema(changes.schema)
+    return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+
+
+def snapshot_root(data_path: str, schema: str, table: str) -> str:
+    """The folder holding one table's initial-copy attempts (one uuid-named folder each)."""
+    base = data_path.rstrip("/")
+    return f"{base}/{SNAPSHOT_FOLDER}/{path_segment(schema)}/{path_segment(table)}"
+
+
+def write_parquet(spark: SparkSession, table: TableSchema, rows: DataFrame, folder: str) -> None:
+    """Spark writes the rows in target column order with microsecond timestamps."""
+    from pyspark.sql import functions as F
+
+    names = [*table.column_names, *POSITION_COLUMNS]
+    conf = spark.conf
+    key = "spark.sql.parquet.outputTimestampType"
+    previous = conf.get(key, None)
+    # Spark's default INT96 timestamps are not a DuckLake type; micros are (with/without zone).
+    conf.set(key, "TIMESTAMP_MICROS")
+    try:
+        rows.select(*[F.col(quote_spark(n)) for n in names]).write.mode("errorifexists").parquet(folder)
+    finally:
+        if previous is None:
+            conf.unset(key)
+        else:
+            conf.set(key, previous)
+
+
+def attempt_folders(root: str) -> Iterator[Path]:
+    """Earlier copy attempts' folders under ``root``; only local data paths are listed (on object
+    stores the files stay until DuckLake's orphan-file cleanup runs)."""
+    if "://" in root or not Path(root).is_dir():
+        return
+    yield from Path(root).iterdir()
+
+
+def remove(folder: str) -> None:
+    """Delete a local folder of snapshot files (object stores: left to DuckLake's cleanup)."""
+    if "://" not in folder:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,55 @@
+"""The ``target: {iceberg: ...}`` section: a warehouse and the catalog that tracks its tables."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from headrace.core.errors import ConfigError
+from headrace.core.settings import Frozen, from_env
+
+
+class IcebergCatalogConfig(Frozen):
+    """Which Iceberg catalog keeps track of the tables (README "Iceberg catalogs")."""
+
+    type: Literal["hadoop", "jdbc"] = Field(
+        "hadoop", description="hadoop: metadata files on the warehouse path only (no server; cannot rename"
+        " tables, and Iceberg advises against it in production); jdbc: Iceberg's JDBC catalog, a table of"
+        " current metadata locations in a PostgreSQL database, readable by pyiceberg, Trino, Flink, ..."
+    )
+    uri: str | None = Field(
+        None, description="jdbc: the catalog database, as a URL (postgresql://user@host:5432/lakecat) or a"
+        " libpq conninfo; a password is better given through uri_env or PGPASSWORD"
+    )
+    uri_env: str | None = Field(None, description="jdbc: environment variable holding the uri")
+
+    @model_validator(mode="after")
+    def _uri_for_jdbc(self) -> IcebergCatalogConfig:
+        given = self.uri is not None or self.uri_env is not None
+        if self.type == "jdbc" and (self.uri is None) == (self.uri_env is None):
+            raise ValueError("catalog type jdbc needs exactly one of: uri, uri_env")
+        if self.type == "hadoop" and given:
+            raise ValueError("catalog type hadoop takes no uri (it lives on the warehouse path); set type: jdbc")
+        return self
+
+    def resolved_uri(self) -> str:
+        """The JDBC catalog's database (from ``uri`` or the variable ``uri_env`` names)."""
+        uri = from_env(self.uri, self.uri_env, "target.iceberg.catalog.uri")
+        if not uri:
+            raise ConfigError("target.iceberg.catalog: type jdbc needs uri (or uri_env)")
+        return uri
+
+
+class IcebergConfig(Frozen):
+    """An Iceberg warehouse and the catalog that tracks its tables."""
+
+    warehouse: str = Field(description="warehouse root: a local path or any Hadoop filesystem URI")
+    namespace: str | None = Field(None, description="namespace of the target tables; default: source schema")
+    catalog_name: str = Field(
+        "headrace", description="name under which the catalog is registered in Spark; a JDBC catalog's rows"
+        " carry it, so other readers (pyiceberg's SqlCatalog) must use the same name"
+    )
+    catalog: IcebergCatalogConfig = Field(
+        IcebergCatalogConfig(), description="the catalog; default: a Hadoop catalog on the warehouse path"
+    )
