@@ -105,7 +105,11 @@ def test_replays_and_stale_changes_change_nothing(spark: SparkSession, target: T
     ])
     target.apply_batch(TABLE, batch, None, 5)
     first = rows_of(target, TABLE)
-    assert {k: v[:2] for k, v in first.items()} == {1: (1, "a2"), 3: (3, None), 4: (4, "new")}
+    assert first == {
+        1: (1, "a2", Decimal("2.0000"), ["y"], "x2", 200, 1),
+        3: (3, None, None, None, "big3", 100, 0),
+        4: (4, "new", Decimal("4.0000"), None, "z", 200, 3),
+    }
     target.apply_batch(TABLE, batch, None, 5)  # replay after a crash before the cursor moved
     assert rows_of(target, TABLE) == first
     assert_cursor(target, TABLE, 5)
