@@ -26,8 +26,6 @@ _db_counter = itertools.count()
 _TESTS = Path(__file__).parent
 # Directories whose tests run a whole pipeline (capture, staged log, Spark, a target).
 _E2E_DIRS = {"e2e", "control"}
-# A test that kills or crashes a process, by its module's or its own name.
-_CRASH_WORDS = ("crash", "kill")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -35,11 +33,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.path)).relative_to(_TESTS).parts
         fixtures = set(getattr(item, "fixturenames", ()))
-        names = (parts[-1] + item.name).lower()
         tiers = []
         if "spark_cluster" in fixtures:
             tiers.append("cluster")
-        if any(word in names for word in _CRASH_WORDS):
+        if "crash" in parts[-1] or "kill" in item.name:  # kills a process: test_crash*.py, test_kill_*
             tiers.append("crash")
         if parts[0] in _E2E_DIRS:
             tiers.append("e2e")
