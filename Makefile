@@ -1,5 +1,5 @@
 # The two set-up commands of the README: `make demo` and `make test`. Both install what they need.
-.PHONY: bootstrap demo test lint bench
+.PHONY: bootstrap demo test test-fast lint bench
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -14,6 +14,10 @@ lint:
 
 test: lint
 	.venv/bin/pytest -q -p no:cacheprovider tests
+
+# The unit tier only (no Spark session, no pipeline run; tiers: tests/conftest.py): under a minute.
+test-fast: bootstrap
+	.venv/bin/pytest -q -p no:cacheprovider -m unit tests
 
 bench: bootstrap
 	.venv/bin/python bench/change_throughput.py

@@ -2,6 +2,11 @@
 
 Each test that needs a source gets its own fresh database on the shared server (``source_dsn``),
 so tests cannot see each other's tables, slots or publications.
+
+Every test is also put in a tier here (``pytest_collection_modifyitems``), from its directory, its
+name and the fixtures it uses, so nobody has to remember a marker: ``unit`` (no Spark: ``make
+test-fast``), ``spark`` (components on the shared Spark session), ``e2e`` (whole pipelines),
+``crash`` and ``cluster``. ``make test`` runs them all.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,6 +23,27 @@ import pytest
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 
 _db_counter = itertools.count()
+_TESTS = Path(__file__).parent
+# Directories whose tests run a whole pipeline (capture, staged log, Spark, a target).
+_E2E_DIRS = {"e2e", "control"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (see the module docstring); ``-m unit`` is the fast tier."""
+    for item in items:
+        parts = Path(str(item.path)).relative_to(_TESTS).parts
+        fixtures = set(getattr(item, "fixturenames", ()))
+        tiers = []
+        if "spark_cluster" in fixtures:
+            tiers.append("cluster")
+        if "crash" in parts[-1] or "kill" in item.name:  # kills a process: test_crash*.py, test_kill_*
+            tiers.append("crash")
+        if parts[0] in _E2E_DIRS:
+            tiers.append("e2e")
+        elif "spark" in fixtures:
+            tiers.append("spark")
+        for tier in tiers or ["unit"]:
+            item.add_marker(tier)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -162,6 +162,19 @@ def wait_until(condition: Callable[[], object], seconds: float, what: str, every
         time.sleep(every)
 
 
+def changes_in_flight(dsn: str, state: Any) -> Callable[[], bool]:
+    """A ``wait_until`` condition: the source committed changes since this call and the staged log
+    holds changes not applied yet (buffered, staged, being applied), the moment a fault is meant to
+    hit. ``state`` is the pipeline's StateStore."""
+    start = wal_insert_lsn(dsn)
+    return lambda: wal_insert_lsn(dsn) > start and state.pending_totals()[0] > 0
+
+
+def log_count(path: Path, text: str) -> Callable[[], int]:
+    """How many times ``text`` (e.g. an event name) occurs in the log file at ``path`` so far."""
+    return lambda: path.read_text().count(text) if path.exists() else 0
+
+
 def wal_insert_lsn(dsn: str) -> int:
     """The LSN after everything committed so far (the insert position: commits are asynchronous)."""
     with psycopg.connect(dsn) as conn:

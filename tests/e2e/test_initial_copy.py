@@ -32,11 +32,12 @@ def _big_table(dsn: str, rows: int) -> None:
         conn.execute(WIDE_ROWS.format(lo=1, hi=rows))
 
 
-def _churn(dsn: str, stop: threading.Event, lo: int) -> None:
-    """Updates that move rows to other pages (new ctid), deletes and inserts, until stopped."""
+def _churn(dsn: str, stop: threading.Event, lo: int, rounds: int | None = None) -> None:
+    """Updates that move rows to other pages (new ctid), deletes and inserts, until stopped (or
+    after ``rounds`` rounds)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         i = 0
-        while not stop.is_set():
+        while not stop.is_set() and i != rounds:
             conn.execute("UPDATE big SET grp = grp + 1000, body = body || 'x' WHERE id = %s", (1 + (i * 37) % lo,))
             conn.execute("DELETE FROM big WHERE id = %s", (1 + (i * 53) % lo,))
             conn.execute("INSERT INTO big VALUES (%s, -1, 'new', now())", (lo + 10 + i,))
@@ -81,13 +82,8 @@ def test_kill_mid_copy_resumes_with_the_chunks_left(source_dsn: str, tmp_path: P
         oid = next(iter(progress.progress()))
         before = {c.number: c for c in progress.chunks(oid) if c.done}
         assert len(before) == 3  # the 4th group was written but not recorded: it is redone
-        # Rows move between pages while no snapshot holds the copy.
-        stop = threading.Event()
-        writer = threading.Thread(target=_churn, args=(source_dsn, stop, 10_000))
-        writer.start()
-        time.sleep(2)
-        stop.set()
-        writer.join()
+        # Rows move between pages while no snapshot holds the copy (as many rounds as the old 2 s gave).
+        _churn(source_dsn, threading.Event(), 10_000, rounds=100)
         # The resuming run is the same pipeline in this process (the session's Spark starts no JVM).
         local = Pipeline(parse_config({**raw, "spark": {"master": "local[2]"}}), spark=spark)
         with caplog.at_level(logging.INFO, logger="headrace"):

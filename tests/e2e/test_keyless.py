@@ -18,8 +18,9 @@ from tests.e2e.helpers import assert_same, make_config
 from tests.e2e.test_pipeline import run_caught_up
 
 
-@pytest.fixture(params=["iceberg", "ducklake", "ducklake-sqlite"])
+@pytest.fixture(params=["iceberg", "ducklake"])
 def target(request: pytest.FixtureRequest) -> str:
+    """Each target (keyless multisets on a SQLite DuckLake catalog: tests/targets/test_contract.py)."""
     return str(request.param)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,19 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise AssertionError(f"/proc/{pid}/status has no {field}")
 
 
+def settled(pid: int, samples: int = 3, within_kib: int = 2048) -> Callable[[], bool]:
+    """A ``wait_until`` condition: the process's RSS moved by at most ``within_kib`` over its last
+    ``samples`` polls (the run is idle, not still growing after its start and copy)."""
+    seen: list[int] = []
+
+    def check() -> bool:
+        seen.append(rss_kib(pid))
+        last = seen[-samples:]
+        return len(last) == samples and max(last) - min(last) <= within_kib
+
+    return check
+
+
 def test_a_burst_of_15x_the_bound_keeps_rss_bounded(source_dsn: str, tmp_path: Path, spark: Any) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE burst (id int PRIMARY KEY, payload text);"
@@ -58,7 +71,10 @@ def test_a_burst_of_15x_the_bound_keeps_rss_bounded(source_dsn: str, tmp_path: P
         try:
             wait_until(lambda: [r.state for r in state.tables()] == [TableState.STREAMING], 240,
                        "public.burst never reached STREAMING")
-            time.sleep(2)  # settled: streaming, idle
+            idle = wal_insert_lsn(source_dsn)
+            wait_until(lambda: state.captured_lsn() >= idle and state.pending_totals()[0] == 0, 60,
+                       "the copy's tail was not applied")
+            wait_until(settled(proc.pid), 60, "the run's memory did not settle", every=0.5)
             baseline = rss_kib(proc.pid)
             sampler.start()
             with psycopg.connect(source_dsn, autocommit=True) as conn:

@@ -10,9 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from headrace.materialize.apply import apply_next, current_cursor
 from headrace.pipeline import Pipeline
 from headrace.state.store import StateStore
-from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.helpers import assert_same, make_config, wait_until
 
 ALL_TYPES_DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
@@ -64,8 +65,9 @@ def target(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-# DuckLake with a SQLite catalog too, on the tests where the catalog does the most work (one
-# commit per batch, cursor rows, truncates).
+# DuckLake with a SQLite catalog too, on the broadest streaming test (one commit per batch, cursor
+# rows). Replays, truncates, the cursor and keyless tables on a SQLite catalog are checked without a
+# pipeline by the contract suite (tests/targets/test_contract.py, over TARGET_KINDS).
 WITH_SQLITE_CATALOG = pytest.mark.parametrize("target", ["iceberg", "ducklake", "ducklake-sqlite"])
 
 
@@ -150,27 +152,51 @@ def test_large_transaction_spills_and_applies(shop: str, tmp_path: Path, spark: 
         state.close()
 
 
-@WITH_SQLITE_CATALOG
-def test_replaying_applied_batches_changes_nothing(shop: str, tmp_path: Path, spark: Any, target: str) -> None:
-    pipeline = Pipeline(make_config(shop, tmp_path, ["public.customers"], target), spark=spark)
-    run_caught_up(pipeline)
-    with psycopg.connect(shop, autocommit=True) as conn:
-        conn.execute("UPDATE customers SET name = name || '!' WHERE id <= 100")
-        conn.execute("DELETE FROM customers WHERE id > 250")
-        conn.execute("INSERT INTO customers (name) VALUES ('late')")
-    run_caught_up(pipeline)
-    assert_same(pipeline, shop, "public.customers")
-    with psycopg.connect(shop, autocommit=True) as conn:  # forget every cursor: replay the whole log
-        conn.execute("UPDATE _headrace.mat_cursor SET log_offset = 0")
+def _rewind(pipeline: Pipeline, dsn: str, target: str, offset: int) -> None:
+    """Move every cursor back to ``offset`` in the staged log, as a crash before the cursor moved does."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE _headrace.mat_cursor SET log_offset = %s", (offset,))
     if target.startswith("ducklake"):  # the lake keeps its own cursor, committed with the data
         from headrace.targets.ducklake.target import CURSOR_TABLE
 
-        pipeline.target._con.execute(f"UPDATE {CURSOR_TABLE} SET log_offset = 0")  # type: ignore[attr-defined]
+        pipeline.target._con.execute(f"UPDATE {CURSOR_TABLE} SET log_offset = ?", [offset])  # type: ignore[attr-defined]
+
+
+def test_replaying_applied_batches_changes_nothing(shop: str, tmp_path: Path, spark: Any, target: str) -> None:
+    """An older batch applied again after a newer one leaves the newer values (the position rule:
+    a change at or before the row's position is skipped); then the whole log replayed in order."""
+    pipeline = Pipeline(make_config(shop, tmp_path, ["public.customers"], target), spark=spark)
+    run_caught_up(pipeline)
+    state = StateStore(shop, "t")
+    try:
+        row = state.tables()[0]
+        before_old = state.last_offset(row.oid)
+        with psycopg.connect(shop, autocommit=True) as conn:  # the older batch
+            conn.execute("UPDATE customers SET name = 'old', balance = -1 WHERE id <= 100")
+            conn.execute("DELETE FROM customers WHERE id BETWEEN 101 AND 110")
+        run_caught_up(pipeline)
+        after_old = state.last_offset(row.oid)
+        with psycopg.connect(shop, autocommit=True) as conn:  # the newer batch
+            conn.execute("UPDATE customers SET name = 'new' WHERE id <= 100")
+            conn.execute("INSERT INTO customers (id, name) SELECT g, 'back' FROM generate_series(101, 110) g")
+            conn.execute("DELETE FROM customers WHERE id > 250")
+            conn.execute("INSERT INTO customers (name) VALUES ('late')")
+        run_caught_up(pipeline)
+        assert_same(pipeline, shop, "public.customers")
+        assert before_old < after_old < state.last_offset(row.oid)
+        # Only the older batch again, after the newer one: its updates and deletes are stale.
+        _rewind(pipeline, shop, target, before_old)
+        while current_cursor(state, pipeline.target, row) < after_old:
+            assert apply_next(spark, state, pipeline.target, row, max_files=1) is not None
+        assert current_cursor(state, pipeline.target, row) == after_old
+        assert assert_same(pipeline, shop, "public.customers") == 251
+    finally:
+        state.close()
+    _rewind(pipeline, shop, target, 0)  # forget every cursor: replay the whole log in order
     run_caught_up(pipeline)
     assert_same(pipeline, shop, "public.customers")
 
 
-@WITH_SQLITE_CATALOG
 def test_truncate_replicates(shop: str, tmp_path: Path, spark: Any, target: str) -> None:
     with psycopg.connect(shop, autocommit=True) as conn:
         conn.execute("CREATE TABLE notes (id int PRIMARY KEY, customer int REFERENCES customers, body text);"
@@ -215,7 +241,11 @@ def test_changes_during_the_copy_and_a_restart(shop: str, tmp_path: Path, spark:
     writer.start()
     runner.start()
     writer_done.wait(120)
-    time.sleep(1)
+    state = StateStore(shop, "t")
+    try:  # streaming: the copy is done and a batch of changes applied
+        wait_until(lambda: any(state.cursor(r.oid) > 0 for r in state.tables()), 120, "no batch applied")
+    finally:
+        state.close()
     stop.set()  # a graceful stop mid-stream, then a restart resumes where it stopped
     runner.join(120)
     assert not runner.is_alive()

@@ -17,6 +17,7 @@ from headrace.pipeline import Pipeline
 from headrace.state.lifecycle import TableState
 from tests.e2e.helpers import (
     assert_same,
+    changes_in_flight,
     create_items_and_lines,
     raw_config,
     run_command,
@@ -48,7 +49,7 @@ def test_sigterm_under_load_stops_in_time_and_a_restart_converges(source_dsn: st
                     # the slow ones), with changes in flight: buffered, staged, being applied.
                     wait_until(lambda: all(f"apply.batch table={t}" in log_path.read_text() for t in TABLES), 120,
                                "no batch applied")
-                    time.sleep(2)
+                    wait_until(changes_in_flight(source_dsn, state), 60, "no changes in flight")
                     signalled = time.monotonic()
                     proc.send_signal(signal.SIGTERM)
                     code = proc.wait(STOP_TIMEOUT_SECONDS + 15)

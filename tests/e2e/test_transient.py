@@ -23,6 +23,7 @@ from headrace.state.lifecycle import TableState
 from headrace.targets.ducklake.extension import LAKE_ALIAS
 from tests.e2e.helpers import (
     assert_same,
+    changes_in_flight,
     create_items_and_lines,
     make_config,
     running,
@@ -53,7 +54,7 @@ def test_a_dropped_replication_connection_reconnects_and_converges(source_dsn: s
                        "the tables never reached STREAMING")
             with workload(source_dsn, seed=5):
                 for _ in range(2):
-                    time.sleep(2)  # changes in flight: buffered, staged, being applied
+                    wait_until(changes_in_flight(source_dsn, state), 60, "no changes in flight")
                     pid, _ = slot_position(source_dsn, config.slot_name)
                     assert pid is not None, "capture is not streaming"
                     _terminate_walsender(source_dsn, pid)
@@ -61,7 +62,10 @@ def test_a_dropped_replication_connection_reconnects_and_converges(source_dsn: s
                     wait_until(lambda old=pid: slot_position(source_dsn, config.slot_name)[0] not in (None, old),
                                60, "capture did not reconnect")
                     reconnect_seconds.append(round(time.monotonic() - dropped, 1))
-                time.sleep(2)
+                # Changes flow through the new connection: captured past what was committed by now.
+                since = wal_insert_lsn(source_dsn)
+                wait_until(lambda: pipeline.capture is not None and pipeline.capture.captured_lsn > since, 60,
+                           "nothing captured after reconnecting")
             end = wal_insert_lsn(source_dsn)
             assert pipeline.capture is not None
             wait_until(lambda: pipeline.capture is not None and pipeline.capture.captured_lsn >= end, 60,

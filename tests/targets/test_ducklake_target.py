@@ -1,4 +1,8 @@
-"""DuckLake target against real lakes: DuckDB-file, SQLite and PostgreSQL catalogs, real Spark."""
+"""DuckLake target against real lakes: DuckDB-file, SQLite and PostgreSQL catalogs, real Spark.
+
+What every target does (changes, TOAST, replays, truncates, keyless tables) is in test_contract.py;
+here what only DuckLake has: catalog kinds, Spark's files registered, plain DuckDB reading it back.
+"""
 
 from __future__ import annotations
 
@@ -210,6 +214,7 @@ def lake(tmp_path: Path) -> Iterator[DuckLakeConfig]:
 
 @pytest.fixture
 def target(spark: Any, lake: DuckLakeConfig) -> Iterator[DuckLakeTarget]:
+    """This module's DuckLake target (in place of the contract suite's, parametrised over kinds)."""
     t = DuckLakeTarget(spark, lake, "p1")
     t.ensure_table(SIMPLE)
     yield t
@@ -320,71 +325,6 @@ def test_every_type_round_trips(spark: Any, lake: DuckLakeConfig) -> None:
         text = con.execute(f"SELECT {cols} FROM lake.public.all_types WHERE id = ?", [rid]).fetchone()
         assert text is not None
         assert dict(zip(expected, text, strict=True)) == expected
-
-
-def test_insert_update_delete_key_change_and_toast(spark: Any, target: DuckLakeTarget) -> None:
-    target.write_snapshot(
-        SIMPLE,
-        snapshot_df(spark, SIMPLE, [(1, "a", "big1"), (2, "b", "big2"), (3, "c", "big3")]),
-        Position(100),
-    )
-    batch = batch_df(
-        spark,
-        SIMPLE,
-        [
-            ("I", 200, 0, None, 4, "d", "big4"),
-            ("U", 200, 1, "doc", 1, "a2", None),  # doc unchanged (TOAST): keep big1
-            ("D", 200, 2, None, 2, None, None),
-            ("D", 200, 3, None, 3, None, None),  # key change 3 -> 30: delete old key ...
-            ("I", 200, 3, None, 30, "c", "big3"),  # ... insert the new one
-        ],
-    )
-    target.apply_batch(SIMPLE, batch, None, 10)
-    rows = rows_of(target, SIMPLE)
-    assert {k: v[:3] for k, v in rows.items()} == {
-        1: (1, "a2", "big1"),
-        4: (4, "d", "big4"),
-        30: (30, "c", "big3"),
-    }
-    assert rows[1][3:5] == (200, 1)
-    assert target.read_cursor(SIMPLE) == 10
-
-
-def test_replay_is_idempotent(spark: Any, target: DuckLakeTarget) -> None:
-    target.write_snapshot(SIMPLE, snapshot_df(spark, SIMPLE, [(1, "a", "x"), (2, "b", "y")]), Position(100))
-    batch = batch_df(
-        spark,
-        SIMPLE,
-        [
-            ("U", 200, 0, None, 1, "a2", "x2"),
-            ("D", 200, 1, None, 2, None, None),
-            ("I", 200, 2, None, 3, "c", "z"),
-        ],
-    )
-    target.apply_batch(SIMPLE, batch, None, 5)
-    first = rows_of(target, SIMPLE)
-    target.apply_batch(SIMPLE, batch, None, 5)
-    assert rows_of(target, SIMPLE) == first
-    assert target.read_cursor(SIMPLE) == 5
-    # A stale change (at or before the row's position) never overwrites a newer row.
-    target.apply_batch(SIMPLE, batch_df(spark, SIMPLE, [("U", 150, 0, None, 1, "old", "old")]), None, 6)
-    assert rows_of(target, SIMPLE) == first
-    assert target.read_cursor(SIMPLE) == 6
-    # Catch-up after a snapshot: an insert of a key the snapshot already holds replaces it.
-    target.apply_batch(SIMPLE, batch_df(spark, SIMPLE, [("I", 300, 0, None, 3, "c3", "z3")]), None, 7)
-    assert rows_of(target, SIMPLE)[3][:3] == (3, "c3", "z3")
-    assert len(rows_of(target, SIMPLE)) == 2
-
-
-def test_truncate_before(spark: Any, target: DuckLakeTarget) -> None:
-    target.write_snapshot(SIMPLE, snapshot_df(spark, SIMPLE, [(1, "a", "x"), (2, "b", "y")]), Position(100))
-    batch = batch_df(spark, SIMPLE, [("I", 300, 1, None, 5, "e", "f")])
-    target.apply_batch(SIMPLE, batch, Position(300, 0), 3)
-    assert list(rows_of(target, SIMPLE)) == [5]
-    empty = batch_df(spark, SIMPLE, [])
-    target.apply_batch(SIMPLE, empty, Position(400, 0), 4)
-    assert rows_of(target, SIMPLE) == {}
-    assert target.read_cursor(SIMPLE) == 4
 
 
 def test_failure_mid_transaction_changes_nothing(
