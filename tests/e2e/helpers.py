@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import decimal
 import itertools
+import os
 import struct
 import sys
 import threading
@@ -26,6 +27,10 @@ from headrace.pipeline import Pipeline
 from headrace.source.postgres.catalog import read_table_schema
 
 _catalogs = itertools.count()
+# HEADRACE_TEST_DUCKLAKE_CATALOG=sqlite runs every e2e test written for "ducklake" on a SQLite
+# catalog instead of a DuckDB file: the whole behaviour suite on the other catalog kind, on demand
+# (CI runs the SQLite catalog through the contract suite and the tests that name "ducklake-sqlite").
+SQLITE_EVERYWHERE = os.environ.get("HEADRACE_TEST_DUCKLAKE_CATALOG") == "sqlite"
 
 TEXT_KINDS = {TypeKind.STRING, TypeKind.UUID, TypeKind.JSON, TypeKind.INTERVAL, TypeKind.TIME}
 
@@ -48,7 +53,7 @@ def raw_config(dsn: str, tmp: Path, tables: list[str], target: Target = "iceberg
         target_cfg: dict[str, Any] = target
     elif target == "iceberg":
         target_cfg = {"iceberg": {"warehouse": str(tmp / "warehouse"), "catalog_name": f"hr{next(_catalogs)}"}}
-    elif target == "ducklake-sqlite":
+    elif target == "ducklake-sqlite" or (target == "ducklake" and SQLITE_EVERYWHERE):
         target_cfg = {"ducklake": {"catalog": f"sqlite:{tmp / 'lake' / 'meta.sqlite'}",
                                    "data_path": str(tmp / "lake" / "data")}}
     else:
