@@ -49,19 +49,23 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of ``pids`` (all their threads), seconds."""
-    total = 0
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """utime + stime of each of ``pids`` (all its threads), seconds."""
+    out = {}
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
-            # utime, stime, cutime, cstime (fields 14-17 of stat): a reaped child's time moves to its
-            # parent's c-times, so the sum over the tree never goes down when a worker exits.
-            total += sum(int(f) for f in fields[11:15])
+            out[p] = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15 of stat)
         except (OSError, IndexError):
             continue
-    return total / TICK
+    return out
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the tree used between two samples: per process alive at both, its growth; a
+    process started meanwhile, all of it (one that ended meanwhile is left out: a small undercount)."""
+    return sum(t - before.get(p, 0.0) for p, t in after.items())
 
 
 def states(dsn: str, pipeline: str) -> list[str]:
@@ -112,7 +116,7 @@ def run_one(server: ThrowawayPostgres, kind: str, n: int, seconds: float, work: 
         pids = tree_pids(proc.pid)
         before, t0 = cpu_seconds(pids), time.monotonic()
         time.sleep(seconds)
-        used, wall = cpu_seconds(tree_pids(proc.pid)) - before, time.monotonic() - t0
+        used, wall = cpu_used(before, cpu_seconds(tree_pids(proc.pid))), time.monotonic() - t0
         # Wake-up: one row of one table changes; how long until it is applied.
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             lsn = 1 + int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
