@@ -139,19 +139,23 @@ def run_one(server: ThrowawayPostgres, kind: str, n: int, seconds: float, work: 
             "one_row_applied_s": round(wake, 2)}
 
 
-def plot(results: list[dict[str, Any]], png: Path, label: str) -> None:
+def plot(runs: list[tuple[str, list[dict[str, Any]]]], png: Path) -> None:
+    """Idle CPU against tables, one line per target and run (``runs``: (label, results))."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for kind in sorted({r["target"] for r in results}):
-        rs = sorted((r for r in results if r["target"] == kind), key=lambda r: r["tables"])
-        ax.plot([r["tables"] for r in rs], [r["idle_core_pct"] for r in rs], marker="o", label=kind)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label, results in runs:
+        for kind in sorted({r["target"] for r in results}):
+            rs = sorted((r for r in results if r["target"] == kind), key=lambda r: r["tables"])
+            ax.plot([r["tables"] for r in rs], [r["idle_core_pct"] for r in rs], marker="o",
+                    linestyle="--" if label == "before" else "-", label=f"{kind} {label}".strip())
     ax.set_xlabel("tables (idle)")
     ax.set_ylabel("CPU, % of one core (driver + JVM)")
-    ax.set_title(f"headrace idle cost {label}")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_title("headrace run, no source changes")
     ax.grid(alpha=.3)
     ax.legend()
     fig.tight_layout()
@@ -166,6 +170,7 @@ def main() -> int:
     ap.add_argument("--png", default=str(Path(__file__).resolve().parents[1] / "docs" / "idle.png"))
     ap.add_argument("--label", default="")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--before", help="results of an earlier run (its --json) to plot beside, dashed")
     args = ap.parse_args()
     results = []
     with ThrowawayPostgres() as server:
@@ -180,7 +185,8 @@ def main() -> int:
         print(f"{r['target']:10} {r['tables']:>6} {r['ready_s']:>8} {r['idle_core_pct']:>12} {r['one_row_applied_s']:>14}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    plot(results, Path(args.png), args.label)
+    runs = [("before", json.loads(Path(args.before).read_text()))] if args.before else []
+    plot([*runs, (args.label, results)], Path(args.png))
     return 0
 
 
