@@ -150,11 +150,14 @@ def plot(runs: list[tuple[str, list[dict[str, Any]]]], png: Path) -> None:
     for label, results in runs:
         for kind in sorted({r["target"] for r in results}):
             rs = sorted((r for r in results if r["target"] == kind), key=lambda r: r["tables"])
-            ax.plot([r["tables"] for r in rs], [r["idle_core_pct"] for r in rs], marker="o",
+            ax.plot([r["tables"] for r in rs], [max(r["idle_core_pct"], 0.01) for r in rs], marker="o",
                     linestyle="--" if label == "before" else "-", label=f"{kind} {label}".strip())
+            for r in rs:
+                ax.annotate(f"{r['idle_core_pct']:g}%", (r["tables"], max(r["idle_core_pct"], 0.01)),
+                            textcoords="offset points", xytext=(6, -3), fontsize=8)
     ax.set_xlabel("tables (idle)")
     ax.set_ylabel("CPU, % of one core (driver + JVM)")
-    ax.set_yscale("symlog", linthresh=1)
+    ax.set_yscale("log")
     ax.set_title("headrace run, no source changes")
     ax.grid(alpha=.3)
     ax.legend()
