@@ -188,7 +188,10 @@ class ApplyConfig(_Frozen):
     """The materializer."""
 
     max_batch_files: int = Field(200, gt=0, description="staged files per table per apply batch")
-    idle_sleep_seconds: float = Field(0.5, gt=0, description="pause when there is nothing to apply")
+    idle_sleep_seconds: float = Field(0.5, gt=0, description="pause when there is nothing to apply while"
+                                      " tables are being copied, catching up, retried or dropped")
+    idle_max_seconds: float = Field(5.0, gt=0, description="longest pause when every table streams and"
+                                    " nothing is staged (staged changes and commands end it at once)")
 
 
 class SchemaChangesConfig(_Frozen):

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -64,6 +65,7 @@ class Capture:
         self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
         self._stop = threading.Event()  # run()'s stop: ends a wait for staging space too
         self.backpressure = Backpressure(config.staging)
+        self.on_staged: Callable[[], None] = lambda: None  # called once staged files are registered
 
     @property
     def paused(self) -> bool:
@@ -284,6 +286,7 @@ class Capture:
         index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
         if files:
             crash_point("capture.after_register")
+            self.on_staged()  # the run loop applies them now, not at its next timed pass
         self.captured_lsn = max(self.captured_lsn, end_lsn)
         self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
         self.backpressure.staged(sum(f.rows for f in files), sum(f.bytes for f in files))

@@ -143,6 +143,15 @@ class LogIndex:
         ).fetchone()
         return int(row["m"]) if row and row["m"] is not None else 0
 
+    def tails(self) -> dict[int, int]:
+        """Every table's newest log offset, in one query (tables with no entries left out): the run
+        loop skips a table whose cursor is at its tail without a query of its own."""
+        rows = self.conn.execute(
+            "SELECT table_oid, max(log_offset) AS m FROM _headrace.log_index WHERE pipeline = %s GROUP BY table_oid",
+            (self.pipeline,),
+        ).fetchall()
+        return {int(r["table_oid"]): int(r["m"]) for r in rows}
+
     def pending_totals(self) -> tuple[int, int]:
         """Staged rows and bytes not yet applied, over the tables that are applying changes.
 

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("headrace.materialize")
 
 
-
 @dataclass(frozen=True)
 class Applied:
     """What one apply step did."""
@@ -46,12 +45,51 @@ class Applied:
     values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def current_cursor(state: StateStore, target: Target, row: TableRow) -> int:
-    """The table's position in the staged log: from the target when it keeps it, else from state."""
+class CursorCache:
+    """Each table's cursor as last read or advanced by this process, so a quiet table costs no read.
+
+    A cursor moves only when headrace commits a batch, and that commit updates the cache; so the
+    cached value stays right as long as nothing else writes it. What else can: a failed apply (the
+    target may or may not have committed), a new copy (another snapshot), a target opened anew (an
+    outage, a restart). The run drops the entry (``forget``) or the whole cache for those, and the
+    next read goes to the target or state again.
+    """
+
+    def __init__(self) -> None:
+        self._target: Target | None = None
+        self._known: dict[int, tuple[int | None, int]] = {}  # oid -> (snapshot LSN, cursor)
+
+    def get(self, target: Target, row: TableRow) -> int | None:
+        """The cached cursor, or None when it must be read."""
+        if target is not self._target:  # reopened: what the old one said is not evidence any more
+            self._target, self._known = target, {}
+            return None
+        known = self._known.get(row.oid)
+        return known[1] if known is not None and known[0] == row.snapshot_lsn else None
+
+    def put(self, target: Target, row: TableRow, cursor: int) -> None:
+        """Remember ``cursor`` as the table's position (read back, or just committed)."""
+        if target is not self._target:
+            self._target, self._known = target, {}
+        self._known[row.oid] = (row.snapshot_lsn, cursor)
+
+    def forget(self, oid: int) -> None:
+        """The table's cursor may have moved behind our back: read it again next time."""
+        self._known.pop(oid, None)
+
+
+def current_cursor(state: StateStore, target: Target, row: TableRow, cache: CursorCache | None = None) -> int:
+    """The table's position in the staged log: from the target when it keeps it, else from state
+    (through ``cache`` when given: read once, then kept in step by ``apply_next``)."""
+    if cache is not None and (cached := cache.get(target, row)) is not None:
+        return cached
     if target.stores_cursor:
-        stored = target.read_cursor(row.schema)
-        return max(stored or 0, 0)
-    return state.log_index.cursor(row.oid)
+        cursor = max(target.read_cursor(row.schema) or 0, 0)
+    else:
+        cursor = state.log_index.cursor(row.oid)
+    if cache is not None:
+        cache.put(target, row, cursor)
+    return cursor
 
 
 def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int) -> list[LogEntry]:
@@ -70,9 +108,12 @@ def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int) ->
 
 def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
                max_files: int, policy: SchemaChangesConfig | None = None,
-               values: ValuesConfig | None = None) -> Applied | None:
-    """Apply the table's next batch; None when the table is caught up with the staged log."""
-    cursor = current_cursor(state, target, row)
+               values: ValuesConfig | None = None, cursors: CursorCache | None = None) -> Applied | None:
+    """Apply the table's next batch; None when the table is caught up with the staged log.
+
+    With ``cursors``, the caller must ``forget`` the table when this raises (the target may have
+    committed the batch or not)."""
+    cursor = current_cursor(state, target, row, cursors)
     tail = state.log_index.last_offset(row.oid)
     entries = next_batch(state, row, cursor, max_files)
     if not entries:
@@ -98,6 +139,8 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
         ddl.append("truncate")
     crash_point("apply.after_target_commit")
     state.log_index.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
+    if cursors is not None:
+        cursors.put(target, row, max(cursor, last.offset))
     applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
                       time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl),
                       values_changed=batch.values_changed)

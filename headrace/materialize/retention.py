@@ -12,21 +12,25 @@ import logging
 from headrace.core.interfaces import Target
 from headrace.log.store import StagingStore
 from headrace.logs import event
-from headrace.materialize.apply import current_cursor
+from headrace.materialize.apply import CursorCache, current_cursor
 from headrace.state.store import StateStore
 
 log = logging.getLogger("headrace.materialize")
 
 
-def collect_applied(state: StateStore, target: Target, staging: StagingStore) -> int:
+def collect_applied(state: StateStore, target: Target, staging: StagingStore,
+                    cursors: CursorCache | None = None) -> int:
     """Delete the staged files (and log entries) every table has applied; return the file count.
 
     The cursor is the target's when it keeps one (DuckLake commits it with the data, so it may be
     a batch ahead of ``mat_cursor``), else the state's.
     """
     removed = 0
+    staged = state.log_index.tails()  # a table with no entries left has nothing to collect: no query
     for row in state.tables():
-        cursor = current_cursor(state, target, row)
+        if row.oid not in staged:
+            continue
+        cursor = current_cursor(state, target, row, cursors)
         if cursor <= 0:
             continue
         for location in state.log_index.collect_entries(row.oid, cursor):  # rows are gone now; files next

@@ -17,7 +17,7 @@ from headrace.core.errors import TerminalError
 from headrace.core.interfaces import Target
 from headrace.lineage.emitter import Lineage
 from headrace.logs import event
-from headrace.materialize.apply import apply_next, current_cursor
+from headrace.materialize.apply import CursorCache, apply_next, current_cursor
 from headrace.materialize.initial_copy import FailHandler
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import RunObserver
@@ -52,22 +52,38 @@ class ApplyPass:
         self.maintenance = maintenance
         self.lineage = lineage
         self.stats = stats
+        self.cursors = CursorCache()  # the target's cursors, read once per table (and after a failure)
+        self.settled = False  # at the last pass every table was STREAMING or PAUSED: the loop may wait long
 
     def run(self, spark: SparkSession, state: StateStore, target: Target, captured_lsn: int) -> bool:
-        """One pass; True when a batch was applied."""
+        """One pass; True when a batch was applied.
+
+        A quiet table costs no query of its own: one query gives every table's newest staged
+        offset, and a table whose cursor (kept in memory, ``CursorCache``) is there is skipped.
+        """
         did_work = False
         now = datetime.now(timezone.utc)
-        for row in state.tables():
-            if not (row.state.applies_changes or retry_apply(row, now)):
+        rows = state.tables()
+        tails = state.log_index.tails()
+        self.settled = all(r.state in (TableState.STREAMING, TableState.PAUSED) for r in rows)
+        for row in rows:
+            retry = retry_apply(row, now)
+            if not (row.state.applies_changes or retry):
+                self.cursors.forget(row.oid)  # a copy or a failure may move it before the table applies again
                 continue
-            try:
-                applied = apply_next(spark, state, target, row, self.config.apply.max_batch_files,
-                                     self.config.schema_changes, self.config.values)
-            except Exception as exc:
-                if not isinstance(exc, TerminalError) and self.outage.explains(exc):
-                    raise  # a server went away: the run waits for it; the table did nothing wrong
-                self.fail(state, row, exc, row.resume_state or row.state)
-                continue
+            cursor = None if retry else self.cursors.get(target, row)
+            if cursor is not None and tails.get(row.oid, 0) <= cursor:
+                applied = None  # nothing staged above the cursor
+            else:
+                try:
+                    applied = apply_next(spark, state, target, row, self.config.apply.max_batch_files,
+                                         self.config.schema_changes, self.config.values, self.cursors)
+                except Exception as exc:
+                    self.cursors.forget(row.oid)  # the target may have committed the batch, or not
+                    if not isinstance(exc, TerminalError) and self.outage.explains(exc):
+                        raise  # a server went away: the run waits for it; the table did nothing wrong
+                    self.fail(state, row, exc, row.resume_state or row.state)
+                    continue
             if applied is not None:
                 did_work = True
                 self.stats.batches += 1
@@ -97,7 +113,8 @@ def retry_apply(row: TableRow, now: datetime) -> bool:
             and row.resume_state.applies_changes and row.retry_at is not None and row.retry_at <= now)
 
 
-def caught_up(state: StateStore, target: Target, captured_lsn: int, start_lsn: int) -> tuple[bool, list[str]]:
+def caught_up(state: StateStore, target: Target, captured_lsn: int, start_lsn: int,
+              cursors: CursorCache | None = None) -> tuple[bool, list[str]]:
     """(every change committed before ``start_lsn`` is applied, the tables that failed for good)."""
     rows = state.tables()
     failed = [r.qualified_name for r in rows
@@ -110,6 +127,6 @@ def caught_up(state: StateStore, target: Target, captured_lsn: int, start_lsn: i
         if row.state is not TableState.STREAMING:
             return False, []
         # Caught up = every change committed before the start is applied; later ones may wait.
-        if current_cursor(state, target, row) < state.log_index.last_offset(row.oid, before_lsn=start_lsn):
+        if current_cursor(state, target, row, cursors) < state.log_index.last_offset(row.oid, before_lsn=start_lsn):
             return False, []
     return True, []

@@ -80,10 +80,18 @@ class Operations:
             except Exception as exc:
                 future.set_exception(exc)
 
-    def wait(self, seconds: float) -> None:
-        """Sleep in the run loop until ``seconds`` pass or a command arrives."""
-        self._wake.wait(seconds)
+    def begin_pass(self) -> None:
+        """A run-loop pass starts: it sees every command and staged file there is now, so a wake-up
+        from before is used up (one arriving during the pass makes the next ``wait`` return at once)."""
         self._wake.clear()
+
+    def wake(self) -> None:
+        """End the run loop's idle wait now (capture staged files)."""
+        self._wake.set()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep in the run loop until ``seconds`` pass, a command arrives or capture stages files."""
+        self._wake.wait(seconds)
 
     def close(self) -> None:
         """The run loop is ending: fail whatever is still queued."""

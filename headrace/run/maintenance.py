@@ -61,7 +61,8 @@ class MaintenanceSchedule:
         self.state_dsn = state_dsn
         self.pipeline = config.name
         self.batches: dict[int, int] = {}  # apply batches since the table's last pass
-        self.last_pass: dict[int, float] = {}  # monotonic time of the last pass (or of first sight)
+        self.last_pass: dict[int, float] = {}  # monotonic time of the last pass
+        self._started = time.monotonic()  # a run does not start with a pass of every table
         self._store: MaintenanceStore | None = None
 
     def batch_applied(self, oid: int) -> None:
@@ -69,14 +70,16 @@ class MaintenanceSchedule:
         self.batches[oid] = self.batches.get(oid, 0) + 1
 
     def _due(self, row: TableRow, now: float) -> bool:
-        first = self.last_pass.setdefault(row.oid, now)  # a run does not start with a pass of every table
+        last = self.last_pass.get(row.oid, self._started)
         return (self.batches.get(row.oid, 0) >= self.settings.after_batches
-                and now - first >= self.settings.every_minutes * 60)
+                and now - last >= self.settings.every_minutes * 60)
 
     def step(self, state: StateStore, target: Target) -> bool:
         """Maintain at most one due table; True when one was maintained."""
         if not self.settings.enabled:
             return False
+        if not any(n >= self.settings.after_batches for n in self.batches.values()):
+            return False  # no table can be due: no query (a quiet pipeline costs nothing)
         now = time.monotonic()
         for row in state.tables():
             if row.state.applies_changes and self._due(row, now):

@@ -151,6 +151,7 @@ class Pipeline:
         rows = state.tables()
         self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows})
         capture_stop = threading.Event()
+        self.capture.on_staged = self.operations.wake  # staged files end the loop's idle wait
         thread = threading.Thread(target=self.capture.run, args=(capture_stop,), name="capture", daemon=True)
         thread.start()
         for service in self.services:
@@ -184,6 +185,7 @@ class Pipeline:
         interrupted = 0  # consecutive loop steps an outage cut short
         while not stop.is_set():
             self.loop_passes += 1
+            self.operations.begin_pass()
             try:
                 self.operations.run_pending(state)
                 self.wal_guard.step()
@@ -194,10 +196,11 @@ class Pipeline:
                     did_work |= self.apply_pass.run(self.spark, state, self.target, self.capture.captured_lsn)
                     did_work |= self.maintenance.step(state, self.target)  # between apply passes
                 if time.monotonic() >= next_gc:
-                    collect_applied(state, self.target, self.staging)
+                    collect_applied(state, self.target, self.staging, self.apply_pass.cursors)
                     next_gc = time.monotonic() + self.config.staging.gc_seconds
                 if until_caught_up:
-                    done, failed = caught_up(state, self.target, self.capture.captured_lsn, start_lsn)
+                    done, failed = caught_up(state, self.target, self.capture.captured_lsn, start_lsn,
+                                             self.apply_pass.cursors)
                     if failed:
                         event(log, "run.failed", logging.ERROR, tables=",".join(failed))
                         return 1
@@ -209,7 +212,7 @@ class Pipeline:
                         raise self.capture.failure  # its own class and message: the start-up check's
                     raise TerminalError(f"capture stopped: {self.capture.last_error}")
                 if not did_work:
-                    self.operations.wait(self.config.apply.idle_sleep_seconds)
+                    self.operations.wait(self._idle_wait(until_caught_up, next_gc))
                 if interrupted:
                     event(log, "run.resumed", after_attempts=interrupted)
                     interrupted = 0
@@ -223,6 +226,22 @@ class Pipeline:
                 interrupted += 1
                 ride_out(self.outage, exc, interrupted, stop, self._release)
         return 0
+
+    def _idle_wait(self, until_caught_up: bool, next_gc: float) -> float:
+        """How long a pass that found nothing to do waits (staged files and commands end it sooner).
+
+        When every table streams (or is paused) and nothing else is under way, nothing can be due
+        before capture stages files (it wakes the loop) or a timed step comes round (the catalog
+        poll, the WAL check, staging GC), so the loop sleeps until the first of those, at most
+        ``apply.idle_max_seconds``. Otherwise (copies, catch-up, retries, drops, a paused pipeline,
+        ``--until-caught-up``) it keeps the short ``apply.idle_sleep_seconds``.
+        """
+        short = self.config.apply.idle_sleep_seconds
+        if (until_caught_up or self.operations.paused or not self.apply_pass.settled or self.copier.running
+                or self.table_watch.busy):
+            return short
+        due = min(self.table_watch.next_due, self.wal_guard.next_due, next_gc) - time.monotonic()
+        return max(short, min(due, self.config.apply.idle_max_seconds))
 
     def _release(self) -> None:
         """Drop what an outage broke: the copy round (its progress is kept per chunk; the next round

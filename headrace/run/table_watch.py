@@ -71,6 +71,16 @@ class TableWatch:
         self._next_poll = 0.0
         self._quiet_until = 0.0  # after a failure, nothing until then
 
+    @property
+    def next_due(self) -> float:
+        """When (``time.monotonic``) the next catalog poll is due."""
+        return max(self._next_poll, self._quiet_until)
+
+    @property
+    def busy(self) -> bool:
+        """Dropped or recreated tables are being finished (the loop keeps its short cadence)."""
+        return bool(self.dropping or self._retired)
+
     def step(self, state: StateStore) -> bool:
         """Finish dropped tables whose changes are all applied; poll the catalog when due.
 

@@ -29,6 +29,11 @@ class WalGuard:
         self._next = 0.0
         self._warned = False
 
+    @property
+    def next_due(self) -> float:
+        """When (``time.monotonic``) the next check is due."""
+        return self._next
+
     def current(self) -> SlotWal | None:
         """The slot's WAL read now (for /readyz); None when the slot or the source cannot be seen."""
         try:
