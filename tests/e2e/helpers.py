@@ -172,7 +172,7 @@ def changes_in_flight(dsn: str, state: Any) -> Callable[[], bool]:
     holds changes not applied yet (buffered, staged, being applied), the moment a fault is meant to
     hit. ``state`` is the pipeline's StateStore."""
     start = wal_insert_lsn(dsn)
-    return lambda: wal_insert_lsn(dsn) > start and state.pending_totals()[0] > 0
+    return lambda: wal_insert_lsn(dsn) > start and state.log_index.pending_totals()[0] > 0
 
 
 def log_count(path: Path, text: str) -> Callable[[], int]:

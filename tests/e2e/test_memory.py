@@ -72,7 +72,7 @@ def test_a_burst_of_15x_the_bound_keeps_rss_bounded(source_dsn: str, tmp_path: P
             wait_until(lambda: [r.state for r in state.tables()] == [TableState.STREAMING], 240,
                        "public.burst never reached STREAMING")
             idle = wal_insert_lsn(source_dsn)
-            wait_until(lambda: state.captured_lsn() >= idle and state.pending_totals()[0] == 0, 60,
+            wait_until(lambda: state.captured_lsn() >= idle and state.log_index.pending_totals()[0] == 0, 60,
                        "the copy's tail was not applied")
             wait_until(settled(proc.pid), 60, "the run's memory did not settle", every=0.5)
             baseline = rss_kib(proc.pid)

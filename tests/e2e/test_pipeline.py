@@ -170,12 +170,12 @@ def test_replaying_applied_batches_changes_nothing(shop: str, tmp_path: Path, sp
     state = StateStore(shop, "t")
     try:
         row = state.tables()[0]
-        before_old = state.last_offset(row.oid)
+        before_old = state.log_index.last_offset(row.oid)
         with psycopg.connect(shop, autocommit=True) as conn:  # the older batch
             conn.execute("UPDATE customers SET name = 'old', balance = -1 WHERE id <= 100")
             conn.execute("DELETE FROM customers WHERE id BETWEEN 101 AND 110")
         run_caught_up(pipeline)
-        after_old = state.last_offset(row.oid)
+        after_old = state.log_index.last_offset(row.oid)
         with psycopg.connect(shop, autocommit=True) as conn:  # the newer batch
             conn.execute("UPDATE customers SET name = 'new' WHERE id <= 100")
             conn.execute("INSERT INTO customers (id, name) SELECT g, 'back' FROM generate_series(101, 110) g")
@@ -183,7 +183,7 @@ def test_replaying_applied_batches_changes_nothing(shop: str, tmp_path: Path, sp
             conn.execute("INSERT INTO customers (name) VALUES ('late')")
         run_caught_up(pipeline)
         assert_same(pipeline, shop, "public.customers")
-        assert before_old < after_old < state.last_offset(row.oid)
+        assert before_old < after_old < state.log_index.last_offset(row.oid)
         # Only the older batch again, after the newer one: its updates and deletes are stale.
         _rewind(pipeline, shop, target, before_old)
         while current_cursor(state, pipeline.target, row) < after_old:
@@ -243,7 +243,7 @@ def test_changes_during_the_copy_and_a_restart(shop: str, tmp_path: Path, spark:
     writer_done.wait(120)
     state = StateStore(shop, "t")
     try:  # streaming: the copy is done and a batch of changes applied
-        wait_until(lambda: any(state.cursor(r.oid) > 0 for r in state.tables()), 120, "no batch applied")
+        wait_until(lambda: any(state.log_index.cursor(r.oid) > 0 for r in state.tables()), 120, "no batch applied")
     finally:
         state.close()
     stop.set()  # a graceful stop mid-stream, then a restart resumes where it stopped
