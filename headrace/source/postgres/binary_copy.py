@@ -2,8 +2,9 @@
 
 The ADBC PostgreSQL driver runs ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` and decodes it in
 C, so most columns arrive typed and need no cast in Spark. Measured on 2M rows of
-``bench/initial_copy.py``'s table (2-core machine): CSV via psycopg2 and ``pyarrow.csv`` 7.1 s
-(2.9 s read, 4.2 s parse), this read 3.9 s, raw binary COPY into psql 2.2 s.
+``bench/initial_copy.py``'s table (2-core machine, ``--reads-only``): CSV via psycopg2 and
+``pyarrow.csv`` 3.4 s wall / 2.0 s CPU, this read 2.6 s / 1.2 s, raw binary COPY into psql 1.2 s
+(docs/benchmarks.md).
 
 Each column takes one of three routes (``column_routes``), so a value ends in the target exactly as
 the change stream (which casts PostgreSQL's text) would write it:
@@ -11,13 +12,14 @@ the change stream (which casts PostgreSQL's text) would write it:
 - ``BINARY``: types whose binary form decodes to the very value the text cast gives: boolean,
   smallint/integer, bigint, real, double precision (NaN and infinities included), bytea, text and
   character varying. Each is selected with an explicit cast to its base type, so a domain over
-  one reads as the base type.
+  one of these (text and varchar excepted: their domains take the text route) reads as its base.
 - ``SPLIT``: date, timestamp and timestamptz. Values in years 1..9999 come binary; the rest
   (infinities, BC, beyond 9999) as text in a second column, for ``cast_text``'s range rules. The
   driver would wrap infinities into wrong dates, so they must never come binary.
 - ``TEXT``: everything else, as the type's output function prints it (the CSV path's text):
   numeric (the driver prints ``nan`` where PostgreSQL prints ``NaN``), char(n), time, interval,
-  uuid, json, arrays, ranges, enums, domains over those, and ``source.columns_as_text`` columns.
+  uuid, json, arrays, ranges, enums, domains over those and over text, and ``source.columns_as_text``
+  columns.
 """
 
 from __future__ import annotations
@@ -50,10 +52,6 @@ _BINARY: dict[TypeKind, tuple[str, pa.DataType]] = {
     TypeKind.DOUBLE: ("double precision", pa.float64()),
     TypeKind.BINARY: ("bytea", pa.binary()),
 }
-_BINARY_TYPES = {  # the pg_type spellings each kind may have to come binary (not as-text columns)
-    TypeKind.BOOLEAN: ("boolean",), TypeKind.INT: ("smallint", "integer"), TypeKind.LONG: ("bigint",),
-    TypeKind.FLOAT: ("real",), TypeKind.DOUBLE: ("double precision",), TypeKind.BINARY: ("bytea",),
-}
 # Strings whose binary form is their text output byte for byte (char(n) is not: its cast trims).
 _TEXT_TYPES = ("text", "character varying")
 # kind -> (SQL cast, Arrow type, the range [low, high) that comes binary)
@@ -71,12 +69,13 @@ SESSION_SETTINGS = ("SET TimeZone = 'UTC'", "SET DateStyle = 'ISO'", "SET Interv
 
 def column_route(ct: ColumnType) -> Route:
     """The route of a column of type ``ct`` (module docstring)."""
-    if ct.kind in _BINARY and ct.pg_type in _BINARY_TYPES[ct.kind]:
+    # A kind other than STRING is the column's own type or a domain's base type, never a
+    # ``source.columns_as_text`` column (those are STRING whatever their type).
+    if ct.kind in _BINARY:
         return Route.BINARY
     if ct.kind is TypeKind.STRING and ct.pg_type.split("(")[0] in _TEXT_TYPES:
         return Route.BINARY
-    if ct.kind in _SPLIT and ct.pg_type.split("(")[0] in ("date", "timestamp without time zone",
-                                                           "timestamp with time zone"):
+    if ct.kind in _SPLIT:
         return Route.SPLIT
     return Route.TEXT
 
