@@ -182,6 +182,10 @@ class SnapshotConfig(_Frozen):
 
     chunk_pages: int = Field(4096, gt=0, description="heap pages per copy chunk (8 KiB each)")
     max_connections: int = Field(4, gt=0, description="most source connections copying at once")
+    binary_copy: bool = Field(
+        True, description="read chunks as binary COPY into typed Arrow (ADBC driver); false reads CSV text"
+        " and casts every column in Spark (the earlier path, kept as a fallback)"
+    )
 
 
 class ApplyConfig(_Frozen):

@@ -166,7 +166,8 @@ class InitialCopy:
             counted: list[Callable[[], ValueCounts]] = []
             df = snapshot_dataframe(self.spark, self.dsn, snapshot_name, schema,
                                     [(c.start_page, c.end_page) for c in group], position,
-                                    value_rules(name, self.target, self.config.values.infinity), counted.append)
+                                    value_rules(name, self.target, self.config.values.infinity), counted.append,
+                                    binary=self.config.snapshot.binary_copy)
             if resume:
                 rows = self._merge(state, row, schema, df)
             else:

@@ -1,8 +1,10 @@
 """The initial copy as a Spark job: one task per ctid chunk, each COPYing from the exported snapshot.
 
-The driver only plans chunks; rows never pass through it. Tasks yield Arrow batches of text (see
-``headrace.source.postgres.copy``) and Spark casts them with the same expressions as the change
-stream, so a value looks the same in the target whichever path wrote it.
+The driver only plans chunks; rows never pass through it. With ``binary`` (the default) tasks read
+binary COPY into typed Arrow (``headrace.source.postgres.binary_copy``) and only the columns that
+come as text are cast by Spark; otherwise every column comes as CSV text
+(``headrace.source.postgres.copy``). Text is cast with the same expressions as the change stream,
+so a value looks the same in the target whichever path wrote it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema
-from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
+from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts, spark_type
+from headrace.source.postgres import binary_copy
+from headrace.source.postgres.binary_copy import Route, copy_chunk_binary
 from headrace.source.postgres.copy import copy_chunk
 
 # (column, reason) -> values the casts changed (see ``changed_value_counts``)
@@ -34,6 +38,7 @@ def snapshot_dataframe(
     position: Position,
     rules: ValueRules | None = None,
     on_changed: Callable[[Callable[[], ValueCounts]], None] | None = None,
+    binary: bool = True,
 ) -> DataFrame:
     """Rows of ``table`` in ``chunks`` as of the exported snapshot, in the Target row shape.
 
@@ -42,11 +47,19 @@ def snapshot_dataframe(
     Every row carries ``position`` (seq 0) and a NULL commit time. ``on_changed`` receives a
     function giving the values the casts changed (``values.infinity: clamp``), to be called only
     after an action on the DataFrame completed: counted by the same scan (a Spark ``Observation``).
+    ``binary`` reads binary COPY into typed Arrow; else CSV text (``snapshot.binary_copy``).
     """
     if not chunks:
         raise ValueError(f"no chunks to copy for {table.qualified_name}; plan_chunks gives at least one")
     ncols = len(table.columns)
-    text_schema = StructType([StructField(f"c{i}", StringType(), True) for i in range(ncols)])
+    if binary:
+        routes = binary_copy.column_routes(table)
+        read_schema = _read_schema(table, routes)
+        read = copy_chunk_binary
+    else:
+        routes = [Route.TEXT] * ncols
+        read_schema = StructType([StructField(f"c{i}", StringType(), True) for i in range(ncols)])
+        read = copy_chunk
     plan = list(chunks)
 
     def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -54,15 +67,26 @@ def snapshot_dataframe(
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 start, end = plan[index]
-                yield from copy_chunk(dsn, snapshot_name, table, start, end)
+                yield from read(dsn, snapshot_name, table, start, end)
 
     # spark.range with one partition per chunk puts exactly one chunk index in each task.
     descriptors = spark.range(0, len(plan), 1, numPartitions=len(plan))
-    text = descriptors.mapInArrow(copy_partition, text_schema)
+    text = descriptors.mapInArrow(copy_partition, read_schema)
+    # The text each column's casts see: a SPLIT column's text holds only the values outside the
+    # binary range (infinities, BC, beyond 9999), the only ones the range rules change.
+    texts = {i: F.col(f"t{i}" if route is Route.SPLIT else f"c{i}")
+             for i, route in enumerate(routes) if route is not Route.BINARY}
     if on_changed is not None:
-        text = _observe_changed_values(text, table, rules or ValueRules(), on_changed)
-    columns = [cast_text(F.col(f"c{i}"), col.type, rules, col.name).alias(col.name)
-               for i, col in enumerate(table.columns)]
+        text = _observe_changed_values(text, table, texts, rules or ValueRules(), on_changed)
+    columns = []
+    for i, (col, route) in enumerate(zip(table.columns, routes, strict=True)):
+        if route is Route.BINARY:
+            value = F.col(f"c{i}")
+        elif route is Route.SPLIT:
+            value = F.coalesce(F.col(f"c{i}"), cast_text(texts[i], col.type, rules, col.name))
+        else:
+            value = cast_text(texts[i], col.type, rules, col.name)
+        columns.append(value.alias(col.name))
     return text.select(
         *columns,
         F.lit(position.lsn).cast("bigint").alias(HR_LSN),
@@ -71,11 +95,21 @@ def snapshot_dataframe(
     )
 
 
-def _observe_changed_values(text: DataFrame, table: TableSchema, rules: ValueRules,
+def _read_schema(table: TableSchema, routes: list[Route]) -> StructType:
+    """The Spark form of ``binary_copy.arrow_schema``: the target's type where a column comes typed."""
+    fields = []
+    for i, (col, route) in enumerate(zip(table.columns, routes, strict=True)):
+        fields.append(StructField(f"c{i}", StringType() if route is Route.TEXT else spark_type(col.type), True))
+        if route is Route.SPLIT:
+            fields.append(StructField(f"t{i}", StringType(), True))
+    return StructType(fields)
+
+
+def _observe_changed_values(text: DataFrame, table: TableSchema, texts: dict[int, Column], rules: ValueRules,
                             on_changed: Callable[[Callable[[], ValueCounts]], None]) -> DataFrame:
-    """``text`` counting the values the casts will change, reported through ``on_changed``."""
+    """``text`` counting the values the casts will change (of columns with ``texts``), via ``on_changed``."""
     counts = changed_value_counts(
-        [(col.name, col.type, F.col(f"c{i}")) for i, col in enumerate(table.columns)], rules)
+        [(col.name, col.type, texts[i]) for i, col in enumerate(table.columns) if i in texts], rules)
     if not counts:
         return text
     # A name per DataFrame: an observation whose write failed stays registered under its name.

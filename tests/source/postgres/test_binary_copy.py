@@ -1,0 +1,42 @@
+"""The binary copy's per-column routes, read from a real table: what comes typed, split or as text."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import psycopg
+
+from headrace.source.postgres.binary_copy import Route, column_routes, copy_chunk_binary
+from headrace.source.postgres.catalog import read_table_schema
+from headrace.source.postgres.copy import OPEN_END, copy_chunk
+
+DDL = """
+CREATE DOMAIN bc_small AS smallint;
+CREATE TYPE bc_pair AS (a int, b text);
+CREATE TABLE bc_routes (id bigint PRIMARY KEY, small bc_small, flag boolean, ratio real, body text,
+                        name varchar(20), code char(4), amount numeric(12,2), pair bc_pair, addr inet,
+                        day date, at timestamptz);
+INSERT INTO bc_routes VALUES
+  (1, 7, true, 1.5, '', 'x', 'ab', 12.5, '(,)', '10.0.0.1', '2024-02-29', '2024-01-01 10:00:00+02'),
+  (2, NULL, NULL, 'NaN', NULL, NULL, NULL, NULL, NULL, NULL, 'infinity', '0044-03-15 10:00:00+00 BC');
+"""
+
+
+def test_routes_and_values_match_the_text_path(source_dsn: str) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute(DDL)
+        table = read_table_schema(conn, "public.bc_routes")
+    B, S, T = Route.BINARY, Route.SPLIT, Route.TEXT
+    assert column_routes(table) == [B, B, B, B, B, B, T, T, T, T, S, S]
+
+    got = {r["c0"]: r for b in copy_chunk_binary(source_dsn, None, table, 0, OPEN_END) for r in b.to_pylist()}
+    text = {int(r["c0"]): r for b in copy_chunk(source_dsn, None, table, 0, OPEN_END) for r in b.to_pylist()}
+    assert got[1]["c1"] == 7 and got[1]["c2"] is True and got[1]["c4"] == "" and got[2]["c4"] is None
+    for i in (6, 7, 8, 9):  # text route: exactly the CSV path's text, a composite of NULLs included
+        assert [got[k][f"c{i}"] for k in (1, 2)] == [text[k][f"c{i}"] for k in (1, 2)], i
+    assert got[1]["c8"] == "(,)" and got[1]["c9"] == "10.0.0.1" and got[1]["c6"] == "ab  "
+    # split: in-range values typed, the rest as text for the range rules
+    assert (got[1]["c10"], got[1]["t10"]) == (dt.date(2024, 2, 29), None)
+    assert (got[2]["c10"], got[2]["t10"]) == (None, "infinity")
+    assert got[1]["c11"] == dt.datetime(2024, 1, 1, 8, tzinfo=dt.timezone.utc) and got[1]["t11"] is None
+    assert (got[2]["c11"], got[2]["t11"]) == (None, "0044-03-15 10:00:00+00 BC")
