@@ -71,6 +71,8 @@ class ApplyPass:
             if not (row.state.applies_changes or retry):
                 self.cursors.forget(row.oid)  # a copy or a failure may move it before the table applies again
                 continue
+            if self.maintenance.busy(row.oid):
+                continue  # compacted right now (run.maintenance): applied when the pass ends
             cursor = None if retry else self.cursors.get(target, row)
             if cursor is not None and tails.get(row.oid, 0) <= cursor:
                 applied = None  # nothing staged above the cursor

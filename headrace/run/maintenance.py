@@ -1,9 +1,11 @@
 """When to maintain which table, inside ``run`` and for ``headrace maintain``.
 
-The run loop calls ``MaintenanceSchedule.step`` between apply passes: at most one table per call,
-one that is due (``every_minutes`` since its last pass and ``after_batches`` apply batches since).
-Running in the loop, never beside an apply of the same process, it cannot conflict with one
-(DuckLake also takes the target's lock); the targets retry a conflict with another process.
+The run loop calls ``MaintenanceSchedule.step`` between apply passes; it starts a pass over at most
+one due table (``every_minutes`` since its last pass and ``after_batches`` apply batches since) in
+its own thread, so the loop goes on applying the other tables meanwhile (an Iceberg pass takes tens
+of seconds). The table under maintenance is not applied until its pass ends (``busy``): its apply
+would race the compaction's commit. DuckLake passes also take the target's lock (a few seconds);
+the targets retry a conflict with another process.
 A failed pass is logged and recorded (``status`` shows it) and never fails the table: the rows
 are untouched, and the next schedule tries again.
 """
@@ -11,7 +13,9 @@ are untouched, and the next schedule tries again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 from headrace.config import PipelineConfig
 from headrace.core.errors import ConfigError
@@ -64,6 +68,9 @@ class MaintenanceSchedule:
         self.last_pass: dict[int, float] = {}  # monotonic time of the last pass
         self._started = time.monotonic()  # a run does not start with a pass of every table
         self._store: MaintenanceStore | None = None
+        self._thread: threading.Thread | None = None  # the pass under way, if any
+        self._table: int | None = None  # the oid it maintains
+        self.on_done: Callable[[], None] = lambda: None  # wakes the loop: the table can apply again
 
     def batch_applied(self, oid: int) -> None:
         """Count an apply batch towards the table's next pass."""
@@ -74,24 +81,52 @@ class MaintenanceSchedule:
         return (self.batches.get(row.oid, 0) >= self.settings.after_batches
                 and now - last >= self.settings.every_minutes * 60)
 
+    @property
+    def running(self) -> bool:
+        """A pass is under way (in its thread)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def busy(self, oid: int) -> bool:
+        """A pass is under way on this table: the apply pass leaves it until the pass ends."""
+        return self._table == oid and self.running
+
     def step(self, state: StateStore, target: Target) -> bool:
-        """Maintain at most one due table; True when one was maintained."""
-        if not self.settings.enabled:
+        """Start a pass over at most one due table, in its own thread; False: the loop's own step did
+        no work (the pass goes on beside it)."""
+        if not self.settings.enabled or self.running:
             return False
         if not any(n >= self.settings.after_batches for n in self.batches.values()):
             return False  # no table can be due: no query (a quiet pipeline costs nothing)
         now = time.monotonic()
         for row in state.tables():
             if row.state.applies_changes and self._due(row, now):
-                if self._store is None:
-                    self._store = MaintenanceStore(self.state_dsn, self.pipeline)
-                maintain_table(target, self._store, row, self.settings.policy())
-                self.batches[row.oid] = 0
-                self.last_pass[row.oid] = time.monotonic()
-                return True
+                self._start(target, row)
+                break
         return False
 
+    def _start(self, target: Target, row: TableRow) -> None:
+        if self._store is None:
+            self._store = MaintenanceStore(self.state_dsn, self.pipeline)
+        store, policy = self._store, self.settings.policy()
+        self.batches[row.oid] = 0
+        self._table = row.oid
+
+        def run() -> None:
+            try:
+                maintain_table(target, store, row, policy)  # logs and records its own failure
+            finally:
+                self.last_pass[row.oid] = time.monotonic()
+                self.on_done()
+
+        self._thread = threading.Thread(target=run, name="maintenance", daemon=True)
+        self._thread.start()
+
     def close(self) -> None:
+        """Wait for a pass under way (before the target closes), then close the store."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            self._table = None
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -88,6 +88,7 @@ class Pipeline:
         self.failures = Failures(self._source_user, self.observers)
         self.tracking = TableTracking(config, self.dsn, lambda: self.capture, lambda: self.target)
         self.operations = Operations(config.name, self.tracking)  # commands, run by the loop between steps
+        self.maintenance.on_done = self.operations.wake  # the table it compacted applies again at once
         self.copier = Copier(config, self.dsn, self.state_dsn, lambda: self.spark, lambda: self.target,
                              self._fail, self.observers)
         self.staging = StagingStore.for_pipeline(config.staging.path, config.name)  # staged files, any pyarrow.fs
@@ -168,11 +169,11 @@ class Pipeline:
             self.copier.stop()
             capture_stop.set()
             thread.join(timeout=60)
+            self.maintenance.close()  # a pass under way ends before its target closes
             if self._target is not None:
                 self._target.close()
                 self._target = None  # reopened on next use (DuckLake allows one attach per process)
             self.lineage.close(state)
-            self.maintenance.close()
             state.close()
             event(log, "run.stop", pipeline=self.config.name)
         return code
