@@ -81,3 +81,7 @@ class TableRefused(RequestError):
 
 class RunUnavailable(RequestError):
     """The pipeline is not running (not started yet, or stopped before the command ran)."""
+
+
+class UnclassifiedError(HeadraceError):
+    """A failure no rule recognises: retried a few times (``RETRY_BUDGET``), then left to the operator."""

@@ -23,20 +23,16 @@ from headrace.core.errors import (
     HeadraceError,
     PrivilegeError,
     SchemaChangeError,
-    SourceError,
     TerminalError,
     TransientError,
-    UnsupportedError,
+    UnclassifiedError,
     ValueNotStorableError,
     exception_chain,
 )
+from headrace.core.sqlstate import error_for_sqlstate
 
 Kind = Literal["transient", "terminal", "unknown"]
 MESSAGE_LIMIT = 1000  # characters of root cause kept in state, status and logs
-
-
-class UnclassifiedError(HeadraceError):
-    """A failure no rule recognises: retried a few times (``RETRY_BUDGET``), then left to the operator."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +73,7 @@ def translate(exc: BaseException, table: str) -> HeadraceError:
     for link in exception_chain(exc):
         sqlstate = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
         if sqlstate or _is_postgres_error(link):
-            return _from_sqlstate(sqlstate, _first_lines(str(link)), type(link).__name__)
+            return error_for_sqlstate(sqlstate, _first_lines(str(link)), type(link).__name__)
         if type(link).__module__.startswith(("duckdb", "_duckdb")):
             return _from_duckdb(link, table)
     return UnclassifiedError(f"{type(exc).__name__}: {_first_lines(str(exc))}")
@@ -97,35 +93,8 @@ def _first_lines(text: str, limit: int = MESSAGE_LIMIT) -> str:
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------------
-# SQLSTATEs that pass by themselves (a dropped connection, a conflict between transactions, a server
-# restarting or short of resources); classes by their first two characters.
-_TRANSIENT_STATES = {"40001", "40P01", "40003", "55P03", "55006", "57014", "57P01", "57P02", "57P03", "57P05",
-                     "25P03", "58000", "58030"}
-_TRANSIENT_CLASSES = {"08", "53"}
-
-
 def _is_postgres_error(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("psycopg", "psycopg2")
-
-
-def _from_sqlstate(sqlstate: str | None, text: str, name: str) -> HeadraceError:
-    message = f"PostgreSQL {name}: {text}"
-    if sqlstate is None:  # no server answer: the connection is gone (psycopg's OperationalError)
-        return TransientError(message) if "Operational" in name or "Interface" in name \
-            else UnclassifiedError(message)
-    if sqlstate in _TRANSIENT_STATES or sqlstate[:2] in _TRANSIENT_CLASSES:
-        return TransientError(message)
-    if sqlstate == "42501":
-        return PrivilegeError(message)
-    if sqlstate in ("42P01", "42703", "42704", "3F000"):
-        return SchemaChangeError(message)  # the table or a column is gone or renamed: copy it again
-    if sqlstate == "0A000":
-        return UnsupportedError(message)
-    if sqlstate[:2] in ("22", "2F"):
-        return ValueNotStorableError(message)
-    if sqlstate[:2] in ("28", "3D", "42", "55"):  # authentication, database gone, other statement errors
-        return SourceError(message)
-    return UnclassifiedError(message)
 
 
 def _postgres_name_state(name: str) -> str | None:
@@ -209,7 +178,7 @@ def _from_java(java: Any) -> HeadraceError:
     # A task failure whose exception could not travel as a cause: its text follows the task's name.
     sentence = _LOST_TASK.sub("", _first_lines(message), count=1)
     if any(c.startswith("org.postgresql.util.PSQLException") for c in classes):
-        return _from_sqlstate(str(root.getSQLState() or "") or None, sentence, "PSQLException")
+        return error_for_sqlstate(str(root.getSQLState() or "") or None, sentence, "PSQLException")
     if any(c.startswith(_JAVA_TRANSIENT) for c in classes):
         return TransientError(f"{classes[0]}: {sentence}")
     if "org.apache.iceberg.exceptions.ValidationException" in classes and "conflict" in message.lower():
@@ -246,7 +215,7 @@ def _from_text(text: str) -> HeadraceError:
         error: HeadraceError = headrace_class(message)
         return error
     if name.startswith(("psycopg2.", "psycopg.")):
-        return _from_sqlstate(_postgres_name_state(short), message, short)
+        return error_for_sqlstate(_postgres_name_state(short), message, short)
     return UnclassifiedError(f"{name}: {message}")
 
 

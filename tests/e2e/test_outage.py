@@ -188,7 +188,10 @@ def test_source_restarted_crashed_and_kept_down_while_streaming(
             own_server.start_server()
             _back(pipeline)
             _more_commits(committed)
-        assert pipeline.outage.outages >= 2, "the run loop never waited out an outage"
+        # The outage kept down past the cap is always waited out by the loop; a fast restart or a
+        # crash that falls between two passes of an idle loop (it waits on a wake-up, up to
+        # apply.idle_max_seconds) is ridden out by capture alone, so they may count as one or none.
+        assert pipeline.outage.outages >= 1, "the run loop never waited out an outage"
         _converges(pipeline, dsn)
 
 

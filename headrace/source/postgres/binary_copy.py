@@ -32,6 +32,7 @@ from psycopg import sql
 
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import ColumnType, TableSchema, TypeKind
+from headrace.core.sqlstate import error_for_sqlstate
 from headrace.source.postgres.copy import OPEN_END
 
 
@@ -164,6 +165,9 @@ def copy_chunk_binary(dsn: str, snapshot_name: str | None, table: TableSchema, s
                 f"snapshot {snapshot_name} of {table.qualified_name} is no longer available: "
                 "the exporting transaction ended; restart the table's snapshot"
             ) from exc
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate:  # the server's answer: the same error, kind and fix as on the CSV path
+            raise error_for_sqlstate(sqlstate, _server_message(exc), _state_name(sqlstate)) from exc
         if isinstance(exc, adbc_driver_manager.OperationalError | adbc_driver_manager.InternalError):
             raise TransientError(f"copy of {table.qualified_name} pages {start}..{end} failed: {exc}") from exc
         raise
@@ -172,3 +176,20 @@ def copy_chunk_binary(dsn: str, snapshot_name: str | None, table: TableSchema, s
     # Names from our schema (the driver names columns after the expressions); types must already match.
     yield from got.rename_columns(schema.names).cast(schema).to_batches()
 
+
+def _state_name(sqlstate: str) -> str:
+    """psycopg's class name for ``sqlstate`` (``42501`` -> ``InsufficientPrivilege``), as the CSV path's
+    errors are named."""
+    import psycopg.errors
+
+    try:
+        return psycopg.errors.lookup(sqlstate).__name__
+    except KeyError:
+        return f"SQLSTATE {sqlstate}"
+
+
+def _server_message(exc: BaseException) -> str:
+    """The server's sentence out of an ADBC error ("UNAUTHORIZED: [libpq] ... ERROR:  permission
+    denied for table b" -> "permission denied for table b")."""
+    text = str(exc).strip()
+    return text.rpartition("ERROR:")[2].strip().splitlines()[0] if "ERROR:" in text else text.splitlines()[0]
