@@ -20,7 +20,7 @@ from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.names import ColumnName, TableName, TableNameError
 from headrace.core.names import columns_as_text_item as columns_as_text_item  # re-exported (was defined here)
 from headrace.core.settings import Frozen as _Frozen
-from headrace.core.settings import check_listen, is_loopback, listen_host, listen_port, read_yaml, validate
+from headrace.core.settings import ListenAddress, is_loopback, read_yaml, validate
 from headrace.core.settings import from_env as _from_env
 from headrace.core.settings import redacted_dsn as redacted_dsn  # re-exported: imported from here elsewhere
 from headrace.lineage.config import LineageConfig
@@ -235,7 +235,7 @@ class SparkConfig(_Frozen):
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration")
 
 
-class ApiConfig(_Frozen):
+class ApiConfig(ListenAddress):
     """The HTTP control plane of ``headrace run``: REST API, /metrics, health checks, status page."""
 
     listen: str = Field(
@@ -247,24 +247,11 @@ class ApiConfig(_Frozen):
         " required when listen is not a loopback address (on loopback the token is optional)",
     )
 
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, listen: str) -> str:
-        return check_listen(listen)
-
     @model_validator(mode="after")
     def _token_off_loopback(self) -> ApiConfig:
         if not self.loopback and not self.token_env:
             raise ValueError(f"api.listen {self.listen} is not a loopback address: set api.token_env")
         return self
-
-    @property
-    def host(self) -> str:
-        return listen_host(self.listen)
-
-    @property
-    def port(self) -> int:
-        return listen_port(self.listen)
 
     @property
     def loopback(self) -> bool:

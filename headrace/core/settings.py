@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from headrace.core.errors import ConfigError
 
@@ -90,6 +90,25 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class ListenAddress(Frozen):
+    """A config section with ``listen: host:port`` (port 0: any free port), checked, with its parts."""
+
+    listen: str = Field(description="host:port to serve on; port 0 picks a free port (tests)")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, listen: str) -> str:
+        return check_listen(listen)
+
+    @property
+    def host(self) -> str:
+        return listen_host(self.listen)
+
+    @property
+    def port(self) -> int:
+        return listen_port(self.listen)
 
 
 def redacted_dsn(dsn: str) -> str:

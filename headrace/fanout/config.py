@@ -18,15 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
 from headrace.core.names import TableName, TableNameError
-from headrace.core.settings import (
-    Frozen,
-    check_listen,
-    from_env,
-    listen_host,
-    listen_port,
-    read_yaml,
-    validate,
-)
+from headrace.core.settings import Frozen, ListenAddress, from_env, read_yaml, validate
 from headrace.targets.ducklake.extension import Catalog, parse_catalog
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
@@ -169,26 +161,12 @@ class RetryConfig(Frozen):
     )
 
 
-class ApiConfig(Frozen):
+class ApiConfig(ListenAddress):
     """The instance's HTTP endpoint: Prometheus ``/metrics`` (as ``api.listen`` of ``headrace run``).
 
     Read-only, so no token: put it where your Prometheus can reach it and nothing else can.
     """
 
-    listen: str = Field(description="host:port to serve on; port 0 picks a free port (tests)")
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, listen: str) -> str:
-        return check_listen(listen)
-
-    @property
-    def host(self) -> str:
-        return listen_host(self.listen)
-
-    @property
-    def port(self) -> int:
-        return listen_port(self.listen)
 
 
 class FanoutConfig(Frozen):
