@@ -33,9 +33,19 @@ def collect_applied(state: StateStore, target: Target, staging: StagingStore,
         cursor = current_cursor(state, target, row, cursors)
         if cursor <= 0:
             continue
-        for location in state.log_index.collect_entries(row.oid, cursor):  # rows are gone now; files next
-            staging.delete(location)
-            removed += 1
+        removed += collect_table(state, staging, row.oid, cursor)
     if removed:
         event(log, "staging.collected", files=removed)
     return removed
+
+
+def collect_table(state: StateStore, staging: StagingStore, oid: int, through: int) -> int:
+    """Delete one table's log entries up to ``through``, then their files; return the file count.
+
+    Rows first: a crash in between leaves files no entry names (the start-up sweep removes them),
+    never an entry whose file is gone.
+    """
+    locations = state.log_index.collect_entries(oid, through)
+    for location in locations:
+        staging.delete(location)
+    return len(locations)

@@ -36,6 +36,7 @@ from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.evolve import remap_error, remapped_columns
 from headrace.materialize.initial_copy import FailHandler
+from headrace.materialize.retention import collect_table
 from headrace.run.observer import RunObserver
 from headrace.run.tracking import TableTracking
 from headrace.source.postgres.catalog import read_table_schema
@@ -293,8 +294,7 @@ class TableWatch:
 
     def _forget(self, state: StateStore, oid: int) -> None:
         """Stop tracking a table, deleting its staged files (the log rows go first, as in retention)."""
-        for location in state.log_index.collect_entries(oid, LAST_OFFSET):
-            self.staging.delete(location)
+        collect_table(state, self.staging, oid, LAST_OFFSET)
         state.remove_table(oid)
 
 
