@@ -115,12 +115,18 @@ _DUCKDB_TERMINAL = {"PermissionException", "ConstraintException", "NotImplemente
                     "InvalidInputException", "ParserException", "SyntaxException"}
 
 
+# A catalog database busy with another writer (DuckLake on SQLite: "database is locked"), and the
+# aborted transaction such a failure leaves behind, whatever class DuckDB raises them as: the
+# transaction is rolled back and the batch retried.
+_DUCKDB_TRANSIENT_TEXT = ("database is locked", "database table is locked", "current transaction is aborted")
+
+
 def _from_duckdb(exc: BaseException, table: str) -> HeadraceError:
     names = {cls.__name__ for cls in type(exc).__mro__}
     # A refused commit names its cause (the conflict) on the second line.
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     message = f"DuckDB {type(exc).__name__} writing {table}: {' '.join(lines[:2])[:MESSAGE_LIMIT]}"
-    if names & _DUCKDB_TRANSIENT:
+    if names & _DUCKDB_TRANSIENT or any(text in str(exc).lower() for text in _DUCKDB_TRANSIENT_TEXT):
         return TransientError(message)
     if names & _DUCKDB_VALUE:
         return ValueNotStorableError(message)

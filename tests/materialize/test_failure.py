@@ -206,3 +206,18 @@ def test_duckdb_errors_by_kind() -> None:
     assert isinstance(missing.error, SchemaChangeError)
     _, value = _failure(lambda: con.execute("SELECT CAST(300 AS TINYINT)"))
     assert isinstance(value.error, ValueNotStorableError), value
+
+
+def test_a_busy_sqlite_catalog_is_transient_whatever_class_duckdb_raises() -> None:
+    # The messages a DuckLake on SQLite gave while another process wrote the catalog (seen in the e2e
+    # run of test_a_target_commit_conflict_is_retried on a SQLite catalog): a lock, and the aborted
+    # transaction it leaves, which DuckDB raised as a generic Error and as an InvalidInputException.
+    locked = duckdb.Error("Failed to query most recent snapshot for DuckLake: Failed to prepare query"
+                          " \"SELECT type FROM sqlite_master\": database is locked")
+    aborted = duckdb.InvalidInputException("Attempting to fetch from an unsuccessful query result Error:"
+                                           " TransactionContext Error: Current transaction is aborted"
+                                           " (please ROLLBACK)")
+    for exc in (locked, aborted):
+        failure = classify(exc, "public.items", "replicator")
+        assert failure.kind == "transient", failure
+        assert "public.items" in failure.message

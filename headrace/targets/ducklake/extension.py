@@ -136,17 +136,22 @@ def attach(con: duckdb.DuckDBPyConnection, catalog: Catalog, data_path: str, ali
     sql = f"ATTACH 'ducklake:{_quote(catalog.location)}' AS {alias} (DATA_PATH '{_quote(data_path)}')"
     try:
         con.execute(sql)
-    except duckdb.IOException as exc:
-        # Typically an unreachable Postgres or a locked DuckDB file: worth retrying.
+    except duckdb.Error as exc:
+        if not isinstance(exc, duckdb.IOException) and "database is locked" not in str(exc):
+            raise _attach_failed(catalog, data_path, exc) from exc
+        # An unreachable Postgres, a locked DuckDB file or a SQLite catalog busy with another
+        # writer: worth retrying.
         raise TransientError(
             f"could not open DuckLake catalog {catalog.shown} (data path {data_path}): "
             f"{redacted_dsn(str(exc).splitlines()[0])}; check the catalog database is reachable and not locked "
             "by another process"
         ) from exc
-    except duckdb.Error as exc:
-        raise ConfigError(
-            f"could not attach DuckLake catalog {catalog.shown} (data path {data_path}): "
-            f"{redacted_dsn(str(exc).splitlines()[0])}; check target.ducklake.catalog (a DuckDB file path, "
-            "sqlite:/path/meta.sqlite or postgres:<libpq conninfo>) and that the data path is the "
-            "one this lake was created with"
-        ) from exc
+
+
+def _attach_failed(catalog: Catalog, data_path: str, exc: duckdb.Error) -> ConfigError:
+    return ConfigError(
+        f"could not attach DuckLake catalog {catalog.shown} (data path {data_path}): "
+        f"{redacted_dsn(str(exc).splitlines()[0])}; check target.ducklake.catalog (a DuckDB file path, "
+        "sqlite:/path/meta.sqlite or postgres:<libpq conninfo>) and that the data path is the "
+        "one this lake was created with"
+    )
