@@ -18,10 +18,22 @@ from headrace.run.maintenance import maintain_table
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
+from headrace.targets.faulty.target import FaultyTarget
 from headrace.targets.registry import open_target
-from tests.e2e.helpers import Target, assert_same, capture_while, raw_config, running, wait_until
+from tests.e2e.helpers import (
+    Target,
+    assert_same,
+    capture_while,
+    make_config,
+    raw_config,
+    running,
+    source_rows,
+    target_rows,
+    wait_until,
+)
 from tests.e2e.test_catalogs import jdbc_target
 from tests.e2e.test_pipeline import run_caught_up
+from tests.targets.test_faulty import change, faulty, row, streaming, tables
 
 TARGETS = ["iceberg", "ducklake"]
 KEEP_LAST = 2
@@ -139,3 +151,33 @@ def test_maintenance_beside_apply_loses_nothing(source_dsn: str, tmp_path: Path,
         for metric in ("headrace_maintenance_last_run_timestamp_seconds", "headrace_target_data_files",
                        "headrace_target_delete_files", "headrace_target_snapshots", "headrace_target_bytes"):
             assert f'{metric}{{table="public.churn"}}' in exposed, metric
+
+
+def test_a_long_pass_leaves_the_other_tables_applying(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    # The pass over public.slow is held inside the target's maintain call until the test releases
+    # it: while it is held, public.fast's changes must reach the target, and public.slow's wait.
+    tables(source_dsn, "slow", "fast")
+    config = make_config(source_dsn, tmp_path, ["public.slow", "public.fast"],
+                         faulty(tmp_path, {"fail_on": "maintain", "table": "public.slow", "error": "hold"}),
+                         maintenance={**MAINTENANCE, "every_minutes": 0.001, "after_batches": 1})
+    pipeline = Pipeline(config, spark=spark)
+    state = Pipeline(config).setup()
+    try:
+        with running(pipeline):
+            wait_until(lambda: streaming(state), 180, "the tables never reached STREAMING")
+            target = pipeline.target
+            assert isinstance(target, FaultyTarget)
+            change(source_dsn, "slow")  # one batch makes public.slow due
+            wait_until(lambda: ("maintain", "public.slow") in target.injected, 120, "public.slow's pass never began")
+            with psycopg.connect(source_dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO fast VALUES (500, 'during the pass'); INSERT INTO slow VALUES (500, 'waits')")
+            wait_until(lambda: assert_same(pipeline, source_dsn, "public.fast") == 21, 120,
+                       "public.fast did not apply during public.slow's pass")
+            assert pipeline.maintenance.busy(row(state, "public.slow").oid), "the pass ended early"
+            schema, _ = source_rows(source_dsn, "public.slow")
+            assert len(target_rows(pipeline, schema)) == 21, "public.slow applied during its own pass"
+            target.release()
+            wait_until(lambda: assert_same(pipeline, source_dsn, "public.slow") == 22, 120,
+                       "public.slow did not apply after its pass")
+    finally:
+        state.close()

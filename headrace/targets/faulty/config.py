@@ -22,7 +22,7 @@ from headrace.targets.registry import TargetSection
 # The Target methods a fault can fail (headrace.core.interfaces.Target).
 Call = Literal["ensure_table", "write_snapshot", "apply_batch", "evolve", "drop_table", "read_table",
                "read_cursor", "maintain", "table_files"]
-ErrorKind = Literal["transient", "terminal", "unknown", "crash"]
+ErrorKind = Literal["transient", "terminal", "unknown", "crash", "hold"]
 
 
 class Fault(Frozen):
@@ -33,7 +33,9 @@ class Fault(Frozen):
     error: ErrorKind = Field(
         "transient", description="transient: TransientError (retried with backoff); terminal: TerminalError (the"
         " table waits for the operator); unknown: an error no rule classifies (retried RETRY_BUDGET times, then"
-        " waits); crash: the process exits at once (os._exit, like kill -9)"
+        " waits); crash: the process exits at once (os._exit, like kill -9); hold: the call waits until"
+        " FaultyTarget.release() (at most HOLD_LIMIT_SECONDS), then delegates (a slow call, e.g. a long"
+        " maintenance pass)"
     )
     times: int | None = Field(1, ge=1, description="fail this many matching calls, then delegate; null: every one")
 

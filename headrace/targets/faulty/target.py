@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
+# A held call gives up waiting after this long, so a test that forgets to release cannot hang a run.
+HOLD_LIMIT_SECONDS = 300.0
+
+
 class InjectedError(RuntimeError):
     """The ``unknown`` kind: an error no rule of the error boundary recognises."""
 
@@ -47,11 +51,16 @@ class FaultyTarget(Target):
         self._lock = threading.Lock()  # the run loop, the copy thread and a test call in concurrently
         self._armed = [_Armed(f, f.times) for f in faults]
         self.injected: list[tuple[str, str]] = []  # (call, table) of every failure injected so far
+        self._released = threading.Event()  # ends the wait of held calls (``hold`` faults)
 
     def inject(self, fault: Fault) -> None:
         """Arm one more fault, e.g. from a test while a pipeline runs."""
         with self._lock:
             self._armed.append(_Armed(fault, fault.times))
+
+    def release(self) -> None:
+        """Let every held call (``hold`` faults) go on to the inner target, now and from now on."""
+        self._released.set()
 
     def clear(self) -> None:
         """Disarm every fault: from now on every call goes to the inner target."""
@@ -68,6 +77,9 @@ class FaultyTarget(Target):
                 armed.left -= 1
             self.injected.append((call, table.qualified_name))
             attempt = len(self.injected)
+        if armed.fault.error == "hold":
+            self._released.wait(HOLD_LIMIT_SECONDS)  # outside the lock: other calls go on meanwhile
+            return
         what = f"injected {armed.fault.error} failure in {call} of {table.qualified_name} (faulty target)"
         if armed.fault.error == "crash":
             sys.stderr.write(f"headrace: {what}, exiting\n")
