@@ -18,7 +18,7 @@ from headrace.core.errors import SourceError
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.state.store import StateStore
-from tests.e2e.helpers import capture_while, make_config
+from tests.e2e.helpers import capture_while, make_config, wait_until
 
 
 @pytest.fixture
@@ -79,6 +79,10 @@ def test_refuses_a_dropped_slot(items: str, tmp_path: Path) -> None:
     config = make_config(items, tmp_path, ["public.items"], target="ducklake")
     capture_while(config, items, _inserts(1, 2))
     with psycopg.connect(items, autocommit=True) as conn:
+        # The walsender of the stopped capture may take a moment to exit (a loaded machine): a slot
+        # still active cannot be dropped.
+        wait_until(lambda: conn.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s",
+                                        (config.slot_name,)).fetchone() == (True,), 30, "the slot stayed active")
         conn.execute("SELECT pg_drop_replication_slot(%s)", (config.slot_name,))
     with pytest.raises(SourceError, match=f"replication slot {config.slot_name} .* no longer exists") as exc:
         _setup(config)
