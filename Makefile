@@ -12,8 +12,9 @@ lint:
 	.venv/bin/ruff check headrace tests bench
 	.venv/bin/mypy
 
+# --durations: every run (CI's too) lists its slowest tests, to see where the suite's time goes.
 test: lint
-	.venv/bin/pytest -q -p no:cacheprovider tests
+	.venv/bin/pytest -q -p no:cacheprovider --durations=25 tests
 
 # The unit tier only (no Spark session, no pipeline run; tiers: tests/conftest.py): under a minute.
 test-fast: bootstrap
