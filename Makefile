@@ -12,8 +12,12 @@ lint:
 	.venv/bin/ruff check headrace tests bench
 	.venv/bin/mypy
 
+# --durations: every run (CI's too) lists its slowest tests, to see where the suite's time goes.
+# Two workers (pytest-xdist), a test file each at a time (--dist loadfile: a file's tests run in order on
+# one worker; tests/control/test_api.py's build on each other's changes): the session fixtures
+# (PostgreSQL server, Spark session) start once per worker. (--dist loadgroup does not group on pytest 9.)
 test: lint
-	.venv/bin/pytest -q -p no:cacheprovider tests
+	.venv/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests
 
 # The unit tier only (no Spark session, no pipeline run; tiers: tests/conftest.py): under a minute.
 test-fast: bootstrap

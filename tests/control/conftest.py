@@ -70,12 +70,25 @@ class Running:
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}")
 
+    def loop_passes(self, n: int) -> None:
+        """Wait until the run loop has made ``n`` whole passes from now (woken each poll: a settled
+        loop would otherwise idle up to ``apply.idle_max_seconds`` between passes)."""
+        start = self.pipeline.loop_passes
+
+        def done() -> bool:
+            self.pipeline.operations.wake()
+            return self.pipeline.loop_passes >= start + n + 1  # pass start+n has ended: the next began
+
+        self.wait(done, f"{n} run-loop passes")
+
     def source(self, sql: str) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(sql)
 
 
-@pytest.fixture(scope="session")
+# Package scope: the pipeline stops when the control tests are done instead of idling (a run loop,
+# capture and its slot) through the rest of the session.
+@pytest.fixture(scope="package")
 def control_db(pg_server: ThrowawayPostgres) -> Iterator[str]:
     """A database with two replicated tables, one to add later and one that cannot be replicated."""
     name = f"ctl{os.getpid()}"
@@ -103,7 +116,7 @@ def control_db(pg_server: ThrowawayPostgres) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def running(control_db: str, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The pipeline, running, with both configured tables STREAMING."""
     tmp = tmp_path_factory.mktemp("control")

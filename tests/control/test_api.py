@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 
 import psycopg
@@ -99,7 +98,7 @@ def test_pause_stops_applying_and_resume_continues(running: Running) -> None:
     applied_before = running.table(t)["rows_applied"]
     running.source("INSERT INTO customers (name) SELECT 'p' || g FROM generate_series(1, 10) g")
     running.wait(lambda: running.table(t)["pending_changes"] >= 10, "capture to stage the changes")
-    time.sleep(1.5)  # several loop turns: nothing may be applied to a paused table
+    running.loop_passes(3)  # several loop passes see the staged changes: none is applied to a paused table
     paused = running.table(t)
     assert paused["state"] == "PAUSED" and paused["rows_applied"] == applied_before
     assert running.call("POST", f"/api/tables/{t}/pause")[0] == 200  # pausing twice is harmless
@@ -116,7 +115,7 @@ def test_cli_pauses_the_pipeline_and_lists_tables(running: Running) -> None:
     assert result.returncode == 0 and '"paused": true' in result.stdout, result.stderr
     running.source("INSERT INTO orders (customer, total) VALUES (1, 1), (2, 2)")
     running.wait(lambda: running.table("public.orders")["pending_changes"] >= 2, "capture while paused")
-    time.sleep(1.0)
+    running.loop_passes(3)
     assert running.table("public.orders")["pending_changes"] >= 2  # staged, not applied
     listing = cli(running, "tables")
     assert listing.returncode == 0 and "public.orders" in listing.stdout and "STREAMING" in listing.stdout
