@@ -69,7 +69,7 @@ class Pipeline:
     def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
         self.config = config
         self.dsn = config.source.resolved_dsn()
-        self.state_dsn = config.source.state_dsn or self.dsn
+        self.state_dsn = config.source.resolved_state_dsn()  # a MySQL source needs a PostgreSQL for state
         self.source = open_source(config, self.dsn)  # PostgreSQL or MySQL, by the DSN's scheme
         self._spark = spark
         self._target: Target | None = None
