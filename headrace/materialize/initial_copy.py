@@ -167,9 +167,11 @@ class InitialCopy:
                 return  # progress is kept; the next run resumes here
             group = todo[start:start + group_size]
             counted: list[Callable[[], ValueCounts]] = []
+            positions: list[Callable[[], int | None]] = []
             reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
             df = chunk_dataframe(self.spark, schema, reader, [(c.start_page, c.end_page) for c in group], position,
-                                 value_rules(name, self.target, self.config.values.infinity), counted.append)
+                                 value_rules(name, self.target, self.config.values.infinity), counted.append,
+                                 positions.append if not schema.key else None)
             if resume:
                 rows = self._merge(state, row, schema, df)
             else:
@@ -178,6 +180,12 @@ class InitialCopy:
             for read in counted:  # the write above ran the scan that counted them
                 if (changed := read()) and self.on_values_changed is not None:
                     self.on_values_changed(name, changed)
+            for seen in positions:
+                # A keyless table's changes cannot converge by key: its one chunk's own snapshot
+                # position is the table's, so the changes it already holds are not applied again.
+                if (chunk_position := seen()) is not None and chunk_position != table_lsn:
+                    table_lsn = chunk_position
+                    state.copy_started(row.oid, table_lsn)
             crash_point("snapshot.after_chunk")
             progress.mark_done(row.oid, group, snapshot_lsn, rows)
             done_rows += rows

@@ -54,6 +54,7 @@ def chunk_dataframe(
     position: Position,
     rules: ValueRules | None = None,
     on_changed: Callable[[Callable[[], ValueCounts]], None] | None = None,
+    on_position: Callable[[Callable[[], int | None]], None] | None = None,
 ) -> DataFrame:
     """Rows of ``table`` in ``chunks`` as ``reader`` reads them, in the Target row shape.
 
@@ -61,7 +62,8 @@ def chunk_dataframe(
     valid until then). Every row carries ``position`` (seq 0), or its chunk's own position when the
     reader gives one per row, and a NULL commit time. ``on_changed`` receives a function giving the
     values the casts changed (``values.infinity: clamp``), to be called only after an action on the
-    DataFrame completed: counted by the same scan (a Spark ``Observation``).
+    DataFrame completed: counted by the same scan (a Spark ``Observation``). ``on_position`` likewise
+    receives a function giving the smallest per-row position read (None: no rows, or none per row).
     """
     if not chunks:
         raise ValueError(f"no chunks to copy for {table.qualified_name}; plan_chunks gives at least one")
@@ -88,6 +90,10 @@ def chunk_dataframe(
              for i, route in enumerate(routes) if route is not Route.BINARY}
     if on_changed is not None:
         text = _observe_changed_values(text, table, texts, rules or ValueRules(), on_changed)
+    if on_position is not None and reader.per_row_position:
+        seen = Observation(f"copy_position_{table.oid}_{next(_observations)}")
+        text = text.observe(seen, F.min(F.col(POSITION_COLUMN)).alias("_minpos"))
+        on_position(lambda: seen.get.get("_minpos"))
     columns = []
     for i, (col, route) in enumerate(zip(table.columns, routes, strict=True)):
         if route is Route.BINARY:
