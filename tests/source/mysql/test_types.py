@@ -1,0 +1,114 @@
+"""MySQL/MariaDB types: the schema from a binlog TABLE_MAP equals the catalog's, copy (pymysql) and
+binlog (mysql-replication) give the same text for every stored value, and that text is what
+``cast_text`` reads."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
+
+from headrace.core.schema import TypeKind
+from headrace.source.mysql import types
+from headrace.source.mysql.catalog import read_table_schema, schema_from_table_map, table_id
+from headrace.source.mysql.connect import connect, parse_dsn
+from headrace.source.mysql.position import from_int, to_int
+
+COLUMNS = """
+id INT PRIMARY KEY,
+ti TINYINT, tiu TINYINT UNSIGNED, b BOOL, si SMALLINT, siu SMALLINT UNSIGNED, mi MEDIUMINT,
+miu MEDIUMINT UNSIGNED, i INT NOT NULL, iu INT UNSIGNED, bi BIGINT, biu BIGINT UNSIGNED,
+d DECIMAL(10,2), dw DECIMAL(65,30), fl FLOAT, db DOUBLE, bt1 BIT(1), bt BIT(10), y YEAR,
+dt DATE, dtm DATETIME, dtm6 DATETIME(6), ts TIMESTAMP NULL, ts3 TIMESTAMP(3) NULL, tm TIME, tm2 TIME(2), tm4 TIME(4), tm6 TIME(6),
+c CHAR(5), vc VARCHAR(20), tx TEXT, ltx LONGTEXT, bn BINARY(4), vb VARBINARY(8), bl BLOB,
+en ENUM('a','b c'), st SET('x','y','z'), js JSON, g GEOMETRY, p POINT
+"""
+
+ROWS = [
+    "(1, -128, 255, 1, -32768, 65535, -8388608, 16777215, -2147483648, 4294967295, -9223372036854775808,"
+    " 18446744073709551615, -12345678.90, '12345678901234567890123456789012345.123456789012345678901234567890',"
+    " 1.1, 0.1, b'1', b'1010000001', 2155, '2024-02-29', '2024-02-29 23:59:59', '1999-12-31 23:59:59.000001',"
+    " '2038-01-19 03:14:07', '1970-01-01 00:00:01.500', '-838:59:59', '838:59:58.99', '-12:00:00.0001',"
+    " '-00:59:59.999999', 'ab', 'é😀x', 'long 😀',"
+    " REPEAT('z', 300), x'0102', x'00ff', x'deadbeef', 'b c', 'x,z', '{\"k\": [1, 2.5, \"é\"]}',"
+    " ST_GeomFromText('LINESTRING(0 0, 1 1)'), POINT(1.5, -2))",
+    "(2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -3.4028235e38, 2.2250738585072014e-308, b'0', b'0', 0,"
+    " '0000-00-00', '0000-00-00 00:00:00', '2024-00-10 00:00:00', '0000-00-00 00:00:00', NULL, '00:00:00',"
+    " '-00:00:00.01', '-00:00:01.5', '12:34:56', '', '', '', '', '', '', '', '', '', 'null', NULL, NULL)",
+    "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 7, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL, NULL, NULL, NULL)",
+]
+
+
+def _binlog_rows(dsn: str, start: int) -> tuple[Any, list[tuple[Any, dict[str, Any], dict[str, str]]]]:
+    """The first TABLE_MAP after ``start`` and every inserted row with its none_sources."""
+    file, offset = from_int(start, "binlog")
+    reader = BinLogStreamReader(connection_settings=parse_dsn(dsn).settings(), server_id=901, resume_stream=True,
+                                log_file=file, log_pos=offset, blocking=False, is_mariadb=True,
+                                only_events=[TableMapEvent, WriteRowsEvent])
+    table_map, rows = None, []
+    try:
+        for event in reader:
+            if isinstance(event, TableMapEvent) and table_map is None:
+                table_map = event
+            elif isinstance(event, WriteRowsEvent):
+                rows += [(event, row["values"], row["none_sources"]) for row in event.rows]
+    finally:
+        reader.close()
+    return table_map, rows
+
+
+@pytest.fixture
+def typed_table(mariadb_server: Any, mysql_db: tuple[str, str]) -> tuple[str, str, int]:
+    name, dsn = mysql_db
+    root = connect(mariadb_server.root_dsn.rstrip("/") + "/" + name)
+    with contextlib.closing(root), root.cursor() as cur:
+        cur.execute("SET sql_mode = ''")  # allows zero dates
+        cur.execute(f"CREATE TABLE typed ({COLUMNS})")
+        cur.execute("SHOW MASTER STATUS")
+        file, offset = cur.fetchone()[:2]
+        for row in ROWS:
+            cur.execute(f"INSERT INTO typed VALUES {row}")
+    return name, dsn, to_int(file, offset)
+
+
+def test_table_map_schema_equals_catalog_and_copy_text_equals_binlog_text(typed_table: tuple[str, str, int]) -> None:
+    database, dsn, start = typed_table
+    conn = connect(dsn)
+    schema = read_table_schema(conn, database, "typed")
+    table_map, binlog_rows = _binlog_rows(dsn, start)
+    assert schema_from_table_map(table_map) == schema
+    assert schema.oid == table_id(database, "typed") and schema.key == ("id",)
+
+    kinds = {c.name: (c.type.kind, c.type.pg_type) for c in schema.columns}
+    assert kinds["iu"] == (TypeKind.LONG, "int unsigned")
+    assert kinds["biu"][0] is TypeKind.DECIMAL and kinds["dw"] == (TypeKind.STRING, "decimal(65,30)")
+    assert kinds["bt1"][0] is TypeKind.BOOLEAN and kinds["ts3"] == (TypeKind.TIMESTAMPTZ, "timestamp(3)")
+    assert kinds["vc"] == (TypeKind.STRING, "varchar(20)") and kinds["g"] == (TypeKind.BINARY, "geometry")
+
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT {', '.join(types.select_expression(c) for c in schema.columns)} FROM typed ORDER BY id")
+        copied = [tuple(types.to_text(v, c) for v, c in zip(row, schema.columns, strict=True)) for row in cur]
+    conn.close()
+    streamed = []
+    for event, values, none_sources in binlog_rows:
+        streamed.append(tuple(types.binlog_text(values[c.name], none_sources.get(c.name), lib, c)
+                              for c, lib in zip(schema.columns, event.columns, strict=True)))
+    assert copied == streamed
+    row1, row2, row3 = (dict(zip(schema.column_names, r, strict=True)) for r in copied)
+    assert row1["biu"] == "18446744073709551615" and row1["fl"] == "1.1" and row1["db"] == "0.1"
+    assert row1["dw"] == "12345678901234567890123456789012345.123456789012345678901234567890"
+    assert row1["bt1"] == "t" and row1["bt"] == "1010000001" and row1["b"] == "1"
+    assert row1["ts"] == "2038-01-19 03:14:07+00" and row1["ts3"] == "1970-01-01 00:00:01.500000+00"
+    assert row1["tm"] == "-838:59:59" and row1["tm2"] == "838:59:58.99"
+    assert row1["tm4"] == "-12:00:00.0001" and row1["tm6"] == "-00:59:59.999999"
+    assert row1["vc"] == "é😀x" and row1["bn"] == "\\x01020000" and row1["en"] == "b c" and row1["st"] == "x,z"
+    assert row1["p"] == "\\x" + "0101000000000000000000f83f00000000000000c0"  # WKB of POINT(1.5 -2)
+    assert row2["dt"] == row2["dtm"] == row2["dtm6"] == row2["ts"] == "-infinity" and row2["y"] == "0"
+    assert row2["st"] == "" and row2["en"] == "" and row2["tm2"] == "-00:00:00.01"
+    assert row2["tm4"] == "-00:00:01.5000" and row2["tm6"] == "12:34:56.000000"
+    assert row3["i"] == "7" and all(v is None for k, v in row3.items() if k not in ("id", "i"))
