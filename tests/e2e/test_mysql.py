@@ -10,10 +10,13 @@ with the source row by row.
 from __future__ import annotations
 
 import contextlib
-import decimal
 import itertools
 import os
+import random
+import signal
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +24,15 @@ from typing import Any
 import psycopg
 import pytest
 
+from headrace.config import parse_config
 from headrace.core.names import quote_spark
 from headrace.pipeline import Pipeline
 from headrace.source.mysql.catalog import read_table_schema, table_id
 from headrace.source.mysql.connect import connect
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
-from tests.e2e.helpers import _norm, make_config, running, wait_until
+from tests.e2e.helpers import _norm, log_count, make_config, raw_config, run_command, running, wait_until
+from tests.e2e.test_pipeline import run_caught_up
 
 _names = itertools.count()
 
@@ -196,4 +201,60 @@ def test_mysql_source_needs_a_state_dsn(mariadb_server: Any, tmp_path: Path) -> 
         make_config(mariadb_server.dsn_for("x"), tmp_path, ["x.items"], "ducklake")
 
 
-_ = decimal  # values come back as Decimal on both sides
+
+def _load(root: str, stop: threading.Event, seed: int) -> None:
+    """Transactions of 1-10 inserts, updates, deletes and key changes until ``stop``."""
+    rng = random.Random(seed)
+    next_id = 10_000
+    with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+        while not stop.wait(0.02):
+            conn.begin()
+            for _ in range(rng.randint(1, 10)):
+                roll = rng.random()
+                if roll < 0.35:
+                    cur.execute("INSERT INTO items (id, name, qty) VALUES (%s, 'n', 0)", (next_id,))
+                    next_id += 1
+                elif roll < 0.75:
+                    cur.execute("UPDATE items SET qty = qty + 1, note = MD5(RAND()) WHERE id = %s",
+                                (rng.randint(1, next_id),))
+                elif roll < 0.9:
+                    cur.execute("DELETE FROM items WHERE id = %s", (rng.randint(1, next_id),))
+                else:  # key change
+                    cur.execute("UPDATE items SET id = %s WHERE id = %s", (next_id, rng.randint(1, next_id)))
+                    next_id += 1
+            conn.commit()
+
+
+def test_mysql_kill_9_under_load_then_converge(mariadb_server: Any, shop: tuple[str, str], state_dsn: str,
+                                               tmp_path: Path, spark: Any, target: str) -> None:
+    """One SIGKILL per target (each costs a JVM start): the run restarted in this process converges."""
+    database, root = shop
+    _run(root, CREATE, "INSERT INTO items (id, name, qty) SELECT seq, 'seed', 0 FROM seq_1_to_300")
+    raw = raw_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.items"], target,
+                     source={"state_dsn": state_dsn}, spark={"master": "local[1]"})
+    cmd = run_command(raw, tmp_path)
+    rng = random.Random(7)
+    stop = threading.Event()
+    writer = threading.Thread(target=_load, args=(root, stop, 5))
+    writer.start()
+    try:
+        for kill in range(1):  # kill -9 after the run's 1st or 2nd batch, plus up to 1 s
+            log_path = tmp_path / f"kill{kill}.log"
+            with log_path.open("w") as log, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log) as proc:
+                try:
+                    batches = rng.randint(1, 2)
+                    wait_until(lambda n=batches, p=log_path: log_count(p, "apply.batch ")() >= n, 180,
+                               f"the run did not apply {batches} batches")
+                    time.sleep(rng.uniform(0, 1))  # the random part of the moment, not a wait
+                finally:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(30)
+    finally:
+        stop.set()
+        writer.join()
+    local = Pipeline(parse_config({**raw, "spark": {"master": "local[2]"}}), spark=spark)
+    run_caught_up(local)
+    try:
+        assert _same(local, root, database) > 300
+    finally:
+        local.target.close()
