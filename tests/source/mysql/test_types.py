@@ -8,14 +8,14 @@ import contextlib
 from typing import Any
 
 import pytest
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
 
+from headrace.core.changes import Insert
 from headrace.core.schema import TypeKind
 from headrace.source.mysql import types
-from headrace.source.mysql.catalog import read_table_schema, schema_from_table_map, table_id
-from headrace.source.mysql.connect import connect, parse_dsn
-from headrace.source.mysql.position import from_int, to_int
+from headrace.source.mysql.binlog import BinlogStream
+from headrace.source.mysql.catalog import read_table_schema, table_id
+from headrace.source.mysql.connect import connect
+from headrace.source.mysql.position import to_int
 
 COLUMNS = """
 id INT PRIMARY KEY,
@@ -44,22 +44,14 @@ ROWS = [
 ]
 
 
-def _binlog_rows(dsn: str, start: int) -> tuple[Any, list[tuple[Any, dict[str, Any], dict[str, str]]]]:
-    """The first TABLE_MAP after ``start`` and every inserted row with its none_sources."""
-    file, offset = from_int(start, "binlog")
-    reader = BinLogStreamReader(connection_settings=parse_dsn(dsn).settings(), server_id=901, resume_stream=True,
-                                log_file=file, log_pos=offset, blocking=False, is_mariadb=True,
-                                only_events=[TableMapEvent, WriteRowsEvent])
-    table_map, rows = None, []
-    try:
-        for event in reader:
-            if isinstance(event, TableMapEvent) and table_map is None:
-                table_map = event
-            elif isinstance(event, WriteRowsEvent):
-                rows += [(event, row["values"], row["none_sources"]) for row in event.rows]
-    finally:
-        reader.close()
-    return table_map, rows
+def _streamed_rows(dsn: str, database: str, start: int, count: int) -> tuple[BinlogStream, list[Insert]]:
+    """The first ``count`` inserts into ``typed`` from the binlog after ``start``."""
+    stream = BinlogStream(dsn, 901, start, {(database, "typed")})
+    inserts: list[Insert] = []
+    while len(inserts) < count:
+        inserts += [e for _pos, e in stream.read(100, 1.0) if isinstance(e, Insert)]
+    stream.close()
+    return stream, inserts
 
 
 @pytest.fixture
@@ -80,8 +72,8 @@ def test_table_map_schema_equals_catalog_and_copy_text_equals_binlog_text(typed_
     database, dsn, start = typed_table
     conn = connect(dsn)
     schema = read_table_schema(conn, database, "typed")
-    table_map, binlog_rows = _binlog_rows(dsn, start)
-    assert schema_from_table_map(table_map) == schema
+    stream, inserts = _streamed_rows(dsn, database, start, len(ROWS))
+    assert stream.schema(schema.oid) == schema  # built from the TABLE_MAP
     assert schema.oid == table_id(database, "typed") and schema.key == ("id",)
 
     kinds = {c.name: (c.type.kind, c.type.pg_type) for c in schema.columns}
@@ -94,11 +86,7 @@ def test_table_map_schema_equals_catalog_and_copy_text_equals_binlog_text(typed_
         cur.execute(f"SELECT {', '.join(types.select_expression(c) for c in schema.columns)} FROM typed ORDER BY id")
         copied = [tuple(types.to_text(v, c) for v, c in zip(row, schema.columns, strict=True)) for row in cur]
     conn.close()
-    streamed = []
-    for event, values, none_sources in binlog_rows:
-        streamed.append(tuple(types.binlog_text(values[c.name], none_sources.get(c.name), lib, c)
-                              for c, lib in zip(schema.columns, event.columns, strict=True)))
-    assert copied == streamed
+    assert copied == [i.new for i in inserts]
     row1, row2, row3 = (dict(zip(schema.column_names, r, strict=True)) for r in copied)
     assert row1["biu"] == "18446744073709551615" and row1["fl"] == "1.1" and row1["db"] == "0.1"
     assert row1["dw"] == "12345678901234567890123456789012345.123456789012345678901234567890"
