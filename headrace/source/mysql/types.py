@@ -68,7 +68,8 @@ def _spelled(base: str, unsigned: bool = False, *args: int) -> ColumnType:
         if precision > MAX_DECIMAL_PRECISION:
             return ColumnType(_K.STRING, spelling)
         return ColumnType(_K.DECIMAL, spelling, precision, scale)
-    simple = {"float": _K.FLOAT, "double": _K.DOUBLE, "year": _K.INT, "date": _K.DATE, "time": _K.TIME,
+    # TIME is a duration (-838:59:59..838:59:59), which no time-of-day type (TypeKind.TIME) holds.
+    simple = {"float": _K.FLOAT, "double": _K.DOUBLE, "year": _K.INT, "date": _K.DATE, "time": _K.STRING,
               "datetime": _K.TIMESTAMP, "timestamp": _K.TIMESTAMPTZ, "json": _K.JSON, "geometry": _K.BINARY}
     if base in simple:
         return ColumnType(simple[base], spelling)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from headrace.core.changes import Insert
-from headrace.core.schema import TypeKind
+from headrace.core.schema import ColumnType, TypeKind
 from headrace.source.mysql import types
 from headrace.source.mysql.binlog import BinlogStream
 from headrace.source.mysql.catalog import read_table_schema, table_id
@@ -100,3 +100,39 @@ def test_table_map_schema_equals_catalog_and_copy_text_equals_binlog_text(typed_
     assert row2["st"] == "" and row2["en"] == "" and row2["tm2"] == "-00:00:00.01"
     assert row2["tm4"] == "-00:00:01.5000" and row2["tm6"] == "12:34:56.000000"
     assert row3["i"] == "7" and all(v is None for k, v in row3.items() if k not in ("id", "i"))
+
+
+def test_copied_texts_cast_to_the_values(typed_table: tuple[str, str, int], spark: Any) -> None:
+    """The copy's texts read back through ``cast_text`` as the values MariaDB holds (zero dates clamped)."""
+    import datetime as dt
+    from decimal import Decimal
+
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
+    from headrace.source.mysql.copy import copy_chunk
+
+    database, dsn, _start = typed_table
+    with contextlib.closing(connect(dsn)) as conn:
+        schema = read_table_schema(conn, database, "typed")
+    copied = pa.Table.from_batches(list(copy_chunk(dsn, schema, 0, 0))).to_pandas()
+    frame = spark.createDataFrame(copied.drop(columns=["_pos"])).orderBy(F.col("c0").cast("int"))
+    rules = ValueRules(f"{database}.typed", "clamp")
+    wanted = {"biu", "iu", "bt1", "d", "fl", "db", "ts3", "dtm6", "dt", "dtm", "ts", "bn", "vc"}
+    texts = [(c.name, c.type, F.col(f"c{i}")) for i, c in enumerate(schema.columns) if c.name in wanted]
+    # Datetimes come back as text: Python cannot hold every instant near year 1 in the local zone.
+    def value(name: str, ct: ColumnType, text: Any) -> Any:
+        cast = cast_text(text, ct, rules, name)
+        return (cast.cast("string") if ct.kind in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ) else cast).alias(name)
+
+    rows = frame.select(*(value(*t) for t in texts)).collect()
+    counts = frame.agg(*(agg.alias(f"{name}_{reason}") for name, reason, agg in changed_value_counts(texts, rules)))
+    one, two = rows[0].asDict(), rows[1].asDict()
+    assert one["biu"] == Decimal("18446744073709551615") and one["iu"] == 4294967295 and one["bt1"] is True
+    assert one["d"] == Decimal("-12345678.90") and one["fl"] == pytest.approx(1.1) and one["db"] == 0.1
+    assert one["ts3"] == "1970-01-01 00:00:01.5" and one["dtm6"] == "1999-12-31 23:59:59.000001"
+    assert one["dt"] == dt.date(2024, 2, 29) and one["bn"] == b"\x01\x02\x00\x00" and one["vc"] == "é😀x"
+    assert two["dt"] == dt.date(1, 1, 1) and two["dtm"] == "0001-01-01 00:00:00" and two["bt1"] is False
+    totals = counts.collect()[0].asDict()
+    assert totals["dt_infinity_clamped"] == 1 and totals["ts_infinity_clamped"] == 1
