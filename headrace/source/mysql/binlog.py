@@ -43,7 +43,7 @@ from headrace.core.changes import (
     Truncate,
     Update,
 )
-from headrace.core.errors import SourceError
+from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
 from headrace.source.mysql.catalog import schema_from_table_map, table_id
 from headrace.source.mysql.connect import connect, parse_dsn, redacted
@@ -53,6 +53,7 @@ from headrace.source.mysql.types import binlog_text
 TableFilter = Callable[[str, str], bool]
 _FL_STANDALONE = 1  # MariaDB GTID event flag: a statement outside a transaction (DDL)
 _LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purged or does not exist
+_UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\.(?:`((?:[^`]|``)+)`|(\w+)))?\s*$",
                        re.IGNORECASE)
 _EVENTS = [RotateEvent, MariadbGtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
@@ -142,6 +143,9 @@ class BinlogStream:
                         f" is no longer on the server ({exc.args[1]}); raise binlog_expire_logs_seconds"
                         " (or expire_logs_days) so the binlog outlives outages, and run `headrace resync`"
                         " for the tables to copy them again") from exc
+                if exc.args and exc.args[0] in _UNREACHABLE:
+                    raise TransientError(f"{redacted(self._dsn)}: the binlog connection failed ({exc.args[-1]});"
+                                         " it is opened again from the last saved position") from exc
                 raise
             if event is None or isinstance(event, HeartbeatLogEvent):
                 break

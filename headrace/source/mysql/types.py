@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import json
 import struct
 from typing import Any, Final
@@ -139,13 +140,16 @@ def binlog_column_type(column: Any) -> ColumnType:
     return ColumnType(_K.STRING, f"binlog type {code}")
 
 
+# Cached: called for every value of every row.
+@functools.lru_cache(maxsize=4096)
 def _base(ct: ColumnType) -> str:
     return ct.pg_type.split("(")[0].split(" ")[0]
 
 
-def _args(ct: ColumnType) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def _args(ct: ColumnType) -> tuple[int, ...]:
     inner = ct.pg_type.partition("(")[2].partition(")")[0]
-    return [int(a) for a in inner.split(",")] if inner else []
+    return tuple(int(a) for a in inner.split(",")) if inner else ()
 
 
 def _float32_text(value: float) -> str:
@@ -208,7 +212,7 @@ def to_text(value: Any, column: Column) -> str | None:
     if base == "decimal":
         return f"{decimal.Decimal(value):.{_args(ct)[1]}f}"
     if base == "time":
-        return _time_text(value, (_args(ct) or [0])[0])
+        return _time_text(value, (_args(ct) or (0,))[0])
     if ct.kind is TypeKind.BINARY:
         data = value.encode() if isinstance(value, str) else bytes(value)
         if base == "geometry":
