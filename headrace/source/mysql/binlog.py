@@ -45,7 +45,7 @@ from headrace.core.changes import (
 )
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
-from headrace.source.mysql.catalog import schema_from_table_map, table_id
+from headrace.source.mysql.catalog import column_defaults, schema_from_table_map, table_id, with_fills
 from headrace.source.mysql.connect import connect, parse_dsn, redacted
 from headrace.source.mysql.position import format_position, from_int, to_int
 from headrace.source.mysql.types import binlog_text
@@ -121,6 +121,7 @@ class BinlogStream:
         self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
         self._begun = False  # Begin sent for the open transaction (only once it touches a tracked table)
         self._standalone = False  # the open transaction is one statement (DDL) without XID
+        self._catalog: Any = None  # a connection for column defaults, opened at the first Relation
 
     def schema(self, oid: int) -> TableSchema:
         """The shape of table ``oid`` as its latest TABLE_MAP described it (for the last Relation)."""
@@ -204,6 +205,11 @@ class BinlogStream:
     def _relation(self, oid: int, start: int, out: list[tuple[int, Event]]) -> None:
         shape = self._schemas[oid]
         if self._sent.get(oid) != shape:
+            # What rows older than an added column hold: the TABLE_MAP has no defaults, so the
+            # catalog's, read now (as the PostgreSQL source reads attmissingval).
+            if self._catalog is None:
+                self._catalog = connect(self._dsn)
+            shape = self._schemas[oid] = with_fills(shape, column_defaults(self._catalog, shape.schema, shape.name))
             columns = tuple(RelationColumn(c.name, c.type_oid, c.typmod, c.name in shape.key) for c in shape.columns)
             out.append((start, Relation(oid, shape.schema, shape.name, shape.replica_identity, columns)))
             self._sent[oid] = shape
@@ -259,3 +265,6 @@ class BinlogStream:
     def close(self) -> None:
         """Close the replication connection."""
         self._reader.close()
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None

@@ -229,6 +229,47 @@ def to_text(value: Any, column: Column) -> str | None:
     return str(value)
 
 
+_NUMERIC_KINDS = frozenset({TypeKind.INT, TypeKind.LONG, TypeKind.DECIMAL, TypeKind.FLOAT, TypeKind.DOUBLE})
+
+
+def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[bool, str | None]:
+    """``(known, text)``: what rows older than ``column`` hold once it is added, from its catalog
+    ``COLUMN_DEFAULT`` (MariaDB 10.2.7+ spelling: ``NULL``, a quoted literal, a number, or an
+    expression) and ``EXTRA``. ``known`` is False for expressions and generated columns."""
+    base = _base(column.type)
+    if "GENERATED" in extra.upper():
+        return False, None
+    if default is None or default == "NULL":
+        if column.nullable:
+            return True, None
+        # NOT NULL without a default: MySQL fills the type's implicit default.
+        if base in ("date", "datetime"):
+            return True, ZERO_DATE_TEXT
+        if column.type.kind is TypeKind.STRING and base not in ("time", "bit"):
+            return True, ""
+        if column.type.kind is TypeKind.BINARY and base != "geometry":
+            return True, to_text(b"", column)
+        if column.type.kind in _NUMERIC_KINDS:
+            return True, to_text(decimal.Decimal(0), column)
+        return False, None
+    if len(default) >= 2 and default[0] == default[-1] == "'":
+        literal = default[1:-1].replace("''", "'")
+        if column.type.kind is TypeKind.STRING and base not in ("time", "bit"):
+            return True, literal
+        if base in ("date", "datetime", "timestamp"):
+            if literal.startswith("0000") or "-00" in literal[:10]:
+                return True, ZERO_DATE_TEXT
+            return True, literal + ("+00" if base == "timestamp" else "")
+        return False, None
+    try:
+        number = decimal.Decimal(default)
+    except decimal.InvalidOperation:
+        return False, None  # an expression: CURRENT_TIMESTAMP, UUID(), NEXTVAL(...)
+    if column.type.kind in _NUMERIC_KINDS:
+        return True, to_text(number, column)
+    return False, None
+
+
 # Why mysql-replication gave None for a value that is not NULL (its ``none_sources``).
 _ZERO_DATE_SOURCES = frozenset({"out of date range", "out of datetime range", "out of datetime2 range"})
 

@@ -136,3 +136,18 @@ def test_copied_texts_cast_to_the_values(typed_table: tuple[str, str, int], spar
     assert two["dt"] == dt.date(1, 1, 1) and two["dtm"] == "0001-01-01 00:00:00" and two["bt1"] is False
     totals = counts.collect()[0].asDict()
     assert totals["dt_infinity_clamped"] == 1 and totals["ts_infinity_clamped"] == 1
+
+
+def test_added_column_fills(mariadb_server: Any, mysql_db: tuple[str, str]) -> None:
+    """What rows older than an added column hold, from the catalog's defaults (unknown for expressions)."""
+    database, dsn = mysql_db
+    with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
+        cur.execute("CREATE TABLE f (id INT PRIMARY KEY, s VARCHAR(9) DEFAULT 'it''s', n INT NOT NULL,"
+                    " d DECIMAL(5,2) DEFAULT 1.5, z DATE NOT NULL, t TIMESTAMP NULL DEFAULT '2020-01-02 03:04:05',"
+                    " c DATETIME DEFAULT CURRENT_TIMESTAMP, g INT AS (id + 1) VIRTUAL, nul TEXT)")
+    with contextlib.closing(connect(dsn)) as conn:
+        schema = read_table_schema(conn, database, "f")
+    fills = {c.name: c.missing for c in schema.columns}
+    assert fills == {"id": "0", "s": "it's", "n": "0", "d": "1.50", "z": "-infinity",
+                     "t": "2020-01-02 03:04:05+00", "c": None, "g": None, "nul": None}
+    assert schema.extra["unknown_fill"] == "c,g"
