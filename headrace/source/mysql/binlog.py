@@ -24,6 +24,7 @@ from typing import Any
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (
+    GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
     QueryEvent,
@@ -56,7 +57,7 @@ _LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purge
 _UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\.(?:`((?:[^`]|``)+)`|(\w+)))?\s*$",
                        re.IGNORECASE)
-_EVENTS = [RotateEvent, MariadbGtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
+_EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
            DeleteRowsEvent, HeartbeatLogEvent]
 
 
@@ -166,9 +167,11 @@ class BinlogStream:
             return
         start, end = self._at(event)
         if isinstance(event, MariadbGtidEvent):
-            self._txn = (start, int(event.timestamp) * 1_000_000, int(event.gtid_seq_no))
-            self._begun = False
-            self._standalone = bool(event.flags & _FL_STANDALONE)
+            self._open(start, event, int(event.gtid_seq_no), bool(event.flags & _FL_STANDALONE))
+            return
+        if isinstance(event, GtidEvent):
+            # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
+            self._open(start, event, int(event.gno), True)
             return
         if isinstance(event, TableMapEvent):
             if self._tracked(event.schema, event.table):
@@ -186,13 +189,24 @@ class BinlogStream:
         if isinstance(event, QueryEvent):
             query = event.query.strip()
             if query.upper() == "BEGIN":
+                if self._txn is None:  # MySQL without GTIDs (its anonymous GTID event is not decoded)
+                    self._open(start, event, 0, False)
+                self._standalone = False
                 return
             if query.upper() not in ("COMMIT", "ROLLBACK"):
+                if self._txn is None:
+                    self._open(start, event, 0, True)
                 self._statement(event, query, out)
                 if not self._standalone:
                     return
         # XID (InnoDB commit), COMMIT/ROLLBACK query (other engines), or the end of a standalone statement.
         self._commit(end, out)
+
+    def _open(self, start: int, event: Any, xid: int, standalone: bool) -> None:
+        """A transaction starts at ``start`` (its GTID event, or its first statement without one)."""
+        self._txn = (start, int(event.timestamp) * 1_000_000, xid)
+        self._begun = False
+        self._standalone = standalone
 
     def _begin(self, out: list[tuple[int, Event]]) -> int:
         assert self._txn is not None, "row event outside a transaction"
