@@ -49,7 +49,7 @@ from headrace.core.schema import TableSchema
 from headrace.source.mysql.catalog import column_defaults, schema_from_table_map, table_id, with_fills
 from headrace.source.mysql.connect import connect, parse_dsn, redacted
 from headrace.source.mysql.position import format_position, from_int, to_int
-from headrace.source.mysql.types import binlog_text
+from headrace.source.mysql.types import binlog_text, text_converter
 
 TableFilter = Callable[[str, str], bool]
 _FL_STANDALONE = 1  # MariaDB GTID event flag: a statement outside a transaction (DDL)
@@ -123,6 +123,8 @@ class BinlogStream:
         self._begun = False  # Begin sent for the open transaction (only once it touches a tracked table)
         self._standalone = False  # the open transaction is one statement (DDL) without XID
         self._catalog: Any = None  # a connection for column defaults, opened at the first Relation
+        # oid -> (shape, its columns' text converters), rebuilt when the shape object changes.
+        self._converters: dict[int, tuple[TableSchema, list[Callable[[Any], str | None]]]] = {}
 
     def schema(self, oid: int) -> TableSchema:
         """The shape of table ``oid`` as its latest TABLE_MAP described it (for the last Relation)."""
@@ -233,10 +235,15 @@ class BinlogStream:
         self._relation(oid, start, out)
         shape = self._schemas[oid]
         columns = list(zip(shape.columns, event.columns, strict=True))
+        converters = self._converters.get(oid)
+        if converters is None or converters[0] is not shape:
+            converters = self._converters[oid] = (shape, [text_converter(c) for c in shape.columns])
+        convert = converters[1]
         keyed = bool(shape.key)
 
         def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
-            return tuple(binlog_text(values[c.name], none.get(c.name), lib, c) for c, lib in columns)
+            return tuple(binlog_text(values[c.name], none.get(c.name), lib, c, f)
+                         for (c, lib), f in zip(columns, convert, strict=True))
 
         def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
             return tuple(v if c.name in shape.key else None for v, (c, _lib) in zip(row, columns, strict=True))

@@ -23,6 +23,7 @@ import decimal
 import functools
 import json
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 from pymysqlreplication.constants import FIELD_TYPE
@@ -270,16 +271,29 @@ def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[
     return False, None
 
 
+def text_converter(column: Column) -> Callable[[Any], str | None]:
+    """``to_text`` for one column, with the type dispatch done once (the copy and the stream call
+    it for every value): integers and character strings take a short path."""
+    base = _base(column.type)
+    if base in _INTEGERS:
+        return lambda value: None if value is None else str(value)
+    if base in ("char", "varchar", "enum", *_TEXTS):
+        return lambda value: value if value is None or type(value) is str else to_text(value, column)
+    return lambda value: to_text(value, column)
+
+
 # Why mysql-replication gave None for a value that is not NULL (its ``none_sources``).
 _ZERO_DATE_SOURCES = frozenset({"out of date range", "out of datetime range", "out of datetime2 range"})
 
 
-def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column: Column) -> str | None:
+def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column: Column,
+                convert: Callable[[Any], str | None] | None = None) -> str | None:
     """``to_text`` of a value mysql-replication decoded from a row event.
 
     The library turns zero dates and the empty SET into None, telling why in ``none_source``: those
     become the zero date and ``''`` here, never NULL. A SET arrives as a Python set: its members are
-    put back in definition order, as the server prints it.
+    put back in definition order, as the server prints it. ``convert`` is the column's
+    ``text_converter`` when the caller has it.
     """
     if value is None:
         if none_source in _ZERO_DATE_SOURCES:
@@ -290,7 +304,7 @@ def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column:
     if isinstance(value, set | frozenset):
         order = list(binlog_column.set_values or [])
         value = ",".join(sorted(value, key=order.index))
-    return to_text(value, column)
+    return convert(value) if convert is not None else to_text(value, column)
 
 
 def select_expression(column: Column) -> str:
