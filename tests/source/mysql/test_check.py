@@ -6,6 +6,7 @@ import contextlib
 from typing import Any
 
 from headrace.core.names import TableName
+from headrace.source.mysql.catalog import list_tables
 from headrace.source.mysql.check import check_server
 from headrace.source.mysql.connect import connect
 from headrace.source.mysql.throwaway import ThrowawayMariaDB
@@ -19,6 +20,7 @@ def test_ready_server_and_table_problems(mariadb_server: ThrowawayMariaDB, mysql
         cur.execute("CREATE TABLE odd (id INT PRIMARY KEY, u UUID)")
         cur.execute("CREATE VIEW v AS SELECT * FROM keyed")
     with contextlib.closing(connect(dsn)) as conn:
+        assert list_tables(conn, [database]) == [TableName(database, n) for n in ("keyed", "keyless", "odd")]
         assert check_server(conn, [TableName(database, "keyed"), TableName(database, "keyless")]) == []
         problems = check_server(conn, [TableName(database, n) for n in ("odd", "v", "gone")])
     assert len(problems) == 3
