@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from pymysqlreplication.constants import FIELD_TYPE
 
+from headrace.core.errors import SourceError
 from headrace.core.schema import Column, ColumnType, TypeKind
 
 # Iceberg (and most lakehouse formats) cap decimals at 38 digits; wider ones are kept as exact text,
@@ -300,6 +301,12 @@ def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column:
             return ZERO_DATE_TEXT
         if none_source == "empty set":
             return ""
+        if none_source in ("cols bitmap", "same with before values"):
+            # The event left the column out (binlog_row_image MINIMAL/NOBLOB, or a partial JSON
+            # update): its value is unknown, never NULL.
+            raise SourceError(f"a binlog row event leaves out column {column.name}: run SET GLOBAL binlog_row_image ="
+                              " 'FULL' (and binlog_row_value_options = '' on MySQL), add it to my.cnf, and run"
+                              " `headrace resync` for the table")
         return None
     if isinstance(value, set | frozenset):
         order = list(binlog_column.set_values or [])

@@ -1,5 +1,6 @@
 """The binlog stream's failures: a position the server no longer has is refused with the fix; a server
-that goes away is a transient error, and the stream resumes from the last Commit after it is back."""
+that goes away is a transient error, and the stream resumes from the last Commit after it is back; a row
+image without every column is refused."""
 
 from __future__ import annotations
 
@@ -53,3 +54,14 @@ def test_purged_position_refused_and_crash_is_transient(tmp_path: Any) -> None:
             inserts += [e for _pos, e in resumed.read(100, 1.0) if isinstance(e, Insert)]
         resumed.close()
         assert inserts == [Insert(table_id("shop", "t"), ("2",))]
+
+        # A row image without every column (binlog_row_image=MINIMAL) is refused, never read as NULLs.
+        with contextlib.closing(connect(server.root_dsn + "shop")) as root, root.cursor() as cur:
+            cur.execute("ALTER TABLE t ADD COLUMN v INT")
+            cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+            minimal = snapshot_position(root)
+            cur.execute("UPDATE t SET v = 1 WHERE id = 2")
+        partial = BinlogStream(dsn, 13, minimal, {("shop", "t")})
+        with pytest.raises(SourceError, match="leaves out column v.*binlog_row_image = 'FULL'"):
+            partial.read(100, 5.0)
+        partial.close()
