@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from headrace.core.errors import SourceError
 from headrace.core.names import TableName
 from headrace.core.schema import Column, TableSchema
-from headrace.source.mysql.types import binlog_column_type, column_type
+from headrace.source.mysql.types import added_column_fill, binlog_column_type, column_type
 
 Conn = Any  # a pymysql connection (connect.connect)
 
@@ -40,7 +41,7 @@ def list_tables(conn: Conn, databases: Sequence[str]) -> list[TableName]:
 
 _COLUMNS = """
 SELECT column_name, data_type, column_type, numeric_precision, numeric_scale, datetime_precision,
-       character_maximum_length, is_nullable
+       character_maximum_length, is_nullable, column_default, extra
 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position
 """
 
@@ -67,9 +68,40 @@ def read_table_schema(conn: Conn, database: str, table: str) -> TableSchema:
     columns = tuple(
         Column(name, column_type(data_type, col_type, precision, scale, dt_precision, length), 0, -1,
                nullable == "YES")
-        for name, data_type, col_type, precision, scale, dt_precision, length, nullable in rows
+        for name, data_type, col_type, precision, scale, dt_precision, length, nullable, _default, _extra in rows
     )
-    return TableSchema(table_id(database, table), database, table, columns, key, "d" if key else "f")
+    fills = {r[0]: (r[8], str(r[9] or "")) for r in rows}
+    shape = TableSchema(table_id(database, table), database, table, columns, key, "d" if key else "f")
+    return with_fills(shape, fills)
+
+
+def with_fills(shape: TableSchema, defaults: dict[str, tuple[str | None, str]]) -> TableSchema:
+    """``shape`` with each column's ``missing``: the value MySQL gives existing rows when the column is
+    added (its default; a NOT NULL column without one gets the type's implicit default). Columns
+    whose fill is an expression (``CURRENT_TIMESTAMP``, ``UUID()``, generated columns) are listed in
+    ``extra["unknown_fill"]``: a target cannot know what the existing rows got. ``defaults`` maps a
+    column name to its ``information_schema.columns`` ``(COLUMN_DEFAULT, EXTRA)``; columns not in it
+    keep no fill."""
+    columns, unknown = [], []
+    for column in shape.columns:
+        if column.name not in defaults:
+            columns.append(column)
+            continue
+        default, extra = defaults[column.name]
+        known, text = added_column_fill(column, default, extra)
+        if not known:
+            unknown.append(column.name)
+        columns.append(replace(column, missing=text))
+    extra_info = {**shape.extra, "unknown_fill": ",".join(unknown)} if unknown else dict(shape.extra)
+    return replace(shape, columns=tuple(columns), extra=extra_info)
+
+
+def column_defaults(conn: Conn, database: str, table: str) -> dict[str, tuple[str | None, str]]:
+    """Column name -> ``(COLUMN_DEFAULT, EXTRA)`` of ``database.table`` as the catalog has it now."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT column_name, column_default, extra FROM information_schema.columns"
+                    " WHERE table_schema = %s AND table_name = %s", (database, table))
+        return {name: (default, str(extra or "")) for name, default, extra in cur.fetchall()}
 
 
 def schema_from_table_map(event: Any) -> TableSchema:

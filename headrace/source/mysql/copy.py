@@ -28,7 +28,7 @@ from headrace.core.schema import TableSchema, TypeKind
 from headrace.source.mysql.catalog import read_table_schema
 from headrace.source.mysql.connect import connect
 from headrace.source.mysql.position import to_int
-from headrace.source.mysql.types import select_expression, to_text
+from headrace.source.mysql.types import select_expression, text_converter
 
 Conn = Any  # a pymysql connection
 WHOLE_TABLE = (0, 0)
@@ -37,6 +37,7 @@ WHOLE_TABLE = (0, 0)
 OPEN_LOW, OPEN_HIGH = -(2**63), 2**63 - 1
 BATCH_ROWS = 10_000
 _TABLE_DEF_CHANGED = 1412  # ER_TABLE_DEF_CHANGED: altered after the snapshot began
+_CONNECTION_LOST = (2006, 2013)  # server gone, connection lost (errmsg.h)
 
 
 def _quote(name: str) -> str:
@@ -135,18 +136,24 @@ def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int,
                                  " planned; the copy is planned again with the new shape")
         where, args = _where(schema, start, end)
         columns = schema.columns
+        converters = [text_converter(c) for c in columns]
         sql = f"SELECT {', '.join(select_expression(c) for c in columns)} FROM {_from(schema)}{where}"
-        with conn.cursor() as cur:
-            try:
+        table = TableName(schema.schema, schema.name)
+        try:
+            with conn.cursor() as cur:
                 cur.execute(sql, args)
-            except pymysql.err.OperationalError as exc:
-                if exc.args and exc.args[0] == _TABLE_DEF_CHANGED:
-                    raise TransientError(f"table {TableName(schema.schema, schema.name)} was altered while its"
-                                         " chunk was copied; the chunk is copied again") from exc
-                raise
-            while rows := cur.fetchmany(batch_rows):
-                texts = [[to_text(row[i], column) for row in rows] for i, column in enumerate(columns)]
-                arrays = [pa.array(t, pa.string()) for t in texts]
-                arrays.append(pa.array([position] * len(rows), pa.int64()))
-                yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
-        conn.commit()
+                while rows := cur.fetchmany(batch_rows):
+                    texts = [[convert(row[i]) for row in rows] for i, convert in enumerate(converters)]
+                    arrays = [pa.array(t, pa.string()) for t in texts]
+                    arrays.append(pa.array([position] * len(rows), pa.int64()))
+                    yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+            conn.commit()
+        except pymysql.err.OperationalError as exc:
+            code = exc.args[0] if exc.args else 0
+            if code == _TABLE_DEF_CHANGED:
+                raise TransientError(f"table {table} was altered while its chunk was copied; the chunk is copied"
+                                     " again") from exc
+            if code in _CONNECTION_LOST:
+                raise TransientError(f"the connection copying {table} was lost ({exc.args[-1]}); the chunk is"
+                                     " copied again") from exc
+            raise

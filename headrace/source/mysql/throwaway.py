@@ -160,8 +160,14 @@ class ThrowawayMariaDB:
         return self.dsn_for(name)
 
     def drop_database(self, name: str) -> None:
-        """Drop database ``name`` if it exists."""
+        """Drop database ``name`` if it exists, ending the sessions using it first (a failed test may
+        leave one in a transaction, whose metadata locks would block the drop)."""
         with contextlib.closing(self._socket_connection()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()",
+                        (name,))
+            for (session,) in cur.fetchall():
+                with contextlib.suppress(Exception):
+                    cur.execute(f"KILL {int(session)}")
             cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
     def stop(self) -> None:

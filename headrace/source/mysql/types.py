@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import json
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 from pymysqlreplication.constants import FIELD_TYPE
 
+from headrace.core.errors import SourceError
 from headrace.core.schema import Column, ColumnType, TypeKind
 
 # Iceberg (and most lakehouse formats) cap decimals at 38 digits; wider ones are kept as exact text,
@@ -68,7 +71,8 @@ def _spelled(base: str, unsigned: bool = False, *args: int) -> ColumnType:
         if precision > MAX_DECIMAL_PRECISION:
             return ColumnType(_K.STRING, spelling)
         return ColumnType(_K.DECIMAL, spelling, precision, scale)
-    simple = {"float": _K.FLOAT, "double": _K.DOUBLE, "year": _K.INT, "date": _K.DATE, "time": _K.TIME,
+    # TIME is a duration (-838:59:59..838:59:59), which no time-of-day type (TypeKind.TIME) holds.
+    simple = {"float": _K.FLOAT, "double": _K.DOUBLE, "year": _K.INT, "date": _K.DATE, "time": _K.STRING,
               "datetime": _K.TIMESTAMP, "timestamp": _K.TIMESTAMPTZ, "json": _K.JSON, "geometry": _K.BINARY}
     if base in simple:
         return ColumnType(simple[base], spelling)
@@ -138,13 +142,16 @@ def binlog_column_type(column: Any) -> ColumnType:
     return ColumnType(_K.STRING, f"binlog type {code}")
 
 
+# Cached: called for every value of every row.
+@functools.lru_cache(maxsize=4096)
 def _base(ct: ColumnType) -> str:
     return ct.pg_type.split("(")[0].split(" ")[0]
 
 
-def _args(ct: ColumnType) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def _args(ct: ColumnType) -> tuple[int, ...]:
     inner = ct.pg_type.partition("(")[2].partition(")")[0]
-    return [int(a) for a in inner.split(",")] if inner else []
+    return tuple(int(a) for a in inner.split(",")) if inner else ()
 
 
 def _float32_text(value: float) -> str:
@@ -207,7 +214,7 @@ def to_text(value: Any, column: Column) -> str | None:
     if base == "decimal":
         return f"{decimal.Decimal(value):.{_args(ct)[1]}f}"
     if base == "time":
-        return _time_text(value, (_args(ct) or [0])[0])
+        return _time_text(value, (_args(ct) or (0,))[0])
     if ct.kind is TypeKind.BINARY:
         data = value.encode() if isinstance(value, str) else bytes(value)
         if base == "geometry":
@@ -224,27 +231,87 @@ def to_text(value: Any, column: Column) -> str | None:
     return str(value)
 
 
+_NUMERIC_KINDS = frozenset({TypeKind.INT, TypeKind.LONG, TypeKind.DECIMAL, TypeKind.FLOAT, TypeKind.DOUBLE})
+
+
+def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[bool, str | None]:
+    """``(known, text)``: what rows older than ``column`` hold once it is added, from its catalog
+    ``COLUMN_DEFAULT`` (MariaDB 10.2.7+ spelling: ``NULL``, a quoted literal, a number, or an
+    expression) and ``EXTRA``. ``known`` is False for expressions and generated columns."""
+    base = _base(column.type)
+    if "GENERATED" in extra.upper():
+        return False, None
+    if default is None or default == "NULL":
+        if column.nullable:
+            return True, None
+        # NOT NULL without a default: MySQL fills the type's implicit default.
+        if base in ("date", "datetime"):
+            return True, ZERO_DATE_TEXT
+        if column.type.kind is TypeKind.STRING and base not in ("time", "bit"):
+            return True, ""
+        if column.type.kind is TypeKind.BINARY and base != "geometry":
+            return True, to_text(b"", column)
+        if column.type.kind in _NUMERIC_KINDS:
+            return True, to_text(decimal.Decimal(0), column)
+        return False, None
+    if len(default) >= 2 and default[0] == default[-1] == "'":
+        literal = default[1:-1].replace("''", "'")
+        if column.type.kind is TypeKind.STRING and base not in ("time", "bit"):
+            return True, literal
+        if base in ("date", "datetime", "timestamp"):
+            if literal.startswith("0000") or "-00" in literal[:10]:
+                return True, ZERO_DATE_TEXT
+            return True, literal + ("+00" if base == "timestamp" else "")
+        return False, None
+    try:
+        number = decimal.Decimal(default)
+    except decimal.InvalidOperation:
+        return False, None  # an expression: CURRENT_TIMESTAMP, UUID(), NEXTVAL(...)
+    if column.type.kind in _NUMERIC_KINDS:
+        return True, to_text(number, column)
+    return False, None
+
+
+def text_converter(column: Column) -> Callable[[Any], str | None]:
+    """``to_text`` for one column, with the type dispatch done once (the copy and the stream call
+    it for every value): integers and character strings take a short path."""
+    base = _base(column.type)
+    if base in _INTEGERS:
+        return lambda value: None if value is None else str(value)
+    if base in ("char", "varchar", "enum", *_TEXTS):
+        return lambda value: value if value is None or type(value) is str else to_text(value, column)
+    return lambda value: to_text(value, column)
+
+
 # Why mysql-replication gave None for a value that is not NULL (its ``none_sources``).
 _ZERO_DATE_SOURCES = frozenset({"out of date range", "out of datetime range", "out of datetime2 range"})
 
 
-def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column: Column) -> str | None:
+def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column: Column,
+                convert: Callable[[Any], str | None] | None = None) -> str | None:
     """``to_text`` of a value mysql-replication decoded from a row event.
 
     The library turns zero dates and the empty SET into None, telling why in ``none_source``: those
     become the zero date and ``''`` here, never NULL. A SET arrives as a Python set: its members are
-    put back in definition order, as the server prints it.
+    put back in definition order, as the server prints it. ``convert`` is the column's
+    ``text_converter`` when the caller has it.
     """
     if value is None:
         if none_source in _ZERO_DATE_SOURCES:
             return ZERO_DATE_TEXT
         if none_source == "empty set":
             return ""
+        if none_source in ("cols bitmap", "same with before values"):
+            # The event left the column out (binlog_row_image MINIMAL/NOBLOB, or a partial JSON
+            # update): its value is unknown, never NULL.
+            raise SourceError(f"a binlog row event leaves out column {column.name}: run SET GLOBAL binlog_row_image ="
+                              " 'FULL' (and binlog_row_value_options = '' on MySQL), add it to my.cnf, and run"
+                              " `headrace resync` for the table")
         return None
     if isinstance(value, set | frozenset):
         order = list(binlog_column.set_values or [])
         value = ",".join(sorted(value, key=order.index))
-    return to_text(value, column)
+    return convert(value) if convert is not None else to_text(value, column)
 
 
 def select_expression(column: Column) -> str:

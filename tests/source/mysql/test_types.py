@@ -8,14 +8,14 @@ import contextlib
 from typing import Any
 
 import pytest
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
 
-from headrace.core.schema import TypeKind
+from headrace.core.changes import Insert
+from headrace.core.schema import ColumnType, TypeKind
 from headrace.source.mysql import types
-from headrace.source.mysql.catalog import read_table_schema, schema_from_table_map, table_id
-from headrace.source.mysql.connect import connect, parse_dsn
-from headrace.source.mysql.position import from_int, to_int
+from headrace.source.mysql.binlog import BinlogStream
+from headrace.source.mysql.catalog import read_table_schema, table_id
+from headrace.source.mysql.connect import connect
+from headrace.source.mysql.position import to_int
 
 COLUMNS = """
 id INT PRIMARY KEY,
@@ -44,22 +44,14 @@ ROWS = [
 ]
 
 
-def _binlog_rows(dsn: str, start: int) -> tuple[Any, list[tuple[Any, dict[str, Any], dict[str, str]]]]:
-    """The first TABLE_MAP after ``start`` and every inserted row with its none_sources."""
-    file, offset = from_int(start, "binlog")
-    reader = BinLogStreamReader(connection_settings=parse_dsn(dsn).settings(), server_id=901, resume_stream=True,
-                                log_file=file, log_pos=offset, blocking=False, is_mariadb=True,
-                                only_events=[TableMapEvent, WriteRowsEvent])
-    table_map, rows = None, []
-    try:
-        for event in reader:
-            if isinstance(event, TableMapEvent) and table_map is None:
-                table_map = event
-            elif isinstance(event, WriteRowsEvent):
-                rows += [(event, row["values"], row["none_sources"]) for row in event.rows]
-    finally:
-        reader.close()
-    return table_map, rows
+def _streamed_rows(dsn: str, database: str, start: int, count: int) -> tuple[BinlogStream, list[Insert]]:
+    """The first ``count`` inserts into ``typed`` from the binlog after ``start``."""
+    stream = BinlogStream(dsn, 901, start, {(database, "typed")})
+    inserts: list[Insert] = []
+    while len(inserts) < count:
+        inserts += [e for _pos, e in stream.read(100, 1.0) if isinstance(e, Insert)]
+    stream.close()
+    return stream, inserts
 
 
 @pytest.fixture
@@ -80,8 +72,8 @@ def test_table_map_schema_equals_catalog_and_copy_text_equals_binlog_text(typed_
     database, dsn, start = typed_table
     conn = connect(dsn)
     schema = read_table_schema(conn, database, "typed")
-    table_map, binlog_rows = _binlog_rows(dsn, start)
-    assert schema_from_table_map(table_map) == schema
+    stream, inserts = _streamed_rows(dsn, database, start, len(ROWS))
+    assert stream.schema(schema.oid) == schema  # built from the TABLE_MAP
     assert schema.oid == table_id(database, "typed") and schema.key == ("id",)
 
     kinds = {c.name: (c.type.kind, c.type.pg_type) for c in schema.columns}
@@ -94,11 +86,7 @@ def test_table_map_schema_equals_catalog_and_copy_text_equals_binlog_text(typed_
         cur.execute(f"SELECT {', '.join(types.select_expression(c) for c in schema.columns)} FROM typed ORDER BY id")
         copied = [tuple(types.to_text(v, c) for v, c in zip(row, schema.columns, strict=True)) for row in cur]
     conn.close()
-    streamed = []
-    for event, values, none_sources in binlog_rows:
-        streamed.append(tuple(types.binlog_text(values[c.name], none_sources.get(c.name), lib, c)
-                              for c, lib in zip(schema.columns, event.columns, strict=True)))
-    assert copied == streamed
+    assert copied == [i.new for i in inserts]
     row1, row2, row3 = (dict(zip(schema.column_names, r, strict=True)) for r in copied)
     assert row1["biu"] == "18446744073709551615" and row1["fl"] == "1.1" and row1["db"] == "0.1"
     assert row1["dw"] == "12345678901234567890123456789012345.123456789012345678901234567890"
@@ -112,3 +100,54 @@ def test_table_map_schema_equals_catalog_and_copy_text_equals_binlog_text(typed_
     assert row2["st"] == "" and row2["en"] == "" and row2["tm2"] == "-00:00:00.01"
     assert row2["tm4"] == "-00:00:01.5000" and row2["tm6"] == "12:34:56.000000"
     assert row3["i"] == "7" and all(v is None for k, v in row3.items() if k not in ("id", "i"))
+
+
+def test_copied_texts_cast_to_the_values(typed_table: tuple[str, str, int], spark: Any) -> None:
+    """The copy's texts read back through ``cast_text`` as the values MariaDB holds (zero dates clamped)."""
+    import datetime as dt
+    from decimal import Decimal
+
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
+    from headrace.source.mysql.copy import copy_chunk
+
+    database, dsn, _start = typed_table
+    with contextlib.closing(connect(dsn)) as conn:
+        schema = read_table_schema(conn, database, "typed")
+    copied = pa.Table.from_batches(list(copy_chunk(dsn, schema, 0, 0))).to_pandas()
+    frame = spark.createDataFrame(copied.drop(columns=["_pos"])).orderBy(F.col("c0").cast("int"))
+    rules = ValueRules(f"{database}.typed", "clamp")
+    wanted = {"biu", "iu", "bt1", "d", "fl", "db", "ts3", "dtm6", "dt", "dtm", "ts", "bn", "vc"}
+    texts = [(c.name, c.type, F.col(f"c{i}")) for i, c in enumerate(schema.columns) if c.name in wanted]
+    # Datetimes come back as text: Python cannot hold every instant near year 1 in the local zone.
+    def value(name: str, ct: ColumnType, text: Any) -> Any:
+        cast = cast_text(text, ct, rules, name)
+        return (cast.cast("string") if ct.kind in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ) else cast).alias(name)
+
+    rows = frame.select(*(value(*t) for t in texts)).collect()
+    counts = frame.agg(*(agg.alias(f"{name}_{reason}") for name, reason, agg in changed_value_counts(texts, rules)))
+    one, two = rows[0].asDict(), rows[1].asDict()
+    assert one["biu"] == Decimal("18446744073709551615") and one["iu"] == 4294967295 and one["bt1"] is True
+    assert one["d"] == Decimal("-12345678.90") and one["fl"] == pytest.approx(1.1) and one["db"] == 0.1
+    assert one["ts3"] == "1970-01-01 00:00:01.5" and one["dtm6"] == "1999-12-31 23:59:59.000001"
+    assert one["dt"] == dt.date(2024, 2, 29) and one["bn"] == b"\x01\x02\x00\x00" and one["vc"] == "é😀x"
+    assert two["dt"] == dt.date(1, 1, 1) and two["dtm"] == "0001-01-01 00:00:00" and two["bt1"] is False
+    totals = counts.collect()[0].asDict()
+    assert totals["dt_infinity_clamped"] == 1 and totals["ts_infinity_clamped"] == 1
+
+
+def test_added_column_fills(mariadb_server: Any, mysql_db: tuple[str, str]) -> None:
+    """What rows older than an added column hold, from the catalog's defaults (unknown for expressions)."""
+    database, dsn = mysql_db
+    with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
+        cur.execute("CREATE TABLE f (id INT PRIMARY KEY, s VARCHAR(9) DEFAULT 'it''s', n INT NOT NULL,"
+                    " d DECIMAL(5,2) DEFAULT 1.5, z DATE NOT NULL, t TIMESTAMP NULL DEFAULT '2020-01-02 03:04:05',"
+                    " c DATETIME DEFAULT CURRENT_TIMESTAMP, g INT AS (id + 1) VIRTUAL, nul TEXT)")
+    with contextlib.closing(connect(dsn)) as conn:
+        schema = read_table_schema(conn, database, "f")
+    fills = {c.name: c.missing for c in schema.columns}
+    assert fills == {"id": "0", "s": "it's", "n": "0", "d": "1.50", "z": "-infinity",
+                     "t": "2020-01-02 03:04:05+00", "c": None, "g": None, "nul": None}
+    assert schema.extra["unknown_fill"] == "c,g"
