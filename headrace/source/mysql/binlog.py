@@ -152,6 +152,10 @@ class BinlogStream:
                                          " it is opened again from the last saved position") from exc
                 raise
             if event is None or isinstance(event, HeartbeatLogEvent):
+                if event is not None and self._txn is None:
+                    # Idle at the binlog's end: everything before the heartbeat's position is read
+                    # (after a rotation the new file's header events are no transaction to end at).
+                    self.position = max(self.position, to_int(self._file, int(event.packet.log_pos)))
                 break
             self._handle(event, out)
         return out
