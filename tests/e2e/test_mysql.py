@@ -25,6 +25,9 @@ import psycopg
 import pytest
 
 from headrace.config import parse_config
+from headrace.control.assess import assess_config, format_assessment
+from headrace.control.status import pipeline_status
+from headrace.core.errors import SourceError
 from headrace.core.names import quote_spark
 from headrace.pipeline import Pipeline
 from headrace.source.mysql.catalog import read_table_schema, table_id
@@ -131,9 +134,9 @@ def _writer(root: str, stop: threading.Event, counter: list[int]) -> None:
         counter.append(i)
 
 
-def _state_of(state_dsn: str, oid: int) -> TableState | None:
+def _state_of(state_dsn: str, oid: int, pipeline: str = "t") -> TableState | None:
     try:
-        state = StateStore(state_dsn, "t")
+        state = StateStore(state_dsn, pipeline)
     except psycopg.Error:
         return None
     try:
@@ -189,9 +192,40 @@ def test_mysql_copy_under_writes_then_changes_and_a_restart(
         if target == "ducklake":
             _, rows = _source_rows(root, database)
             assert _plain_duckdb_ids(restarted) == sorted(r[0] for r in rows)
+            # `headrace check` and `headrace status` of a MySQL pipeline, through its Source.
+            assessment = assess_config(config)
+            assert assessment["problems"] == [] and [t["ready"] for t in assessment["tables"]] == [True]
+            assert f"{database}.items" in format_assessment(config.name, assessment)
+            status = pipeline_status(config)
+            assert [t["state"] for t in status["tables"]] == ["STREAMING"] and ":" in status["captured_lsn"]
     finally:
         stop_writing.set()
         writer.join(30)
+
+
+def test_mysql_refuses_a_purged_binlog_position(mariadb_server: Any, shop: tuple[str, str], state_dsn: str,
+                                                tmp_path: Path, spark: Any) -> None:
+    database, root = shop
+    _run(root, CREATE, "INSERT INTO items (id, name) VALUES (1, 'a')")
+    config = make_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.items"], "ducklake",
+                         source={"state_dsn": state_dsn}, name="purged")
+    run_caught_up(Pipeline(config, spark=spark))
+    # While it is stopped, the binlog it would resume from is purged (once no replica reads it).
+    with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+        def dumps() -> list[Any]:
+            cur.execute("SELECT id, user, command, state, time FROM information_schema.processlist"
+                        " WHERE command LIKE 'Binlog Dump%'")
+            return list(cur.fetchall())
+
+        wait_until(lambda: not dumps(), 30, f"binlog dump threads left: {dumps()}")
+        cur.execute("FLUSH BINARY LOGS")
+        cur.execute("SHOW MASTER STATUS")
+        (current, *_) = cur.fetchone()
+        cur.execute(f"PURGE BINARY LOGS TO '{current}'")
+        cur.execute("SHOW BINARY LOGS")
+        assert [r[0] for r in cur.fetchall()] == [current], "the server kept a binlog in use"
+    with pytest.raises(SourceError, match="purged"):
+        run_caught_up(Pipeline(config, spark=spark), timeout=120)
 
 
 def test_mysql_source_needs_a_state_dsn(mariadb_server: Any, tmp_path: Path) -> None:

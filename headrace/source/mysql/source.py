@@ -28,7 +28,7 @@ from headrace.core.errors import SourceError, TableNotFound, TransientError
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
 from headrace.source.base import ChangeStream, ChunkRead, CopySnapshot, Route, Source
-from headrace.source.mysql import catalog
+from headrace.source.mysql import catalog, check
 from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn, redacted
 from headrace.source.mysql.position import format_position, to_int
@@ -75,7 +75,7 @@ class MySqlSource(Source):
                 names = self.config.source.table_names
                 if self.config.source.discovers:
                     names = [TableName.parse(n) for n in self.list_tables(conn, self._schemas()).values()]
-                return _check(conn, names)
+                return check.check_server(conn, names)
         except (pymysql.err.Error, SourceError, TransientError) as exc:
             return [f"cannot connect to the source {redacted(self.dsn)}: {str(exc).strip()}"]
 
@@ -107,7 +107,7 @@ class MySqlSource(Source):
         return {catalog.table_id(t.schema, t.name): str(t) for t in catalog.list_tables(conn, databases)}
 
     def table_problems(self, conn: Conn, name: str) -> list[str]:
-        return []  # keyless tables replicate with every column as identity; types all map
+        return check.table_problems(conn, TableName.parse(name))  # keyless tables are fine: full-row identity
 
     def _name(self, conn: Conn, table: str | TableName | int) -> TableName:
         if isinstance(table, TableName):
@@ -133,11 +133,14 @@ class MySqlSource(Source):
                 assessed.append({"table": str(name), "oid": None, "exists": False, "ready": False,
                                  "problems": [str(exc)]})
                 continue
-            assessed.append({"table": str(name), "oid": schema.oid, "exists": True, "ready": True, "problems": [],
-                             "key": list(schema.key), "replica_identity": "primary key" if schema.key else
-                             "full row (no primary key)", "columns": len(schema.columns), "kept_as_text": []})
-        return {"server_problems": [], "tables": assessed,
-                "problems": [p for t in assessed for p in t["problems"]]}
+            problems = check.table_problems(conn, name)
+            assessed.append({"table": str(name), "oid": schema.oid, "exists": True, "ready": not problems,
+                             "problems": problems, "key": list(schema.key), "columns": len(schema.columns),
+                             "replica_identity": "primary key" if schema.key else "full row (no primary key)",
+                             "kept_as_text": []})
+        server = check.server_problems(conn)
+        return {"server_problems": server, "tables": assessed,
+                "problems": server + [p for t in assessed for p in t["problems"]]}
 
     def current_names(self, conn: Conn, oids: list[int]) -> list[TableName]:
         wanted = set(oids)
@@ -245,21 +248,6 @@ class PositionStream:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def _check(conn: Conn, names: list[TableName]) -> list[str]:
-    """The server's and the tables' problems, each with its fix (``check.check_server``)."""
-    try:
-        from headrace.source.mysql.check import check_server
-    except ImportError:  # not there yet: the settings capture cannot run without
-        with conn.cursor() as cur:
-            cur.execute("SELECT @@log_bin, @@binlog_format, @@binlog_row_image")
-            log_bin, fmt, image = cur.fetchone()
-        wrong = [f"{name} is {value}, set {name} = {want} in my.cnf" for name, value, want in
-                 (("log_bin", log_bin, 1), ("binlog_format", fmt, "ROW"), ("binlog_row_image", image, "FULL"))
-                 if str(value).upper() != str(want)]
-        return wrong
-    return [str(p) for p in check_server(conn, names)]
 
 
 def _all_databases(conn: Conn) -> list[str]:
