@@ -26,6 +26,23 @@ from headrace.core.settings import redacted_dsn as redacted_dsn  # re-exported: 
 from headrace.lineage.config import LineageConfig
 from headrace.targets.registry import TargetSection
 
+MYSQL_SCHEMES = ("mysql", "mariadb")
+
+
+def source_kind(dsn: str) -> str:
+    """``postgresql`` or ``mysql`` for a DSN (by its scheme); ``ConfigError`` for another scheme."""
+    text = dsn.strip()
+    if "://" not in text:
+        return "postgresql"  # libpq key=value (or empty: libpq's defaults)
+    scheme = text.split("://", 1)[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    if scheme in MYSQL_SCHEMES:
+        return "mysql"
+    raise ConfigError(f"source.dsn has scheme {scheme}://, which headrace cannot read: use postgresql://"
+                      " (or a libpq key=value string) for PostgreSQL, mysql:// or mariadb:// for MySQL/MariaDB")
+
+
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
 
@@ -143,8 +160,6 @@ class SourceConfig(_Frozen):
 
     def _check_kind(self, dsn: str) -> str:
         """The source kind of ``dsn``; a MySQL source without a PostgreSQL for the state is refused."""
-        from headrace.source import source_kind
-
         kind = source_kind(dsn)
         if kind == "mysql" and not self.state_dsn:
             raise ConfigError(

@@ -8,27 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headrace.core.errors import ConfigError
+from headrace.config import MYSQL_SCHEMES, source_kind
 
 if TYPE_CHECKING:
     from headrace.config import PipelineConfig
     from headrace.source.base import Source
 
-MYSQL_SCHEMES = ("mysql", "mariadb")
-
-
-def source_kind(dsn: str) -> str:
-    """``postgresql`` or ``mysql`` for a DSN (by its scheme); ``ConfigError`` for another scheme."""
-    text = dsn.strip()
-    if "://" not in text:
-        return "postgresql"  # libpq key=value (or empty: libpq's defaults)
-    scheme = text.split("://", 1)[0].lower()
-    if scheme in ("postgresql", "postgres"):
-        return "postgresql"
-    if scheme in MYSQL_SCHEMES:
-        return "mysql"
-    raise ConfigError(f"source.dsn has scheme {scheme}://, which headrace cannot read: use postgresql://"
-                      " (or a libpq key=value string) for PostgreSQL, mysql:// or mariadb:// for MySQL/MariaDB")
+__all__ = ["MYSQL_SCHEMES", "open_source", "source_kind"]
 
 
 def open_source(config: PipelineConfig, dsn: str | None = None) -> Source:
