@@ -30,9 +30,10 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
 
 class SourceConfig(_Frozen):
-    """The PostgreSQL database to replicate from."""
+    """The database to replicate from: PostgreSQL, or MySQL/MariaDB (by the DSN's scheme)."""
 
-    dsn: str | None = Field(None, description="libpq connection string or URL of the source database")
+    dsn: str | None = Field(None, description="libpq connection string or URL of the source database;"
+                            " mysql:// or mariadb:// for MySQL/MariaDB (then tables are database.table)")
     dsn_env: str | None = Field(None, description="name of an environment variable holding the DSN")
     tables: list[str] = Field(
         default_factory=list, description="tables to replicate, in SQL syntax: schema.table or table (schema"
@@ -54,6 +55,11 @@ class SourceConfig(_Frozen):
     slot: str | None = Field(None, description="replication slot name; default headrace_<name>")
     state_dsn: str | None = Field(
         None, description="Postgres holding the _headrace state schema; default: the source itself"
+        " (required for a MySQL/MariaDB source)"
+    )
+    server_id: int | None = Field(
+        None, ge=1, lt=2**32, description="MySQL/MariaDB only: the replica server_id the binlog client uses,"
+        " unique among the server's replicas; default: one derived from the pipeline name"
     )
     max_retained_wal: int = Field(
         10 << 30, description="warn (status, /metrics, /readyz, log) when the slot makes the source keep more"
@@ -128,7 +134,27 @@ class SourceConfig(_Frozen):
             )
         if len(set(self.schemas)) != len(self.schemas):
             raise ValueError("source.schemas lists a schema twice")
+        if self.dsn:
+            try:
+                self._check_kind(self.dsn)
+            except ConfigError as exc:  # pydantic reports ValueErrors with the field's path
+                raise ValueError(str(exc)) from None
         return self
+
+    def _check_kind(self, dsn: str) -> str:
+        """The source kind of ``dsn``; a MySQL source without a PostgreSQL for the state is refused."""
+        from headrace.source import source_kind
+
+        kind = source_kind(dsn)
+        if kind == "mysql" and not self.state_dsn:
+            raise ConfigError(
+                "source.state_dsn is required with a MySQL/MariaDB source: headrace keeps its state (the"
+                " _headrace tables) in PostgreSQL. Add source.state_dsn: postgresql://user@host/db"
+                " (any PostgreSQL database headrace may create a schema in)")
+        if kind == "mysql" and self.columns_as_text:
+            raise ConfigError("source.columns_as_text is for PostgreSQL sources: remove it for a MySQL/MariaDB"
+                              " source (every MySQL type has a mapping)")
+        return kind
 
     @property
     def discovers(self) -> bool:
@@ -140,6 +166,12 @@ class SourceConfig(_Frozen):
         if not dsn:
             raise ConfigError("source.dsn (or source.dsn_env) is required")
         return dsn
+
+    def resolved_state_dsn(self) -> str:
+        """Where the state lives: ``state_dsn``, else the source (PostgreSQL only; ``ConfigError`` for MySQL)."""
+        dsn = self.resolved_dsn()
+        self._check_kind(dsn)
+        return self.state_dsn or dsn
 
 
 class TargetConfig(TargetSection):

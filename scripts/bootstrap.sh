@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what headrace needs on a fresh Debian machine: Java 17, the PostgreSQL server and chromium
+# Installs what headrace needs on a fresh Debian machine: Java 17, the PostgreSQL server, MariaDB and chromium
 # (the status page's browser test) and the PostgreSQL JDBC driver (Iceberg's JDBC catalog) when missing
 # (Debian packages), then a virtualenv in .venv with
 # headrace and its dev tools.
@@ -13,6 +13,8 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
 fi
 command -v pg_recvlogical >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_recvlogical >/dev/null 2>&1 \
   || need_apt+=(postgresql-client)
+# The MySQL/MariaDB source's tests start a throwaway MariaDB (mariadb-install-db, mariadbd).
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 # Iceberg's JDBC catalog (target.iceberg.catalog.type: jdbc) needs the driver on Spark's classpath;
 # headrace.spark adds this file. Where Maven is reachable, spark.jars.packages works instead.
 [ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)

@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from headrace.source.mysql.throwaway import ThrowawayMariaDB
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 
 _db_counter = itertools.count()
@@ -96,3 +97,14 @@ def spark():  # type: ignore[no-untyped-def]
                             target_conf=iceberg_session_conf(jdbc_driver=True))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[ThrowawayMariaDB]:
+    """A real MariaDB server (mariadb-install-db in a temp dir, binlog on, loopback port); each test
+    makes its own database with ``mariadb_server.create_database(name)``."""
+    server = ThrowawayMariaDB().start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,10 +1,11 @@
-"""The capture loop: pgoutput events in, staged files out, slot acknowledged only after both.
+"""The capture loop: source change events in, staged files out, stream acknowledged only after both.
 
 One capture runs per pipeline, in a thread of the driver. It buffers changes per table; at a
 transaction boundary, when the flush policy says so (rows, bytes or age), it writes one staging
 file per table, registers the files and the captured position in one state transaction, and only
-then acknowledges the slot. WAL is therefore released as soon as changes are durable in staging,
-however far behind the target is.
+then acknowledges the stream (PostgreSQL: the slot). The source's log is therefore released as soon
+as changes are durable in staging, however far behind the target is. The source (``source.base``)
+gives the stream, the schema of a Relation event, heartbeats and the flushed-position bound.
 """
 
 from __future__ import annotations
@@ -26,29 +27,27 @@ from headrace.core.backoff import Backoff
 from headrace.core.changes import Begin, Commit, Delete, Insert, Message, Relation, Truncate, Update
 from headrace.core.errors import TransientError
 from headrace.core.faults import crash_point
-from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
 from headrace.logs import event
-from headrace.outage import check_same_source, storage_unavailable
-from headrace.source.postgres.catalog import relation_to_schema
-from headrace.source.postgres.replication import ReplicationStream, emit_heartbeat
-from headrace.source.postgres.types import TypeCatalog
+from headrace.outage import storage_unavailable
+from headrace.source import open_source
+from headrace.source.base import ChangeStream, Source
 from headrace.state.store import StateStore
 
 log = logging.getLogger("headrace.capture")
 
-HEARTBEAT_PREFIX = "headrace"
-STATUS_INTERVAL_S = 24 * 3600.0  # effectively never: only ``_flush`` and server pings send status
 
 
 class Capture:
     """Reads the slot, stages changes, registers them, acknowledges. Run ``run`` in a thread."""
 
-    def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, schemas: dict[int, TableSchema]) -> None:
+    def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, schemas: dict[int, TableSchema],
+                 source: Source | None = None) -> None:
         self.config = config
         self.dsn = dsn
+        self.source = source or open_source(config, dsn)
         self.state_dsn = state_dsn
         self.known = dict(schemas)  # oid -> schema as tracked in state (keys come from here)
         self.staging = StagingStore.for_pipeline(config.staging.path, config.name)
@@ -60,7 +59,7 @@ class Capture:
         self.changes_captured: dict[tuple[int, str], int] = {}
         self._heartbeat_due = True
         self._lock = threading.Lock()
-        self._source: psycopg.Connection[Any] | None = None
+        self._source: Any = None  # the source connection of the current attempt
         self._streamed = False  # the current connection attempt registered a flush
         self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
         self._stop = threading.Event()  # run()'s stop: ends a wait for staging space too
@@ -96,11 +95,13 @@ class Capture:
         backoff = self._backoff()
         self._stop = stop
         failures = 0
+        passing: tuple[type[BaseException], ...] = (TransientError, psycopg.OperationalError, psycopg.InterfaceError,
+                                                    OSError, *self.source.transient_errors)
         while not stop.is_set():
             self._streamed = False
             try:
                 self._run_once(stop)
-            except (TransientError, psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+            except passing as exc:
                 # psycopg (3) errors come from the state and heartbeat connections: a source or
                 # state server that went away is as passing as a dropped replication connection.
                 # An OSError is the staging directory refusing a file (full, read-only): capture
@@ -114,7 +115,7 @@ class Capture:
                              " free space or fix its permissions; capture resumes by itself")
                 if failures == 1 or was_streaming:  # pairs with capture.reconnected, never per attempt
                     event(log, "capture.interrupted", logging.WARNING, error=error,
-                          captured_lsn=format_lsn(self.captured_lsn))
+                          captured_lsn=self.source.format_position(self.captured_lsn))
                 else:
                     log.debug("capture attempt %d failed: %s", failures, error)
                 self.last_error = error
@@ -133,29 +134,27 @@ class Capture:
         with contextlib.ExitStack() as opened:
             state = StateStore(self.state_dsn, self.config.name)
             opened.callback(state.close)
-            source = psycopg.connect(self.dsn, autocommit=True)
-            opened.callback(source.close)
+            source = opened.enter_context(self.source.connect())
             self._source = source
             opened.callback(setattr, self, "_source", None)
-            types = TypeCatalog(source, self.config.source.text_columns)
-            check_same_source(source, state, self.config.slot_name)  # a failover can lose the slot
+            self.source.check_same_source(source, state)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
             remove_orphans(self.staging, state.log_index)
-            # No periodic status updates from psycopg2: it forwards the confirmed position to the
-            # keepalives' wal_end on its own, and each confirmation must be bounded in state first
-            # (acked_lsn) so start-up can tell our advances from someone else's. ``_flush`` confirms.
-            stream = ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name,
-                                       self.captured_lsn, status_interval=STATUS_INTERVAL_S)
+            stream = self.source.open_stream(self.captured_lsn, self._known)
             opened.callback(stream.close)
-            self._stream(stop, state.log_index, source, types, stream)
+            self._stream(stop, state.log_index, source, stream)
 
-    def _stream(self, stop: threading.Event, index: LogIndex, source: psycopg.Connection[Any],
-                types: TypeCatalog, stream: ReplicationStream) -> None:
+    def _known(self) -> dict[int, TableSchema]:
+        with self._lock:
+            return dict(self.known)
+
+    def _stream(self, stop: threading.Event, index: LogIndex, source: Any, stream: ChangeStream) -> None:
         self.connected = True
+        fmt = self.source.format_position
         if self.last_error is not None:
-            event(log, "capture.reconnected", slot=self.config.slot_name, start_lsn=format_lsn(self.captured_lsn))
+            event(log, "capture.reconnected", slot=self.config.slot_name, start_lsn=fmt(self.captured_lsn))
         self.last_error = None
-        event(log, "capture.start", slot=self.config.slot_name, start_lsn=format_lsn(self.captured_lsn))
+        event(log, "capture.start", slot=self.config.slot_name, start_lsn=fmt(self.captured_lsn))
         buffers: dict[int, TableBuffer] = {}
         spilled: list[StagedFile] = []
         relations: dict[int, TableSchema] = {}
@@ -171,7 +170,7 @@ class Capture:
                 if txn is None and self._make_room(index, stream, stop, buffers, spilled, pending_end):
                     first_change_at, last_ack_at = None, time.monotonic()
                 if self._heartbeat_due or time.monotonic() - last_message_at > policy.heartbeat_seconds:
-                    emit_heartbeat(source, HEARTBEAT_PREFIX)
+                    self.source.heartbeat(source)
                     self._heartbeat_due = False
                     last_message_at = time.monotonic()
                 events = stream.read(max_messages=10_000, timeout=0.2)
@@ -199,7 +198,7 @@ class Capture:
                             known = self.known.get(ev.oid)
                             if known is None:
                                 continue  # published, but not one of this pipeline's tables
-                            schema = relation_to_schema(ev, types, known, conn=source)
+                            schema = self.source.relation_schema(source, stream, ev, known)
                             old = relations.get(ev.oid)
                             relations[ev.oid] = schema
                             tb = buffers.get(ev.oid)
@@ -243,7 +242,7 @@ class Capture:
                 self._flush(index, stream, buffers, spilled, pending_end)
         finally:
             self.connected = False
-            event(log, "capture.stop", captured_lsn=format_lsn(self.captured_lsn))
+            event(log, "capture.stop", captured_lsn=fmt(self.captured_lsn))
 
     def _full(self, buffers: dict[int, TableBuffer], spilled: list[StagedFile]) -> bool:
         """The flush policy's size limit (rows or bytes) is reached."""
@@ -254,7 +253,7 @@ class Capture:
         location, size = self.staging.write(oid, tb.buffer)
         return StagedFile(oid, location, len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
 
-    def _make_room(self, index: LogIndex, stream: ReplicationStream, stop: threading.Event,
+    def _make_room(self, index: LogIndex, stream: ChangeStream, stop: threading.Event,
                    buffers: dict[int, TableBuffer], spilled: list[StagedFile], pending_end: int) -> bool:
         """Backpressure, at a transaction boundary: when over the bound, make what is buffered
         durable (emptying ``buffers`` and ``spilled``), then read no WAL (the slot keeps it) until
@@ -268,21 +267,21 @@ class Capture:
         self.backpressure.wait(index, stop, lambda: self._confirm(index, stream))
         return True
 
-    def _confirm(self, index: LogIndex, stream: ReplicationStream) -> None:
+    def _confirm(self, index: LogIndex, stream: ChangeStream) -> None:
         """Confirm the captured position again (while paused); the confirmation may carry
         psycopg2's forwarded position, so bound it in state first."""
         assert self._source is not None
-        index.register([], self.captured_lsn, _wal_flush_lsn(self._source))
+        index.register([], self.captured_lsn, self.source.flushed_position(self._source))
         stream.acknowledge(self.captured_lsn)
 
-    def _flush(self, index: LogIndex, stream: ReplicationStream, buffers: dict[int, TableBuffer],
+    def _flush(self, index: LogIndex, stream: ChangeStream, buffers: dict[int, TableBuffer],
                spilled: list[StagedFile], end_lsn: int) -> None:
         files = spilled + self._write_waiting(stream, buffers)
         if files:
             crash_point("capture.after_write")
         # Anything psycopg2 forwarded the confirmation to came from a keepalive already read, so
         # it is at most the server's flushed WAL now.
-        bound = _wal_flush_lsn(self._source) if self._source is not None else end_lsn
+        bound = self.source.flushed_position(self._source) if self._source is not None else end_lsn
         index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
         if files:
             crash_point("capture.after_register")
@@ -293,9 +292,9 @@ class Capture:
         stream.acknowledge(self.captured_lsn)
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
-                  captured_lsn=format_lsn(self.captured_lsn))
+                  captured_lsn=self.source.format_position(self.captured_lsn))
 
-    def _write_waiting(self, stream: ReplicationStream, buffers: dict[int, TableBuffer]) -> list[StagedFile]:
+    def _write_waiting(self, stream: ChangeStream, buffers: dict[int, TableBuffer]) -> list[StagedFile]:
         """One file per buffered table, waiting while staging cannot take them (``capture.staging``)."""
         def write(written: list[StagedFile]) -> None:
             written.extend(self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer))
@@ -308,9 +307,3 @@ class Capture:
 
     def _backoff(self) -> Backoff:
         return Backoff(self.config.reconnect.first_seconds, self.config.reconnect.max_seconds)
-
-
-def _wal_flush_lsn(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn").fetchone()
-    assert row is not None
-    return int(row[0])

@@ -10,8 +10,10 @@ from typing import Any
 import psycopg
 
 from headrace.config import PipelineConfig, redacted_dsn
+from headrace.core.errors import HeadraceError, SourceError
 from headrace.core.names import TableName
 from headrace.outage import recorded_source_problems
+from headrace.source import open_source, source_kind
 from headrace.source.postgres.assess import assess, assess_table
 from headrace.source.postgres.catalog import columns_as_text_problems, published_oids
 from headrace.source.postgres.tables import list_tables
@@ -33,6 +35,8 @@ ORDER BY 1
 def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None) -> dict[str, Any]:
     """``assess`` for the config's tables (plus ``extra_tables``), connecting to its source."""
     dsn = config.source.resolved_dsn()
+    if source_kind(dsn) != "postgresql":
+        return _assess_through_source(config, extra_tables)
     tables = list(config.source.tables)
     try:
         with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
@@ -59,6 +63,36 @@ def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None)
     except psycopg.OperationalError as exc:
         problem = f"cannot connect to the source {redacted_dsn(dsn)}: {str(exc).strip()}"
         return {"server_problems": [problem], "tables": [], "problems": [problem]}
+
+
+def _assess_through_source(config: PipelineConfig, extra_tables: list[str] | None) -> dict[str, Any]:
+    """``assess_config`` for a source other than PostgreSQL, through its ``Source``: the server's
+    problems (its own check), each table's assessment, and the server the state was set up on."""
+    from headrace.state.store import StateStore
+
+    source = open_source(config)
+    server = source.problems()
+    try:
+        with source.connect() as conn:
+            tables: list[str | TableName] = list(config.source.table_names)
+            if config.source.discovers:
+                tables += [TableName.parse(t) for t in source.list_tables(conn, config.source.schemas or None).values()]
+            tables += [TableName.parse(t) for t in extra_tables or []]
+            result = source.assess(conn, list(dict.fromkeys(tables)))
+            state = StateStore(config.source.resolved_state_dsn(), config.name)
+            try:
+                if state.installed():
+                    source.check_same_source(conn, state)
+            except SourceError as exc:
+                server.append(str(exc))
+            finally:
+                state.close()
+    except HeadraceError as exc:
+        server.append(str(exc))
+        result = {"tables": [], "problems": []}
+    result["server_problems"] = server + result.get("server_problems", [])
+    result["problems"] = server + result["problems"]
+    return result
 
 
 def candidates(conn: Conn, publication: str, tracked: set[str]) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 from headrace.run.view import RunView
-from headrace.source.postgres.wal_guard import warning
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore
 
@@ -57,7 +56,7 @@ def readiness(pipeline: RunView) -> tuple[bool, dict[str, Any]]:
                                f" error, retrying): {row.error}")
     wal = pipeline.slot_wal()
     if wal is not None and (wal.lost or wal.over_limit):
-        reasons.append(warning(wal) or "")
+        reasons.append(wal.as_dict().get("wal_warning") or "")  # the source's own warning text
     ready = not reasons
     return ready, {
         "ready": ready,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -10,6 +11,7 @@ from headrace.config import PipelineConfig
 from headrace.core.names import TableName
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
+from headrace.source import open_source, source_kind
 from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore
 
@@ -28,15 +30,23 @@ def target_name_mapped(config: PipelineConfig, schema: TableSchema) -> bool:
 def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
     """One JSON-able object: the pipeline, its slot, and every table with state and lag."""
     dsn = config.source.resolved_dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        current = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
-        slot = conn.execute(
-            "SELECT confirmed_flush_lsn::text, (pg_current_wal_lsn() - restart_lsn)::bigint, active,"
-            " (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint"
-            " FROM pg_replication_slots WHERE slot_name = %s",
-            (config.slot_name,),
-        ).fetchone()
-    state = StateStore(config.source.state_dsn or dsn, config.name)
+    postgres = source_kind(dsn) == "postgresql"
+    fmt: Callable[[int], str] = format_lsn
+    if postgres:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            current = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+            slot = conn.execute(
+                "SELECT confirmed_flush_lsn::text, (pg_current_wal_lsn() - restart_lsn)::bigint, active,"
+                " (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint"
+                " FROM pg_replication_slots WHERE slot_name = %s",
+                (config.slot_name,),
+            ).fetchone()
+    else:  # no slot: the source's log position now, in its own text form
+        source = open_source(config, dsn)
+        fmt = source.format_position
+        with source.connect() as conn:
+            current, slot = source.current_position(conn), None
+    state = StateStore(config.source.resolved_state_dsn(), config.name)
     try:
         if not state.installed() or state.meta() is None:
             return {"pipeline": config.name, "slot": None, "tables": [], "note": "not started yet: run `headrace run`"}
@@ -54,8 +64,8 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "target_name_mapped": target_name_mapped(config, row.schema),
                 "oid": row.oid,
                 "state": row.state.value,
-                "snapshot_lsn": format_lsn(row.snapshot_lsn) if row.snapshot_lsn is not None else None,
-                "applied_lsn": format_lsn(row.applied_lsn) if row.applied_lsn is not None else None,
+                "snapshot_lsn": fmt(row.snapshot_lsn) if row.snapshot_lsn is not None else None,
+                "applied_lsn": fmt(row.applied_lsn) if row.applied_lsn is not None else None,
                 "lag_bytes": max(0, int(current) - applied_through) if row.state.applies_changes else None,
                 "pending_changes": pending.get(row.oid, 0),
                 "rows_copied": row.rows_copied,
@@ -78,16 +88,16 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "active": bool(slot[2]) if slot else False,
                 "capture_lag_bytes": max(0, int(slot[3])) if slot and slot[3] is not None else None,
             },
-            "captured_lsn": format_lsn(captured),
-            "wal": _slot_wal(config, dsn),
-            "current_wal_lsn": format_lsn(int(current)),
+            "captured_lsn": fmt(captured),
+            "wal": _slot_wal(config, dsn) if postgres else None,
+            "current_wal_lsn": fmt(int(current)),
             "tables": tables,
             "refused_tables": [{"table": r["table"], "oid": int(r["oid"]), "reason": r["reason"],
                                 "seen_at": r["seen_at"].isoformat()} for r in state.refused_tables()],
             "ddl": {
                 "counts": state.ddl_counts(),
                 "recent": [{"table": e["table_name"], "kind": e["kind"], "detail": e["detail"],
-                            "lsn": format_lsn(e["lsn"]) if e["lsn"] is not None else None,
+                            "lsn": fmt(e["lsn"]) if e["lsn"] is not None else None,
                             "applied_at": e["applied_at"].isoformat()} for e in state.recent_ddl(10)],
             },
         }

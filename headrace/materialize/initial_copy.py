@@ -1,8 +1,14 @@
 """Initial copies: consistent, chunked, parallel, resumable, and beside the stream (not before it).
 
-A copy round exports one snapshot (a temporary slot), splits each table into ctid page ranges and
-copies groups of chunks as Spark jobs (tasks import the snapshot), recording each finished group in
+A copy round takes the source's copy snapshot (PostgreSQL: one exported snapshot, from a temporary
+slot), splits each table into chunks (PostgreSQL: ctid page ranges) and copies groups of chunks as
+Spark jobs (tasks read under the snapshot), recording each finished group in
 ``_headrace.snapshot_progress``. It runs in its own thread, so the other tables keep streaming.
+
+A source whose chunks each take their own snapshot (MySQL: ``START TRANSACTION WITH CONSISTENT
+SNAPSHOT`` per chunk) gives each row its chunk's position; the round's position is one read before
+any chunk, so it is at or before all of them, and the rows converge by the position rule as in the
+resume below (a key lies in one chunk's range, so a fresh copy still appends).
 
 Resuming after a crash or stop: the exported snapshot died with the session that held it, so the
 chunks still to do are copied under a new snapshot (LSN L2) and merged into the target by key with
@@ -24,25 +30,21 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg import sql
 from pyspark.sql import functions as F
 
 from headrace.config import PipelineConfig, SchemaChangesConfig
 from headrace.core.errors import SourceError
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
-from headrace.core.position import Position, format_lsn
+from headrace.core.position import Position
 from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.materialize.snapshot_job import ValueCounts, snapshot_dataframe
+from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe
 from headrace.outage import lost_connection
-from headrace.source.postgres.catalog import read_table_schema
-from headrace.source.postgres.copy import plan_chunks
-from headrace.source.postgres.replication import ExportedSnapshot
-from headrace.source.postgres.types import TypeCatalog
+from headrace.source import open_source
+from headrace.source.base import CopySnapshot, Source
 from headrace.state.lifecycle import TableState
 from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore, TableRow
@@ -60,9 +62,11 @@ class InitialCopy:
 
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkSession, target: Target,
                  on_error: FailHandler, stop: threading.Event,
-                 on_values_changed: Callable[[str, ValueCounts], None] | None = None) -> None:
+                 on_values_changed: Callable[[str, ValueCounts], None] | None = None,
+                 source: Source | None = None) -> None:
         self.config = config
         self.dsn = dsn
+        self.source = source or open_source(config, dsn)
         self.state_dsn = state_dsn
         self.spark = spark
         self.target = target
@@ -92,7 +96,7 @@ class InitialCopy:
             slot = f"{self.config.slot_name}_copy"[:63]
             with ExitStack() as stack:
                 try:
-                    snap = stack.enter_context(ExportedSnapshot(self.dsn, slot))
+                    snap = stack.enter_context(self.source.copy_snapshot(slot))
                 except Exception as exc:  # no snapshot, no copy: each table of the round fails (retried or not)
                     for oid in oids:
                         self._failed(state, oid, exc)
@@ -102,7 +106,7 @@ class InitialCopy:
                     if row is None or self.stop.is_set():
                         continue
                     try:
-                        self._copy(state, progress, row, snap.snapshot_name, snap.lsn)
+                        self._copy(state, progress, row, snap)
                     except Exception as exc:  # one table's failure must not stop the others
                         if lost_connection(exc):
                             raise  # not the table's failure: the whole round waits for the server
@@ -126,8 +130,8 @@ class InitialCopy:
             resume = TableState.PENDING if row.state is TableState.PENDING else TableState.SNAPSHOT
         self.on_error(state, row, exc, resume)
 
-    def _copy(self, state: StateStore, progress: ProgressStore, row: TableRow, snapshot_name: str,
-              snapshot_lsn: int) -> None:
+    def _copy(self, state: StateStore, progress: ProgressStore, row: TableRow, snap: CopySnapshot) -> None:
+        snapshot_lsn = snap.position
         schema = row.schema
         name = schema.qualified_name
         chunks = progress.chunks(row.oid)
@@ -139,12 +143,11 @@ class InitialCopy:
         if resume:
             table_lsn = min(c.snapshot_lsn for c in chunks if c.done and c.snapshot_lsn is not None)
         else:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with self.source.connect() as conn:
                 # The shape as of the snapshot: the table may have changed since it was added (a
                 # resync after an ALTER the target could not follow, a rename, a new column).
-                schema = schema_at_snapshot(conn, row.schema, snapshot_name, self.config.schema_changes,
-                                            TypeCatalog(conn, self.config.source.text_columns))
-                chunks = progress.plan(row.oid, plan_chunks(conn, schema, self.config.snapshot.chunk_pages))
+                schema = schema_at_snapshot(self.source, conn, row.schema, snap, self.config.schema_changes)
+                chunks = progress.plan(row.oid, self.source.plan_chunks(conn, schema))
             if schema != row.schema or schema.target_as != row.schema.target_as:
                 state.set_schema(schema)
             table_lsn = snapshot_lsn
@@ -153,7 +156,7 @@ class InitialCopy:
         todo = [c for c in chunks if not c.done]
         done_rows = sum(c.rows or 0 for c in chunks if c.done)
         event(log, "snapshot.start", table=name, chunks=len(chunks), chunks_todo=len(todo), resume=resume,
-              snapshot_lsn=format_lsn(snapshot_lsn))
+              snapshot_lsn=self.source.format_position(snapshot_lsn))
         started = time.monotonic()
         position = Position(snapshot_lsn, 0)
         table_rows = 0
@@ -164,10 +167,11 @@ class InitialCopy:
                 return  # progress is kept; the next run resumes here
             group = todo[start:start + group_size]
             counted: list[Callable[[], ValueCounts]] = []
-            df = snapshot_dataframe(self.spark, self.dsn, snapshot_name, schema,
-                                    [(c.start_page, c.end_page) for c in group], position,
-                                    value_rules(name, self.target, self.config.values.infinity), counted.append,
-                                    binary=self.config.snapshot.binary_copy)
+            positions: list[Callable[[], int | None]] = []
+            reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
+            df = chunk_dataframe(self.spark, schema, reader, [(c.start_page, c.end_page) for c in group], position,
+                                 value_rules(name, self.target, self.config.values.infinity), counted.append,
+                                 positions.append if not schema.key else None)
             if resume:
                 rows = self._merge(state, row, schema, df)
             else:
@@ -176,6 +180,12 @@ class InitialCopy:
             for read in counted:  # the write above ran the scan that counted them
                 if (changed := read()) and self.on_values_changed is not None:
                     self.on_values_changed(name, changed)
+            for seen in positions:
+                # A keyless table's changes cannot converge by key: its one chunk's own snapshot
+                # position is the table's, so the changes it already holds are not applied again.
+                if (chunk_position := seen()) is not None and chunk_position != table_lsn:
+                    table_lsn = chunk_position
+                    state.copy_started(row.oid, table_lsn)
             crash_point("snapshot.after_chunk")
             progress.mark_done(row.oid, group, snapshot_lsn, rows)
             done_rows += rows
@@ -211,18 +221,12 @@ class InitialCopy:
 
 
 
-def schema_at_snapshot(conn: psycopg.Connection[Any], tracked: TableSchema, snapshot_name: str,
-                       policy: SchemaChangesConfig, types: TypeCatalog | None = None) -> TableSchema:
-    """Table ``tracked.oid`` as the exported snapshot sees it, keeping its target name if renamed."""
-    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-    try:
-        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-        found = conn.execute("SELECT 1 FROM pg_class WHERE oid = %s", (tracked.oid,)).fetchone()
-        if found is None:
-            raise SourceError(f"table {tracked.qualified_name} (oid {tracked.oid}) no longer exists in the source")
-        schema = read_table_schema(conn, tracked.oid, types)
-    finally:
-        conn.execute("ROLLBACK")
+def schema_at_snapshot(source: Source, conn: Any, tracked: TableSchema, snap: CopySnapshot,
+                       policy: SchemaChangesConfig) -> TableSchema:
+    """Table ``tracked.oid`` as the copy snapshot sees it, keeping its target name if renamed."""
+    schema = source.schema_at(conn, tracked.oid, snap)
+    if schema is None:
+        raise SourceError(f"table {tracked.qualified_name} (oid {tracked.oid}) no longer exists in the source")
     renamed = (schema.schema, schema.name) != (tracked.schema, tracked.name)
     if renamed and policy.rename_table == "keep":
         return replace(schema, target_as=(tracked.target_schema, tracked.target_table))

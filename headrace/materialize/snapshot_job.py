@@ -1,10 +1,10 @@
-"""The initial copy as a Spark job: one task per ctid chunk, each COPYing from the exported snapshot.
+"""The initial copy as a Spark job: one task per chunk, each read by the source's chunk reader.
 
-The driver only plans chunks; rows never pass through it. With ``binary`` (the default) tasks read
-binary COPY into typed Arrow (``headrace.source.postgres.binary_copy``) and only the columns that
-come as text are cast by Spark; otherwise every column comes as CSV text
-(``headrace.source.postgres.copy``). Text is cast with the same expressions as the change stream,
-so a value looks the same in the target whichever path wrote it.
+The driver only plans chunks; rows never pass through it. The source says how each column comes
+(``source.base.ChunkRead``): typed (PostgreSQL's binary COPY into Arrow) or as PostgreSQL text,
+cast by Spark with the same expressions as the change stream, so a value looks the same in the
+target whichever path wrote it. A source whose chunks each have their own snapshot (MySQL) adds a
+``_pos`` column: each row's position, instead of the round's.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from collections.abc import Callable, Iterable, Iterator
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema
 from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts, spark_type
-from headrace.source.postgres import binary_copy
-from headrace.source.postgres.binary_copy import Route, copy_chunk_binary
-from headrace.source.postgres.copy import copy_chunk
+from headrace.source.base import POSITION_COLUMN, ChunkRead, Route
 
 # (column, reason) -> values the casts changed (see ``changed_value_counts``)
 ValueCounts = dict[tuple[str, str], int]
@@ -40,26 +38,40 @@ def snapshot_dataframe(
     on_changed: Callable[[Callable[[], ValueCounts]], None] | None = None,
     binary: bool = True,
 ) -> DataFrame:
-    """Rows of ``table`` in ``chunks`` as of the exported snapshot, in the Target row shape.
+    """``chunk_dataframe`` for a PostgreSQL table at ``dsn`` under exported snapshot ``snapshot_name``
+    (``None``: each task its own REPEATABLE READ view); ``binary``: binary COPY, else CSV text."""
+    from headrace.source.postgres.source import chunk_reader
 
-    Lazy: the copy runs when the DataFrame is written. ``snapshot_name`` must stay valid (its
-    exporting transaction open) until then; ``None`` gives each task its own REPEATABLE READ view.
-    Every row carries ``position`` (seq 0) and a NULL commit time. ``on_changed`` receives a
-    function giving the values the casts changed (``values.infinity: clamp``), to be called only
-    after an action on the DataFrame completed: counted by the same scan (a Spark ``Observation``).
-    ``binary`` reads binary COPY into typed Arrow; else CSV text (``snapshot.binary_copy``).
+    reader = chunk_reader(dsn, snapshot_name, table, binary)
+    return chunk_dataframe(spark, table, reader, chunks, position, rules, on_changed)
+
+
+def chunk_dataframe(
+    spark: SparkSession,
+    table: TableSchema,
+    reader: ChunkRead,
+    chunks: list[tuple[int, int]],
+    position: Position,
+    rules: ValueRules | None = None,
+    on_changed: Callable[[Callable[[], ValueCounts]], None] | None = None,
+    on_position: Callable[[Callable[[], int | None]], None] | None = None,
+) -> DataFrame:
+    """Rows of ``table`` in ``chunks`` as ``reader`` reads them, in the Target row shape.
+
+    Lazy: the copy runs when the DataFrame is written (a snapshot the reader imports must stay
+    valid until then). Every row carries ``position`` (seq 0), or its chunk's own position when the
+    reader gives one per row, and a NULL commit time. ``on_changed`` receives a function giving the
+    values the casts changed (``values.infinity: clamp``), to be called only after an action on the
+    DataFrame completed: counted by the same scan (a Spark ``Observation``). ``on_position`` likewise
+    receives a function giving the smallest per-row position read (None: no rows, or none per row).
     """
     if not chunks:
         raise ValueError(f"no chunks to copy for {table.qualified_name}; plan_chunks gives at least one")
-    ncols = len(table.columns)
-    if binary:
-        routes = binary_copy.column_routes(table)
-        read_schema = _read_schema(table, routes)
-        read = copy_chunk_binary
-    else:
-        routes = [Route.TEXT] * ncols
-        read_schema = StructType([StructField(f"c{i}", StringType(), True) for i in range(ncols)])
-        read = copy_chunk
+    routes = reader.routes
+    read_schema = _read_schema(table, routes)
+    if reader.per_row_position:
+        read_schema = StructType([*read_schema.fields, StructField(POSITION_COLUMN, LongType(), False)])
+    read = reader.read
     plan = list(chunks)
 
     def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -67,7 +79,7 @@ def snapshot_dataframe(
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 start, end = plan[index]
-                yield from read(dsn, snapshot_name, table, start, end)
+                yield from read(start, end)
 
     # spark.range with one partition per chunk puts exactly one chunk index in each task.
     descriptors = spark.range(0, len(plan), 1, numPartitions=len(plan))
@@ -78,6 +90,10 @@ def snapshot_dataframe(
              for i, route in enumerate(routes) if route is not Route.BINARY}
     if on_changed is not None:
         text = _observe_changed_values(text, table, texts, rules or ValueRules(), on_changed)
+    if on_position is not None and reader.per_row_position:
+        seen = Observation(f"copy_position_{table.oid}_{next(_observations)}")
+        text = text.observe(seen, F.min(F.col(POSITION_COLUMN)).alias("_minpos"))
+        on_position(lambda: seen.get.get("_minpos"))
     columns = []
     for i, (col, route) in enumerate(zip(table.columns, routes, strict=True)):
         if route is Route.BINARY:
@@ -87,16 +103,17 @@ def snapshot_dataframe(
         else:
             value = cast_text(texts[i], col.type, rules, col.name)
         columns.append(value.alias(col.name))
+    lsn = F.col(POSITION_COLUMN) if reader.per_row_position else F.lit(position.lsn).cast("bigint")
     return text.select(
         *columns,
-        F.lit(position.lsn).cast("bigint").alias(HR_LSN),
+        lsn.alias(HR_LSN),
         F.lit(0).cast("bigint").alias(HR_SEQ),
         F.lit(None).cast("timestamp").alias(HR_COMMIT_TS),
     )
 
 
 def _read_schema(table: TableSchema, routes: list[Route]) -> StructType:
-    """The Spark form of ``binary_copy.arrow_schema``: the target's type where a column comes typed."""
+    """The Spark form of the reader's Arrow schema: the target's type where a column comes typed."""
     fields = []
     for i, (col, route) in enumerate(zip(table.columns, routes, strict=True)):
         fields.append(StructField(f"c{i}", StringType() if route is Route.TEXT else spark_type(col.type), True))

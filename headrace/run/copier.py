@@ -16,6 +16,7 @@ from headrace.config import PipelineConfig
 from headrace.core.interfaces import Target
 from headrace.materialize.initial_copy import FailHandler, InitialCopy
 from headrace.run.observer import RunObserver
+from headrace.source.base import Source
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
 
@@ -27,8 +28,10 @@ class Copier:
     """Starts copy rounds and stops them (at a run's end, or to ride out an outage)."""
 
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: Callable[[], SparkSession],
-                 target: Callable[[], Target], fail: FailHandler, observer: RunObserver) -> None:
+                 target: Callable[[], Target], fail: FailHandler, observer: RunObserver,
+                 source: Source | None = None) -> None:
         self.config = config
+        self.source = source
         self.dsn = dsn
         self.state_dsn = state_dsn
         self._spark = spark
@@ -52,7 +55,7 @@ class Copier:
         if not todo:
             return False
         copy = InitialCopy(self.config, self.dsn, self.state_dsn, self._spark(), self._target(), self._fail,
-                           self._stop, self._observer.values_changed)
+                           self._stop, self._observer.values_changed, self.source)
         self._thread = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
         self._thread.start()
         return True

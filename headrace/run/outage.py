@@ -22,6 +22,7 @@ from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.backoff import Backoff
 from headrace.logs import event
 from headrace.outage import lost_connection
+from headrace.source.base import Source
 
 log = logging.getLogger("headrace.outage")
 run_log = logging.getLogger("headrace.pipeline")  # the run's own events
@@ -39,8 +40,10 @@ def servers_of(config: PipelineConfig, dsn: str, state_dsn: str) -> dict[str, st
 class OutageWatch:
     """Which of the run's servers answer, why the others do not, and waiting until they all do."""
 
-    def __init__(self, servers: dict[str, str], backoff: Backoff, connect_timeout: int = 5) -> None:
+    def __init__(self, servers: dict[str, str], backoff: Backoff, connect_timeout: int = 5,
+                 probes: dict[str, Callable[[], None]] | None = None) -> None:
         self.servers = dict(servers)
+        self.probes = dict(probes or {})  # role -> its own probe (a server that is not PostgreSQL)
         self.backoff = backoff
         self.connect_timeout = connect_timeout
         self._down: dict[str, str] = {}  # role -> why it does not answer
@@ -48,11 +51,14 @@ class OutageWatch:
         self.outages = 0  # episodes the run loop waited through (tests and the soak bench read it)
 
     @classmethod
-    def for_config(cls, config: PipelineConfig, dsn: str, state_dsn: str) -> OutageWatch:
-        """The watch over every server ``config`` names, with its ``reconnect`` policy."""
+    def for_config(cls, config: PipelineConfig, dsn: str, state_dsn: str, source: Source | None = None
+                   ) -> OutageWatch:
+        """The watch over every server ``config`` names, with its ``reconnect`` policy; the source is
+        probed by ``source.probe`` when it is not PostgreSQL."""
         policy = config.reconnect
+        probes = {"source": source.probe} if source is not None and source.kind != "postgresql" else {}
         return cls(servers_of(config, dsn, state_dsn), Backoff(policy.first_seconds, policy.max_seconds),
-                   policy.connect_timeout_seconds)
+                   policy.connect_timeout_seconds, probes)
 
     # -- reading (any thread) -------------------------------------------------------------------
     def reasons(self) -> list[str]:
@@ -71,14 +77,22 @@ class OutageWatch:
         """Connect to every server once; role -> reason for those that do not answer. Updates the state."""
         down = {}
         for role, dsn in self.servers.items():
+            errors: tuple[type[BaseException], ...] = (psycopg.Error, *self._probe_errors(role))
             try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=self.connect_timeout) as conn:
-                    conn.execute("SELECT 1")
-            except psycopg.Error as exc:
+                if role in self.probes:
+                    self.probes[role]()
+                else:
+                    with psycopg.connect(dsn, autocommit=True, connect_timeout=self.connect_timeout) as conn:
+                        conn.execute("SELECT 1")
+            except errors as exc:
                 down[role] = redacted_dsn(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         for role in self.servers:
             self._mark(role, down.get(role))
         return down
+
+    def _probe_errors(self, role: str) -> tuple[type[BaseException], ...]:
+        # Another driver's probe: whatever it raises means the server does not answer.
+        return (Exception,) if role in self.probes else ()
 
     def _mark(self, role: str, reason: str | None) -> None:
         with self._lock:

@@ -19,14 +19,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.errors import TerminalError
 from headrace.core.interfaces import Target
-from headrace.core.position import format_lsn, parse_lsn
 from headrace.lineage.emitter import Lineage
 from headrace.log.store import StagingStore
 from headrace.logs import event
@@ -43,7 +39,8 @@ from headrace.run.table_watch import TableWatch
 from headrace.run.tracking import TableTracking
 from headrace.run.view import CaptureStatus
 from headrace.run.wal_guard import WalGuard
-from headrace.source.postgres.wal_guard import SlotWal
+from headrace.source import open_source
+from headrace.source.base import RetainedLog
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
 from headrace.targets.registry import open_target
@@ -72,7 +69,8 @@ class Pipeline:
     def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
         self.config = config
         self.dsn = config.source.resolved_dsn()
-        self.state_dsn = config.source.state_dsn or self.dsn
+        self.state_dsn = config.source.resolved_state_dsn()  # a MySQL source needs a PostgreSQL for state
+        self.source = open_source(config, self.dsn)  # PostgreSQL or MySQL, by the DSN's scheme
         self._spark = spark
         self._target: Target | None = None
         self._target_lock = threading.Lock()
@@ -81,36 +79,37 @@ class Pipeline:
         self.observers = Observers()  # who hears of batches, failures, DDL (the control plane's metrics)
         self.services: list[Service] = []  # started and stopped with the run (the control plane's API)
         self.loop_passes = 0  # passes of the run loop so far (tests wait on these, not on time)
-        self.outage = OutageWatch.for_config(config, self.dsn, self.state_dsn)  # servers gone away, and back
-        self.wal_guard = WalGuard(config, self.dsn)  # WAL the slot keeps; a slot PostgreSQL invalidated
+        self.outage = OutageWatch.for_config(config, self.dsn, self.state_dsn, self.source)  # gone away, and back
+        self.wal_guard = WalGuard(config, self.dsn, self.source)  # WAL the slot keeps; a slot PostgreSQL lost
         self.lineage = Lineage(config, self.dsn)  # OpenLineage events (off unless configured)
         self.maintenance = MaintenanceSchedule(config, self.state_dsn)  # compaction, snapshot expiry
         self.failures = Failures(self._source_user, self.observers)
-        self.tracking = TableTracking(config, self.dsn, lambda: self.capture, lambda: self.target)
+        self.tracking = TableTracking(config, self.dsn, lambda: self.capture, lambda: self.target, self.source)
         self.operations = Operations(config.name, self.tracking)  # commands, run by the loop between steps
         self.maintenance.on_done = self.operations.wake  # the table it compacted applies again at once
         self.copier = Copier(config, self.dsn, self.state_dsn, lambda: self.spark, lambda: self.target,
-                             self._fail, self.observers)
+                             self._fail, self.observers, self.source)
         self.staging = StagingStore.for_pipeline(config.staging.path, config.name)  # staged files, any pyarrow.fs
         self.table_watch = TableWatch(config, self.dsn, self.tracking, self.observers, self._fail,
                                       lambda: self.capture, lambda: self.target, lambda: self.copier.running,
-                                      self.staging)
+                                      self.staging, self.source)
         self.apply_pass = ApplyPass(config, self.outage, self._fail, self.observers, self.maintenance,
                                     self.lineage, self.stats)
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
         """Every problem that would stop ``run``, for people to read; empty when all is well."""
-        return startup.check(self.config, self.dsn)
+        return startup.check(self.config, self.source)
 
     def setup(self) -> StateStore:
         """Create what the pipeline needs, idempotently, and return the state store."""
-        return startup.setup(self.config, self.dsn, self.state_dsn, self.table_watch, self.observers, self.staging)
+        return startup.setup(self.config, self.source, self.state_dsn, self.table_watch, self.observers,
+                             self.staging)
 
     @property
     def _source_user(self) -> str | None:
         """The role headrace connects to the source as (named in GRANT fixes)."""
-        user = conninfo_to_dict(self.dsn).get("user")
+        user = self.source.user()
         return str(user) if user else None
 
     @property
@@ -145,12 +144,10 @@ class Pipeline:
         stop = stop or threading.Event()
         self.config.api.resolved_token()  # an API off loopback without its token stops here, before set-up
         state = self.setup()
-        # The insert position, not pg_current_wal_lsn() (the write position): under asynchronous
-        # commit a committed transaction's record can still be past the write position.
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            start_lsn = parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+        with self.source.connect() as conn:  # what --until-caught-up waits for
+            start_lsn = self.source.current_position(conn)
         rows = state.tables()
-        self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows})
+        self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows}, self.source)
         capture_stop = threading.Event()
         self.capture.on_staged = self.operations.wake  # staged files end the loop's idle wait
         thread = threading.Thread(target=self.capture.run, args=(capture_stop,), name="capture", daemon=True)
@@ -158,7 +155,7 @@ class Pipeline:
         for service in self.services:
             service.start()
         event(log, "run.start", pipeline=self.config.name, source=redacted_dsn(self.dsn),
-              target=self.config.target.kind, tables=len(rows), until_lsn=format_lsn(start_lsn))
+              target=self.config.target.kind, tables=len(rows), until_lsn=self.source.format_position(start_lsn))
         code = 0
         try:
             code = self._loop(state, stop, until_caught_up, start_lsn, thread)
@@ -206,7 +203,7 @@ class Pipeline:
                         event(log, "run.failed", logging.ERROR, tables=",".join(failed))
                         return 1
                     if done:
-                        event(log, "run.caught_up", captured_lsn=format_lsn(self.capture.captured_lsn))
+                        event(log, "run.caught_up", captured_lsn=self.source.format_position(self.capture.captured_lsn))
                         return 0
                 if not thread.is_alive():
                     if isinstance(self.capture.failure, TerminalError):
@@ -278,7 +275,7 @@ class Pipeline:
         """The server last answered the run's probes (or was never found down)."""
         return self.outage.up(role)
 
-    def slot_wal(self) -> SlotWal | None:
+    def slot_wal(self) -> RetainedLog | None:
         """The slot's WAL figures read now; None when the slot or the source cannot be seen."""
         return self.wal_guard.current()
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
-
-from headrace.config import PipelineConfig, redacted_dsn
+from headrace.config import PipelineConfig
 from headrace.core.errors import SourceError
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
@@ -22,65 +20,50 @@ from headrace.logs import event
 from headrace.run.observer import RunObserver
 from headrace.run.table_watch import TableWatch
 from headrace.run.tracking import published_names
-from headrace.source.postgres.catalog import (
-    check_source,
-    columns_as_text_problems,
-    read_table_schema,
-    table_problems,
-)
-from headrace.source.postgres.replication import ensure_publication, ensure_slot
-from headrace.source.postgres.tables import list_tables
-from headrace.source.postgres.types import TypeCatalog
-from headrace.state.invariants import check_slot, check_staged_files, check_tables
+from headrace.source.base import Source
+from headrace.state.invariants import check_staged_files, check_tables
 from headrace.state.progress import DDL as PROGRESS_DDL
 from headrace.state.store import StateStore, TableRow
 
 log = logging.getLogger("headrace.pipeline")
 
 
-def check(config: PipelineConfig, dsn: str) -> list[str]:
+def check(config: PipelineConfig, source: Source) -> list[str]:
     """Every problem that would stop ``run``, for people to read; empty when all is well."""
-    try:
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
-            source = config.source
-            return (check_source(conn, list(source.tables), config.publication_name)
-                    + columns_as_text_problems(conn, sorted(source.text_columns)))
-    except psycopg.OperationalError as exc:
-        return [f"cannot connect to the source {redacted_dsn(dsn)}: {str(exc).strip()}"]
+    return source.problems()
 
 
-def setup(config: PipelineConfig, dsn: str, state_dsn: str, watch: TableWatch, observer: RunObserver,
+def setup(config: PipelineConfig, source: Source, state_dsn: str, watch: TableWatch, observer: RunObserver,
           staging: StagingStore) -> StateStore:
     """Create what the pipeline needs, idempotently, and return the state store."""
-    problems = check(config, dsn)
+    problems = check(config, source)
     if problems:
         raise SourceError("the source is not ready:\n" + "\n".join(f"  - {p}" for p in problems))
     state = StateStore(state_dsn, config.name)
     state.install()
     state.conn.execute(PROGRESS_DDL)  # start-up checks and their remedies name it
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        sysid = str(conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0])  # type: ignore[index]
+    with source.connect() as conn:
+        sysid = source.identity(conn)
         meta = state.meta()
         if meta and meta["system_identifier"] != sysid:
+            what = "cluster (system identifier" if source.kind == "postgresql" else "server (server UUID"
             raise SourceError(
-                f"pipeline {config.name} was set up on another PostgreSQL cluster "
-                f"(system identifier {meta['system_identifier']}, now {sysid}): use a new pipeline "
+                f"pipeline {config.name} was set up on another {source.label} {what} "
+                f"{meta['system_identifier']}, now {sysid}): use a new pipeline "
                 "name, or drop the _headrace rows of this pipeline to start over"
             )
-        names = configured_tables(config, conn, state)
-        types = TypeCatalog(conn, config.source.text_columns)
-        schemas = [read_table_schema(conn, name, types) for name in names]
+        names = configured_tables(config, source, conn, state)
+        schemas = [source.read_table_schema(conn, name) for name in names]
         # Refuse to run on state the source or the staging store no longer matches.
-        check_slot(conn, state, config.slot_name)
+        source.check_capture(conn, state)
         for old, new in check_tables(state, schemas, config.schema_changes.recreated_table):
             resync_recreated(state, old, new, observer)
         check_staged_files(state, staging)
-        watch.follow_text_columns(state, conn, types)  # source.columns_as_text changed
+        watch.follow_text_columns(state, conn)  # source.columns_as_text changed
         # Tables added through the API or discovered stay published across restarts, by oid: a
         # dropped one drops out, and a recreated one is published only once it is tracked.
-        published = list(dict.fromkeys(names + published_names(conn, state.tables())))
-        ensure_publication(conn, config.publication_name, published)
-        slot_lsn = ensure_slot(conn, config.slot_name)
+        published = list(dict.fromkeys(names + published_names(source, conn, state.tables())))
+        slot_lsn = source.prepare_capture(conn, published)
     state.ensure_meta(sysid, config.slot_name, config.publication_name, slot_lsn)
     tracked = {row.oid: row for row in state.tables()}
     for schema in schemas:
@@ -93,20 +76,20 @@ def setup(config: PipelineConfig, dsn: str, state_dsn: str, watch: TableWatch, o
     return state
 
 
-def configured_tables(config: PipelineConfig, conn: psycopg.Connection[Any], state: StateStore) -> list[TableName]:
+def configured_tables(config: PipelineConfig, source: Source, conn: Any, state: StateStore) -> list[TableName]:
     """The tables the config names; with schemas / all_tables, those found that can be replicated.
 
     A discovered table that cannot be replicated does not stop the others: it is noted as
     refused (``status`` shows why) and assessed again by each discovery pass.
     """
-    source = config.source
-    if not source.discovers:
-        return source.table_names
+    settings = config.source
+    if not settings.discovers:
+        return settings.table_names
     tracked = {r.oid for r in state.tables()}
     names: list[TableName] = []
     refused = set()
-    for oid, name in list_tables(conn, source.schemas or None).items():
-        problems = [] if oid in tracked else table_problems(conn, name, config.publication_name)
+    for oid, name in source.list_tables(conn, settings.schemas or None).items():
+        problems = [] if oid in tracked else source.table_problems(conn, name)
         if problems:
             refused.add(oid)
             if state.refuse_table(oid, name, "; ".join(problems)):

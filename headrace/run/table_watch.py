@@ -14,6 +14,9 @@ pgoutput says nothing about CREATE or DROP TABLE, so the run loop asks the catal
   tracked through the same path as the API's add-table (capture first, then the publication, then
   a copy under a snapshot exported afterwards, so no change before or after is lost); one that
   cannot be replicated is noted as refused, with the reason, and assessed again at the next pass.
+
+The catalog reads are the source's ``catalog_watch`` capability (PostgreSQL); a source without one
+(MySQL) skips the poll: its stream carries what the watch would find.
 """
 
 from __future__ import annotations
@@ -23,13 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig
 from headrace.core.errors import RequestError, TableRefused
 from headrace.core.interfaces import Target
-from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
 from headrace.log.store import StagingStore
 from headrace.logs import event
@@ -39,9 +39,8 @@ from headrace.materialize.initial_copy import FailHandler
 from headrace.materialize.retention import collect_table
 from headrace.run.observer import RunObserver
 from headrace.run.tracking import TableTracking
-from headrace.source.postgres.catalog import read_table_schema
-from headrace.source.postgres.tables import existing_oids, leaf_partitions, list_tables, oid_of
-from headrace.source.postgres.types import TypeCatalog
+from headrace.source import open_source
+from headrace.source.base import Source
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
 
@@ -55,8 +54,10 @@ class TableWatch:
 
     def __init__(self, config: PipelineConfig, dsn: str, tracking: TableTracking, observer: RunObserver,
                  fail: FailHandler, capture: Callable[[], Capture | None], target: Callable[[], Target],
-                 copy_running: Callable[[], bool], staging: StagingStore) -> None:
+                 copy_running: Callable[[], bool], staging: StagingStore, source: Source | None = None) -> None:
         self.config = config
+        self.source = source or open_source(config, dsn)
+        self.catalog = self.source.catalog_watch()  # None: the source has no catalog to poll
         self.staging = staging
         self.dsn = dsn
         self.tracking = tracking
@@ -92,7 +93,7 @@ class TableWatch:
             return False
         try:
             did_work = self._finish_drops(state)
-            if time.monotonic() >= self._next_poll:
+            if self.catalog is not None and time.monotonic() >= self._next_poll:
                 self._next_poll = time.monotonic() + self.config.source.discovery_seconds
                 self._poll(state)
             return did_work
@@ -107,17 +108,13 @@ class TableWatch:
     def _poll(self, state: StateStore) -> None:
         source = self.config.source
         rows = state.tables()
-        with psycopg.connect(self.dsn, autocommit=True) as conn, conn.transaction():
-            # One snapshot for every read: a DROP + CREATE committing between two of them would
-            # otherwise look like a new table beside a live one, then like a drop of the old.
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            alive = existing_oids(conn, [r.oid for r in rows])
-            listed = list_tables(conn, source.schemas or None) if source.discovers else {}
-            gone = [r for r in rows if r.oid not in alive]
-            successors = {r.oid: oid_of(conn, r.schema.schema, r.schema.name) for r in gone}
-            leaves = leaf_partitions(conn, [r.oid for r in rows if r.oid in alive])
-            # Read after the snapshot was taken: a drop it shows committed before this position.
-            lsn = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
+        assert self.catalog is not None
+        # One snapshot for every read (the watch's): a DROP + CREATE committing between two reads
+        # would otherwise look like a new table beside a live one, then like a drop of the old.
+        poll = self.catalog.poll({r.oid: r.schema.table_name for r in rows}, source.schemas or None,
+                                 source.discovers)
+        listed, successors, leaves, lsn = poll.listed, poll.successors, poll.leaves, poll.position
+        gone = [r for r in rows if r.oid not in poll.alive]
         tracked = {r.oid for r in rows}
         for row in gone:
             successor = successors[row.oid]
@@ -127,7 +124,8 @@ class TableWatch:
                 self._recreated(state, row, successor, lsn)
             elif row.oid not in self.dropping:
                 self.dropping[row.oid] = lsn
-                event(log, "table.drop_seen", table=row.qualified_name, oid=row.oid, lsn=format_lsn(lsn))
+                event(log, "table.drop_seen", table=row.qualified_name, oid=row.oid,
+                      lsn=self.source.format_position(lsn))
         if self.dropping or self._retired:
             self._heartbeat()
         for row in rows:
@@ -149,7 +147,7 @@ class TableWatch:
             event(log, "table.created", table=schema.qualified_name, oid=schema.oid)
         state.forget_refused(refused)
 
-    def follow_text_columns(self, state: StateStore, conn: psycopg.Connection[Any], types: TypeCatalog) -> None:
+    def follow_text_columns(self, state: StateStore, conn: Any) -> None:
         """At start-up: tables whose columns the config now maps to another type (``source.columns_as_text``
         changed since they were copied).
 
@@ -160,11 +158,11 @@ class TableWatch:
         after its resume meets the same error (``plan_changes``).
         """
         tracked = [r for r in state.tables() if r.state is not TableState.PENDING]
-        alive = existing_oids(conn, [r.oid for r in tracked])
+        alive = self.source.text_columns_watch(conn, [r.oid for r in tracked])
         for row in tracked:
             if row.oid not in alive:
                 continue  # dropped: the catalog poll finishes it
-            remapped = remapped_columns(row.schema, read_table_schema(conn, row.oid, types))
+            remapped = remapped_columns(row.schema, self.source.read_table_schema(conn, row.oid))
             if not remapped:
                 continue
             columns = ", ".join(after.name for _, after in remapped)
@@ -268,7 +266,7 @@ class TableWatch:
             state.record_ddl(oid, row.qualified_name, "drop_table", detail, lsn)
             self.observer.ddl_applied("drop_table")
             event(log, "table.dropped", table=row.qualified_name, oid=oid, target=policy,
-                  applied_lsn=format_lsn(row.applied_lsn) if row.applied_lsn is not None else None)
+                  applied_lsn=self.source.format_position(row.applied_lsn) if row.applied_lsn is not None else None)
             del self.dropping[oid]
             did_work = True
         return did_work

@@ -12,8 +12,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig
 from headrace.core.errors import CommandConflict, RequestError, SourceError, TableNotFound, TableRefused
@@ -21,11 +19,8 @@ from headrace.core.interfaces import Target
 from headrace.core.names import TableName, TableNameError
 from headrace.core.schema import TableSchema
 from headrace.logs import event
-from headrace.source.postgres.assess import assess
-from headrace.source.postgres.catalog import read_table_schema
-from headrace.source.postgres.replication import ensure_publication
-from headrace.source.postgres.tables import current_names
-from headrace.source.postgres.types import TypeCatalog
+from headrace.source import open_source
+from headrace.source.base import Source
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
 
@@ -36,9 +31,10 @@ class TableTracking:
     """The run's tables: what adding, removing, pausing, resuming and resyncing one does."""
 
     def __init__(self, config: PipelineConfig, dsn: str, capture: Callable[[], Capture | None],
-                 target: Callable[[], Target]) -> None:
+                 target: Callable[[], Target], source: Source | None = None) -> None:
         self.config = config
         self.dsn = dsn
+        self.source = source or open_source(config, dsn)
         self._capture = capture  # None before the run starts capture
         self._target = target  # opened on first use
 
@@ -85,8 +81,9 @@ class TableTracking:
         before the first change it can be sent.
         """
         tracked = state.tables()
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            assessment = assess(conn, [qualified], self.config.publication_name)
+        source = self.source
+        with source.connect() as conn:
+            assessment = source.assess(conn, [qualified])
             (table,) = assessment["tables"]
             if not table["exists"]:
                 raise TableNotFound("; ".join(table["problems"]) or f"table {qualified} does not exist")
@@ -94,22 +91,21 @@ class TableTracking:
                 raise CommandConflict(f"table {table['table']} is replicated already")
             if assessment["problems"]:
                 raise TableRefused("; ".join(assessment["problems"]))
-            schema = read_table_schema(conn, int(table["oid"]), TypeCatalog(conn, self.config.source.text_columns))
+            schema = source.read_table_schema(conn, int(table["oid"]))
             capture = self._capture()
             if capture is not None:
                 capture.track(schema)  # before the publication: its first RELATION must be kept
-            ensure_publication(conn, self.config.publication_name,
-                               published_names(conn, tracked) + [schema.table_name])
+            source.capture_tables(conn, published_names(source, conn, tracked) + [schema.table_name])
         state.add_table(schema)
         event(log, "table.added", table=schema.qualified_name, oid=schema.oid)
         return schema
 
     def remove(self, state: StateStore, name: str, drop_target: bool = False) -> dict[str, Any]:
         row = find_table(state, name)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            remaining = published_names(conn, [r for r in state.tables() if r.oid != row.oid])
+        with self.source.connect() as conn:
+            remaining = published_names(self.source, conn, [r for r in state.tables() if r.oid != row.oid])
             try:
-                ensure_publication(conn, self.config.publication_name, remaining)
+                self.source.capture_tables(conn, remaining)
             except SourceError as exc:
                 raise CommandConflict(str(exc)) from None
         state.remove_table(row.oid)
@@ -119,12 +115,12 @@ class TableTracking:
         return {"table": row.qualified_name, "removed": True, "dropped_target": drop_target}
 
 
-def published_names(conn: psycopg.Connection[Any], rows: list[TableRow]) -> list[TableName]:
+def published_names(source: Source, conn: Any, rows: list[TableRow]) -> list[TableName]:
     """Current names of the tracked tables that still exist in the source.
 
     By oid, so a renamed table keeps its place, and a dropped one (not finished yet) drops out.
     """
-    return current_names(conn, [r.oid for r in rows])
+    return source.current_names(conn, [r.oid for r in rows])
 
 
 def parse_table(name: str) -> TableName:

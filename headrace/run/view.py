@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from headrace.config import PipelineConfig
 from headrace.run.commands import Request
 from headrace.run.tracking import find_table
-from headrace.source.postgres.wal_guard import SlotWal
+from headrace.source.base import RetainedLog
 
 __all__ = ["CaptureStatus", "Request", "RunView", "find_table"]
 
@@ -47,7 +47,7 @@ class RunView(Protocol):
     def server_up(self, role: str = "source") -> bool:
         """The server (``source``, ``state``, ``ducklake catalog``) last answered the run's probes."""
 
-    def slot_wal(self) -> SlotWal | None:
+    def slot_wal(self) -> RetainedLog | None:
         """The slot's WAL figures read now; None when the slot or the source cannot be seen."""
 
     def submit(self, request: Request, timeout: float = 20.0) -> tuple[bool, dict[str, Any]]:

@@ -67,3 +67,14 @@ def test_no_import_cycle_through_the_run_or_the_control_plane() -> None:
 
 def _is_parent(package: str, module: str) -> bool:
     return module.startswith(package + ".")
+
+
+def test_the_run_capture_and_copy_reach_a_source_only_through_its_interface() -> None:
+    """run/, capture/ and the initial copy use ``source.base.Source`` (chosen by ``source.open_source``),
+    never a source's own modules: a second source plugs in behind the same interface."""
+    users = [m for m in MODULES if _under(m, "headrace.run") or _under(m, "headrace.capture")
+             or m == "headrace.materialize.initial_copy"]
+    allowed = {"headrace.source", "headrace.source.base"}
+    offenders = {m: sorted(i for i in _imports(m) if _under(i, "headrace.source") and i not in allowed)
+                 for m in users}
+    assert not {m: i for m, i in offenders.items() if i}

@@ -1,0 +1,291 @@
+"""Change capture from a MariaDB/MySQL binary log, as the events of ``core.changes``.
+
+``BinlogStream`` reads row events with mysql-replication (as a replica would, with the caller's
+``server_id``) and hands the capture loop what pgoutput would: per transaction one ``Begin``, a
+``Relation`` when a table's shape is first seen or changes, the row changes as text, ``Commit``.
+
+Positions (``position.to_int``): a transaction's position (``Begin.final_lsn`` =
+``Commit.commit_lsn``) is where it starts in the binlog (its GTID event); ``Commit.end_lsn`` is
+where its last event ends, which is where the next one starts and where a restart resumes. A
+consistent snapshot's binlog position (``copy.snapshot_position``) therefore sorts after every
+transaction in the snapshot and at or before every later one.
+
+Shapes come from each TABLE_MAP event (``binlog_row_metadata=FULL``), never from the catalog,
+which may already be newer than the event. Transactions that touch no tracked table are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+
+from headrace.core.changes import (
+    Begin,
+    Commit,
+    Delete,
+    Event,
+    Insert,
+    Relation,
+    RelationColumn,
+    Truncate,
+    Update,
+)
+from headrace.core.errors import SourceError, TransientError
+from headrace.core.schema import TableSchema
+from headrace.source.mysql.catalog import column_defaults, schema_from_table_map, table_id, with_fills
+from headrace.source.mysql.connect import connect, parse_dsn, redacted
+from headrace.source.mysql.position import format_position, from_int, to_int
+from headrace.source.mysql.types import binlog_text, text_converter
+
+TableFilter = Callable[[str, str], bool]
+_FL_STANDALONE = 1  # MariaDB GTID event flag: a statement outside a transaction (DDL)
+_LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purged or does not exist
+_UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
+_TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\.(?:`((?:[^`]|``)+)`|(\w+)))?\s*$",
+                       re.IGNORECASE)
+_EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
+           DeleteRowsEvent, HeartbeatLogEvent]
+
+
+def server_identity(conn: Any) -> str:
+    """A stable name for the server: MySQL's ``server_uuid``; MariaDB has none, so its ``server_id``
+    and ``gtid_domain_id`` (weaker: two servers configured alike look the same)."""
+    with conn.cursor() as cur:
+        try:
+            cur.execute("SELECT @@server_uuid")
+            return str(cur.fetchone()[0])
+        except pymysql.err.OperationalError:
+            cur.execute("SELECT @@server_id, @@gtid_domain_id")
+            server_id, domain = cur.fetchone()
+            return f"mariadb:server_id={server_id},gtid_domain_id={domain}"
+
+
+def _truncated_table(query: str, default_db: str) -> tuple[str, str] | None:
+    match = _TRUNCATE.match(query)
+    if match is None:
+        return None
+    first = (match.group(1) or "").replace("``", "`") or match.group(2)
+    second = (match.group(3) or "").replace("``", "`") or match.group(4)
+    return (first, second) if second else (default_db, first)
+
+
+class BinlogStream:
+    """The binlog from position ``start`` (``position.to_int``), for the tables ``tables`` selects.
+
+    ``tables`` is a set of ``(database, table)`` or a callable answering whether one is tracked
+    (tables added while running). ``server_id`` must be unique among the server's replicas.
+    """
+
+    def __init__(self, dsn: str, server_id: int, start: int,
+                 tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1) -> None:
+        self._dsn = dsn
+        if callable(tables):
+            self._tracked: TableFilter = tables
+        else:
+            tracked = set(tables)
+            self._tracked = lambda database, table: (database, table) in tracked
+        with connect(dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@log_bin_basename")
+            basename = cur.fetchone()[0]
+            self.server_uuid = server_identity(conn)
+        if basename is None:
+            raise SourceError(f"{redacted(dsn)}: the binary log is off; set log_bin in my.cnf and restart the server")
+        self._basename = str(basename).rsplit("/", 1)[-1]
+        file, offset = from_int(start, self._basename)
+        self._file = file
+        # A heartbeat makes read() return on an idle server (the reader itself blocks). is_mariadb
+        # stays False: with it, mysql-replication 1.0.17 ignores log_file/log_pos and dumps from the
+        # first binlog; the classic file+position dump works on MariaDB too (which still sends its
+        # GTID events, announced by @mariadb_slave_capability).
+        self._reader = BinLogStreamReader(
+            connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
+            log_file=file, log_pos=offset, blocking=True, slave_heartbeat=heartbeat, is_mariadb=False,
+            only_events=_EVENTS, enable_logging=False)
+        self.position = start  # where a restart would resume if nothing is in flight
+        self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
+        self._sent: dict[int, TableSchema] = {}  # oid -> shape last sent as a Relation
+        self._maps: dict[int, int] = {}  # binlog table id -> headrace oid
+        self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
+        self._begun = False  # Begin sent for the open transaction (only once it touches a tracked table)
+        self._standalone = False  # the open transaction is one statement (DDL) without XID
+        self._catalog: Any = None  # a connection for column defaults, opened at the first Relation
+        # oid -> (shape, its columns' text converters), rebuilt when the shape object changes.
+        self._converters: dict[int, tuple[TableSchema, list[Callable[[Any], str | None]]]] = {}
+
+    def schema(self, oid: int) -> TableSchema:
+        """The shape of table ``oid`` as its latest TABLE_MAP described it (for the last Relation)."""
+        return self._schemas[oid]
+
+    def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event]]:
+        """Up to ``max_messages`` events with their transaction's position, within about ``timeout`` s.
+
+        Raises SourceError when the start position was purged from the server (the fix: a resync).
+        """
+        out: list[tuple[int, Event]] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < max_messages and time.monotonic() < deadline:
+            try:
+                event = self._reader.fetchone()
+            except pymysql.err.OperationalError as exc:
+                if exc.args and exc.args[0] == _LOG_GONE:
+                    raise SourceError(
+                        f"{redacted(self._dsn)}: the binlog at {format_position(self.position, self._basename)}"
+                        f" is no longer on the server ({exc.args[1]}); raise binlog_expire_logs_seconds"
+                        " (or expire_logs_days) so the binlog outlives outages, and run `headrace resync`"
+                        " for the tables to copy them again") from exc
+                if exc.args and exc.args[0] in _UNREACHABLE:
+                    raise TransientError(f"{redacted(self._dsn)}: the binlog connection failed ({exc.args[-1]});"
+                                         " it is opened again from the last saved position") from exc
+                raise
+            if event is None or isinstance(event, HeartbeatLogEvent):
+                break
+            self._handle(event, out)
+        return out
+
+    def _at(self, event: Any) -> tuple[int, int]:
+        """(start, end) positions of ``event`` in the current binlog file."""
+        end = int(event.packet.log_pos)
+        return to_int(self._file, end - int(event.packet.event_size)), to_int(self._file, end)
+
+    def _handle(self, event: Any, out: list[tuple[int, Event]]) -> None:
+        if isinstance(event, RotateEvent):
+            self._file = event.next_binlog
+            if self._txn is None:
+                self.position = to_int(self._file, int(event.position))
+            return
+        start, end = self._at(event)
+        if isinstance(event, MariadbGtidEvent):
+            self._open(start, event, int(event.gtid_seq_no), bool(event.flags & _FL_STANDALONE))
+            return
+        if isinstance(event, GtidEvent):
+            # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
+            self._open(start, event, int(event.gno), True)
+            return
+        if isinstance(event, TableMapEvent):
+            if self._tracked(event.schema, event.table):
+                oid = table_id(event.schema, event.table)
+                self._maps[event.table_id] = oid
+                self._schemas[oid] = schema_from_table_map(event)
+            else:
+                self._maps.pop(event.table_id, None)
+            return
+        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+            mapped = self._maps.get(event.table_id)
+            if mapped is not None:
+                self._rows(event, mapped, out)
+            return
+        if isinstance(event, QueryEvent):
+            query = event.query.strip()
+            if query.upper() == "BEGIN":
+                if self._txn is None:  # MySQL without GTIDs (its anonymous GTID event is not decoded)
+                    self._open(start, event, 0, False)
+                self._standalone = False
+                return
+            if query.upper() not in ("COMMIT", "ROLLBACK"):
+                if self._txn is None:
+                    self._open(start, event, 0, True)
+                self._statement(event, query, out)
+                if not self._standalone:
+                    return
+        # XID (InnoDB commit), COMMIT/ROLLBACK query (other engines), or the end of a standalone statement.
+        self._commit(end, out)
+
+    def _open(self, start: int, event: Any, xid: int, standalone: bool) -> None:
+        """A transaction starts at ``start`` (its GTID event, or its first statement without one)."""
+        self._txn = (start, int(event.timestamp) * 1_000_000, xid)
+        self._begun = False
+        self._standalone = standalone
+
+    def _begin(self, out: list[tuple[int, Event]]) -> int:
+        assert self._txn is not None, "row event outside a transaction"
+        start, ts, xid = self._txn
+        if not self._begun:
+            out.append((start, Begin(start, ts, xid)))
+            self._begun = True
+        return start
+
+    def _relation(self, oid: int, start: int, out: list[tuple[int, Event]]) -> None:
+        shape = self._schemas[oid]
+        if self._sent.get(oid) != shape:
+            # What rows older than an added column hold: the TABLE_MAP has no defaults, so the
+            # catalog's, read now (as the PostgreSQL source reads attmissingval).
+            if self._catalog is None:
+                self._catalog = connect(self._dsn)
+            shape = self._schemas[oid] = with_fills(shape, column_defaults(self._catalog, shape.schema, shape.name))
+            columns = tuple(RelationColumn(c.name, c.type_oid, c.typmod, c.name in shape.key) for c in shape.columns)
+            out.append((start, Relation(oid, shape.schema, shape.name, shape.replica_identity, columns)))
+            self._sent[oid] = shape
+
+    def _rows(self, event: Any, oid: int, out: list[tuple[int, Event]]) -> None:
+        start = self._begin(out)
+        self._relation(oid, start, out)
+        shape = self._schemas[oid]
+        columns = list(zip(shape.columns, event.columns, strict=True))
+        converters = self._converters.get(oid)
+        if converters is None or converters[0] is not shape:
+            converters = self._converters[oid] = (shape, [text_converter(c) for c in shape.columns])
+        convert = converters[1]
+        keyed = bool(shape.key)
+
+        def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
+            return tuple(binlog_text(values[c.name], none.get(c.name), lib, c, f)
+                         for (c, lib), f in zip(columns, convert, strict=True))
+
+        def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
+            return tuple(v if c.name in shape.key else None for v, (c, _lib) in zip(row, columns, strict=True))
+
+        for row in event.rows:
+            if isinstance(event, WriteRowsEvent):
+                out.append((start, Insert(oid, texts(row["values"], row["none_sources"]))))
+            elif isinstance(event, DeleteRowsEvent):
+                old = texts(row["values"], row["none_sources"])
+                out.append((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")))
+            else:
+                old = texts(row["before_values"], row["before_none_sources"])
+                new = texts(row["after_values"], row["after_none_sources"])
+                if not keyed:
+                    out.append((start, Update(oid, new, old, "O")))
+                elif key_only(old) != key_only(new):
+                    out.append((start, Update(oid, new, key_only(old), "K")))
+                else:
+                    out.append((start, Update(oid, new)))
+
+    def _statement(self, event: Any, query: str, out: list[tuple[int, Event]]) -> None:
+        """TRUNCATE of a tracked table becomes ``Truncate``; other DDL shows in the next TABLE_MAP."""
+        default_db = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
+        target = _truncated_table(query, default_db)
+        if target is None or not self._tracked(*target):
+            return
+        start = self._begin(out)
+        out.append((start, Truncate((table_id(*target),))))
+
+    def _commit(self, end: int, out: list[tuple[int, Event]]) -> None:
+        if self._txn is not None and self._begun:
+            start, ts, _xid = self._txn
+            out.append((start, Commit(start, end, ts)))
+        self._txn, self._begun = None, False
+        self.position = end
+
+    def acknowledge(self, pos: int) -> None:
+        """Nothing to tell the server: a MySQL replica keeps its own position (retention is by time)."""
+
+    def close(self) -> None:
+        """Close the replication connection."""
+        self._reader.close()
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None

@@ -1,0 +1,83 @@
+"""Connecting to a MySQL/MariaDB source: ``mysql://`` and ``mariadb://`` DSNs, sessions in UTC.
+
+Every session reads TIMESTAMP values in UTC (``time_zone='+00:00'``) and text as utf8mb4, so the copy
+and the binlog (which stores TIMESTAMP as UTC seconds) give the same text for the same value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pymysql
+
+from headrace.core.errors import ConfigError, SourceError, TransientError
+
+SCHEMES = ("mysql", "mariadb")
+DEFAULT_PORT = 3306
+# Server and client error codes (mysqld_error.h, errmsg.h).
+_ACCESS_DENIED, _UNKNOWN_DATABASE, _CANNOT_CONNECT, _LOST = 1045, 1049, 2003, 2013
+
+
+@dataclass(frozen=True)
+class MySqlDsn:
+    """A parsed ``mysql://user:password@host:port/database`` (``database`` may be empty)."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str
+    scheme: str = "mysql"
+
+    def settings(self) -> dict[str, Any]:
+        """Keyword arguments for ``pymysql.connect`` and mysql-replication's ``connection_settings``."""
+        return {"host": self.host, "port": self.port, "user": self.user, "password": self.password}
+
+
+def parse_dsn(dsn: str) -> MySqlDsn:
+    """Parse ``mysql://`` or ``mariadb://`` DSNs; ConfigError naming the fix for anything else."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in SCHEMES:
+        raise ConfigError(f"source.dsn {redacted(dsn)}: scheme must be mysql:// or mariadb:// for a MySQL source")
+    if not parts.hostname:
+        raise ConfigError(f"source.dsn {redacted(dsn)} names no host: write mysql://user:password@host:3306/db")
+    return MySqlDsn(parts.hostname, parts.port or DEFAULT_PORT, unquote(parts.username or "root"),
+                    unquote(parts.password or ""), unquote(parts.path.lstrip("/")), parts.scheme)
+
+
+def redacted(dsn: str) -> str:
+    """``dsn`` with its password replaced by ``***`` (for logs and messages)."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def connect(dsn: str | MySqlDsn, **kw: Any) -> pymysql.connections.Connection[Any]:
+    """A pymysql connection in UTC with utf8mb4 (autocommit unless ``kw`` says otherwise).
+
+    Raises SourceError for a wrong user or password or an unknown database, TransientError for a
+    server that cannot be reached (each naming the fix).
+    """
+    parsed = dsn if isinstance(dsn, MySqlDsn) else parse_dsn(dsn)
+    where = f"{parsed.user}@{parsed.host}:{parsed.port}"
+    options: dict[str, Any] = {"charset": "utf8mb4", "autocommit": True, "connect_timeout": 10,
+                               "init_command": "SET time_zone = '+00:00'", **kw}
+    try:
+        return pymysql.connect(**parsed.settings(), database=parsed.database or None, **options)
+    except pymysql.err.OperationalError as exc:
+        code = exc.args[0] if exc.args else 0
+        if code == _ACCESS_DENIED:
+            raise SourceError(f"MySQL source {where}: access denied ({exc.args[1]}); check the user and"
+                              " password in source.dsn (or the variable source.dsn_env names), or create the"
+                              f" account: CREATE USER '{parsed.user}'@'%' IDENTIFIED BY '...'") from exc
+        if code == _UNKNOWN_DATABASE:
+            raise SourceError(f"MySQL source {where}: database {parsed.database!r} does not exist; fix the"
+                              f" database in source.dsn or run CREATE DATABASE `{parsed.database}`") from exc
+        if code in (_CANNOT_CONNECT, _LOST):
+            raise TransientError(f"MySQL source {where} cannot be reached ({exc.args[1]}); check that the"
+                                 " server runs and listens there (bind_address, port, firewall)") from exc
+        raise

@@ -1,0 +1,260 @@
+"""End to end with a MariaDB source: the same pipeline, staged log and targets as PostgreSQL.
+
+State lives in PostgreSQL (the shared ``pg_server``); the source is the shared ``mariadb_server``
+(each test its own database). The copy runs while the table is written; inserts, updates, a key
+change, deletes, a truncate, a large value and ADD COLUMN then stream; a stop and start loses and
+duplicates nothing. The target is read back (Spark, and plain DuckDB for DuckLake) and compared
+with the source row by row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from headrace.config import parse_config
+from headrace.core.names import quote_spark
+from headrace.pipeline import Pipeline
+from headrace.source.mysql.catalog import read_table_schema, table_id
+from headrace.source.mysql.connect import connect
+from headrace.state.lifecycle import TableState
+from headrace.state.store import StateStore
+from tests.e2e.helpers import _norm, log_count, make_config, raw_config, run_command, running, wait_until
+from tests.e2e.test_pipeline import run_caught_up
+
+_names = itertools.count()
+
+CREATE = """CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(100) NOT NULL, qty INT,
+  price DECIMAL(12,2), note LONGTEXT, seen DATETIME(6))"""
+
+
+@pytest.fixture(params=["iceberg", "ducklake"])
+def target(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def state_dsn(pg_server: Any) -> Iterator[str]:
+    """A fresh PostgreSQL database for the pipeline's state."""
+    name = f"mystate{os.getpid()}_{next(_names)}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.dsn_for(name)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def shop(mariadb_server: Any) -> Iterator[tuple[str, str]]:
+    """(database, root DSN) of a fresh database on the shared MariaDB; the pipeline reads it as ``repl``."""
+    name = f"shop{os.getpid()}_{next(_names)}"
+    mariadb_server.create_database(name)
+    yield name, mariadb_server.root_dsn + name
+    mariadb_server.drop_database(name)
+
+
+def _source_rows(root: str, database: str) -> tuple[Any, list[tuple[Any, ...]]]:
+    with contextlib.closing(connect(root)) as conn:
+        schema = read_table_schema(conn, database, "items")
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {', '.join('`' + c + '`' for c in schema.column_names)} FROM items")
+            rows = [tuple(_norm(v) for v in r) for r in cur.fetchall()]
+    return schema, sorted(rows, key=repr)
+
+
+def _target_rows(pipeline: Pipeline, schema: Any) -> list[tuple[Any, ...]]:
+    df = pipeline.target.read_table(schema).select(*[quote_spark(c) for c in schema.column_names])
+    return sorted((tuple(_norm(v) for v in row) for row in df.collect()), key=repr)
+
+
+def _same(pipeline: Pipeline, root: str, database: str) -> int:
+    schema, expected = _source_rows(root, database)
+    try:
+        actual = _target_rows(pipeline, schema)
+    except Exception as exc:  # e.g. a column the source has and the target does not have yet
+        raise AssertionError(f"target not readable in the source's shape yet: {exc}") from exc
+    if actual != expected:
+        missing = [r for r in expected if r not in actual][:3]
+        extra = [r for r in actual if r not in expected][:3]
+        raise AssertionError(f"{len(expected)} source rows, {len(actual)} target rows; missing {missing};"
+                             f" unexpected {extra}")
+    return len(expected)
+
+
+def _plain_duckdb_ids(pipeline: Pipeline) -> list[int]:
+    """The DuckLake table's ids read by a DuckDB that knows nothing of headrace."""
+    import duckdb
+
+    from headrace.targets.ducklake import extension
+
+    settings = pipeline.config.target.settings
+    con = duckdb.connect()
+    for ext in ("ducklake", "sqlite_scanner"):
+        con.execute(f"LOAD '{extension.extension_path(ext)}'")
+    location = extension.parse_catalog(settings.catalog).location
+    con.execute(f"ATTACH 'ducklake:{location}' AS lake (DATA_PATH '{settings.data_path}', READ_ONLY)")
+    (schema,) = [r[0] for r in con.execute("SELECT DISTINCT table_schema FROM information_schema.tables"
+                                           " WHERE table_catalog = 'lake' AND table_name = 'items'").fetchall()]
+    ids = sorted(r[0] for r in con.execute(f'SELECT id FROM lake."{schema}".items').fetchall())
+    con.close()
+    return ids
+
+
+def _run(root: str, *statements: str) -> None:
+    with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+def _writer(root: str, stop: threading.Event, counter: list[int]) -> None:
+    """Writes while the copy runs: one change per transaction, inserts and updates across the key range."""
+    with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+        i = 0
+        while not stop.wait(0.02) and i < 400:  # a few hundred changes spread over the copy
+            i += 1
+            cur.execute("UPDATE items SET qty = qty + 1, seen = NOW(6) WHERE id = %s", ((i * 37) % 300 + 1,))
+            cur.execute("INSERT INTO items (id, name, qty) VALUES (%s, %s, %s)", (1000 + i, f"w{i}", i))
+            if i % 5 == 0:
+                cur.execute("DELETE FROM items WHERE id = %s", ((i * 11) % 300 + 1,))
+        counter.append(i)
+
+
+def _state_of(state_dsn: str, oid: int) -> TableState | None:
+    try:
+        state = StateStore(state_dsn, "t")
+    except psycopg.Error:
+        return None
+    try:
+        row = state.table(oid) if state.installed() else None
+        return row.state if row else None
+    finally:
+        state.close()
+
+
+def test_mysql_copy_under_writes_then_changes_and_a_restart(
+        mariadb_server: Any, shop: tuple[str, str], state_dsn: str, tmp_path: Path, spark: Any, target: str) -> None:
+    database, root = shop
+    _run(root, CREATE, "INSERT INTO items (id, name, qty, price, note, seen) SELECT seq, CONCAT('n', seq), seq,"
+         " seq / 7, REPEAT('x', seq), '2024-02-29 12:34:56.123456' + INTERVAL seq SECOND FROM seq_1_to_300")
+    config = make_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.items"], target,
+                         source={"state_dsn": state_dsn}, snapshot={"chunk_pages": 1, "max_connections": 2})
+    oid = table_id(database, "items")
+    pipeline = Pipeline(config, spark=spark)
+    stop_writing, written = threading.Event(), []
+    writer = threading.Thread(target=_writer, args=(root, stop_writing, written), daemon=True)
+    writer.start()  # before the run: the copy reads a table being written
+    try:
+        with running(pipeline):
+            wait_until(lambda: _state_of(state_dsn, oid) in (TableState.CATCHUP, TableState.STREAMING), 180,
+                       "the copy to finish")
+            stop_writing.set()
+            writer.join(30)
+            assert written and written[0] > 0
+            wait_until(lambda: _same(pipeline, root, database), 120, "the target to match after the copy", every=1)
+            big = "y" * 300_000
+            _run(root,
+                 "INSERT INTO items (id, name, qty, price) VALUES (50001, 'a', 1, 1.50), (50002, 'b', 2, NULL)",
+                 "UPDATE items SET name = 'updated', price = 99.99 WHERE id BETWEEN 10 AND 20",
+                 "UPDATE items SET id = 70001 WHERE id = 1001",  # key change (a row the writer inserted)
+                 "DELETE FROM items WHERE id BETWEEN 40 AND 45",
+                 f"UPDATE items SET note = '{big}' WHERE id = 50")  # a large value
+            wait_until(lambda: _same(pipeline, root, database), 120, "the changes to stream", every=1)
+            _run(root, "TRUNCATE TABLE items",
+                 "INSERT INTO items (id, name, qty) VALUES (1, 'after truncate', 1), (2, 'two', 2)",
+                 "ALTER TABLE items ADD COLUMN extra INT",
+                 "INSERT INTO items (id, name, qty, extra) VALUES (3, 'three', 3, 33)",
+                 "UPDATE items SET extra = 11 WHERE id = 1")
+            wait_until(lambda: _same(pipeline, root, database) == 3, 120, "truncate and ADD COLUMN", every=1)
+        # Stopped: changes made meanwhile arrive after the restart, once each.
+        _run(root, "INSERT INTO items (id, name, qty, extra) SELECT seq, CONCAT('r', seq), seq, seq FROM"
+             " seq_100_to_199", "UPDATE items SET qty = -1 WHERE id < 150", "DELETE FROM items WHERE id = 2")
+        restarted = Pipeline(config, spark=spark)
+        with running(restarted):
+            wait_until(lambda: _same(restarted, root, database) == 102, 120, "the changes made while stopped",
+                       every=1)
+            _run(root, "UPDATE items SET name = 'live again' WHERE id = 3")
+            wait_until(lambda: _same(restarted, root, database) == 102, 60, "a change after the restart", every=1)
+        if target == "ducklake":
+            _, rows = _source_rows(root, database)
+            assert _plain_duckdb_ids(restarted) == sorted(r[0] for r in rows)
+    finally:
+        stop_writing.set()
+        writer.join(30)
+
+
+def test_mysql_source_needs_a_state_dsn(mariadb_server: Any, tmp_path: Path) -> None:
+    from headrace.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="source.state_dsn"):
+        make_config(mariadb_server.dsn_for("x"), tmp_path, ["x.items"], "ducklake")
+
+
+
+def _load(root: str, stop: threading.Event, seed: int) -> None:
+    """Transactions of 1-10 inserts, updates, deletes and key changes until ``stop``."""
+    rng = random.Random(seed)
+    next_id = 10_000
+    with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+        while not stop.wait(0.02):
+            conn.begin()
+            for _ in range(rng.randint(1, 10)):
+                roll = rng.random()
+                if roll < 0.35:
+                    cur.execute("INSERT INTO items (id, name, qty) VALUES (%s, 'n', 0)", (next_id,))
+                    next_id += 1
+                elif roll < 0.75:
+                    cur.execute("UPDATE items SET qty = qty + 1, note = MD5(RAND()) WHERE id = %s",
+                                (rng.randint(1, next_id),))
+                elif roll < 0.9:
+                    cur.execute("DELETE FROM items WHERE id = %s", (rng.randint(1, next_id),))
+                else:  # key change
+                    cur.execute("UPDATE items SET id = %s WHERE id = %s", (next_id, rng.randint(1, next_id)))
+                    next_id += 1
+            conn.commit()
+
+
+def test_mysql_kill_9_under_load_then_converge(mariadb_server: Any, shop: tuple[str, str], state_dsn: str,
+                                               tmp_path: Path, spark: Any, target: str) -> None:
+    """One SIGKILL per target (each costs a JVM start): the run restarted in this process converges."""
+    database, root = shop
+    _run(root, CREATE, "INSERT INTO items (id, name, qty) SELECT seq, 'seed', 0 FROM seq_1_to_300")
+    raw = raw_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.items"], target,
+                     source={"state_dsn": state_dsn}, spark={"master": "local[1]"})
+    cmd = run_command(raw, tmp_path)
+    rng = random.Random(7)
+    stop = threading.Event()
+    writer = threading.Thread(target=_load, args=(root, stop, 5))
+    writer.start()
+    try:
+        for kill in range(1):  # kill -9 after the run's 1st or 2nd batch, plus up to 1 s
+            log_path = tmp_path / f"kill{kill}.log"
+            with log_path.open("w") as log, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log) as proc:
+                try:
+                    batches = rng.randint(1, 2)
+                    wait_until(lambda n=batches, p=log_path: log_count(p, "apply.batch ")() >= n, 180,
+                               f"the run did not apply {batches} batches")
+                    time.sleep(rng.uniform(0, 1))  # the random part of the moment, not a wait
+                finally:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(30)
+    finally:
+        stop.set()
+        writer.join()
+    local = Pipeline(parse_config({**raw, "spark": {"master": "local[2]"}}), spark=spark)
+    run_caught_up(local)
+    try:
+        assert _same(local, root, database) > 300
+    finally:
+        local.target.close()
