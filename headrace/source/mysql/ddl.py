@@ -46,6 +46,7 @@ class Ddl:
     renamed_tables: list[tuple[Name, Name]] = field(default_factory=list)  # in statement order
     dropped_tables: list[Name] = field(default_factory=list)
     created_tables: list[Name] = field(default_factory=list)
+    replaced_tables: list[Name] = field(default_factory=list)  # CREATE OR REPLACE: dropped if it existed
 
 
 def tokens(sql: str) -> list[Token]:
@@ -109,17 +110,16 @@ def parse(sql: str, default_db: str) -> Ddl:
                 if j < len(item):
                     ddl.renamed_tables.append((old, _name(item, j, default_db)[0]))
     elif head[0] == "DROP":
-        i = _skip(ts, 1, "TEMPORARY")
-        if i < len(ts) and ts[i].word == "TABLE":
-            i = _skip(ts, i + 1, "IF", "EXISTS")
-            for item in _items(ts, i):
+        if head[1:2] == ["TABLE"]:  # DROP TEMPORARY TABLE drops no base table
+            for item in _items(ts, _skip(ts, 2, "IF", "EXISTS")):
                 ddl.dropped_tables.append(_name(item, 0, default_db)[0])
     elif head[0] == "CREATE":
-        i = _skip(ts, 1, "OR", "REPLACE", "TEMPORARY")
-        if i < len(ts) and ts[i].word == "TABLE":
+        i = _skip(ts, 1, "OR", "REPLACE")
+        replace = i > 1
+        if i < len(ts) and ts[i].word == "TABLE":  # CREATE TEMPORARY TABLE shadows, never replaces: skipped
             i = _skip(ts, i + 1, "IF", "NOT", "EXISTS")
             if i < len(ts):
-                ddl.created_tables.append(_name(ts, i, default_db)[0])
+                (ddl.replaced_tables if replace else ddl.created_tables).append(_name(ts, i, default_db)[0])
     elif head[0] == "ALTER":
         i = _skip(ts, 1, "ONLINE", "IGNORE")
         if i < len(ts) and ts[i].word == "TABLE":
