@@ -130,3 +130,15 @@ class Identities:
             if name in self._vacated:
                 self.created[name] = position
         return renamed
+
+
+def dropped_message(table: str, dropped_at: str, created_at: str | None) -> str:
+    """What a user reads when the binlog shows tracked table ``table`` dropped (at position ``dropped_at``)
+    and maybe created again (``created_at``): its changes stopped there; the fix copies the new one."""
+    if created_at is None:
+        return (f"table {table} was dropped on the source (binlog {dropped_at}); its changes stop there."
+                f" Remove it (headrace remove-table {table}), or, if it comes back, copy it again"
+                f" (headrace resync {table})")
+    return (f"table {table} was dropped (binlog {dropped_at}) and created again (binlog {created_at}) on the"
+            f" source: the new table is another one, whose rows cannot follow the old one's."
+            f" Copy it again: headrace resync {table}")

@@ -16,6 +16,8 @@ from headrace.source.mysql.catalog import read_table_schema, table_id
 from headrace.source.mysql.connect import connect
 from headrace.source.mysql.copy import snapshot_position
 from headrace.source.mysql.ddl import parse
+from headrace.source.mysql.identity import dropped_message
+from headrace.source.mysql.position import format_position
 
 SERVER_ID = 4343
 
@@ -179,6 +181,10 @@ def test_drop_and_create_of_a_tracked_table(mariadb_server: Any, mysql_db: tuple
         assert [e.new for e in events if isinstance(e, Insert)] == [("1",)]
         assert list(stream.dropped) == [oid] and list(stream.created) == [(database, "t")]
         assert start < stream.dropped[oid] < stream.created[(database, "t")] < recreated_at
+        message = dropped_message(f"{database}.t", format_position(stream.dropped[oid]),
+                                  format_position(stream.created[(database, "t")]))
+        assert f"created again (binlog {format_position(stream.created[(database, 't')])})" in message
+        assert message.endswith(f"headrace resync {database}.t")
 
         # Tracked again (the adapter's resync hands over the new schema): its rows flow again.
         known = {oid: read_table_schema(root, database, "t")}
