@@ -2,8 +2,9 @@
 
 A table is ``database.table`` (``TableName.schema`` is the database). MySQL has no table OID: a
 table's identity (``TableSchema.oid``) is ``table_id``, a stable 63-bit hash of its database and
-name. It survives server restarts and is the same in every process, but a table dropped and created
-again under the same name gets the same id (docs/mysql.md: how that could be detected).
+name. It survives server restarts and is the same in every process; a table renamed later keeps
+the id of its first name, and a table dropped and created again is told apart by the binlog
+stream (``identity.py``), not by the catalog (docs/mysql.md, Schema changes).
 """
 
 from __future__ import annotations
