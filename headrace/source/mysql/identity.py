@@ -45,6 +45,9 @@ class Identities:
         self._next: dict[int, int] = {}  # oid -> next unused column id
         self._adopted: dict[int, TableSchema] = {}  # oid -> the known schema its ids came from
         self._vacated: set[Name] = set()  # names a tracked table left (renamed away or dropped)
+        # Tables adopted whose first TABLE_MAP is still to come: a column it has that the adopted schema
+        # has not may be new or renamed by DDL the stream did not see (before its start position).
+        self._unsure: set[int] = set()
         self.renamed: dict[Name, int] = {}
         self.dropped: dict[int, int] = {}
         self.created: dict[Name, int] = {}
@@ -53,9 +56,15 @@ class Identities:
 
     def _adopt(self, oid: int, schema: TableSchema) -> None:
         """Take ``schema``'s column ids (positions where it has none) and its name."""
-        ids = {c.name.lower(): c.attnum if c.attnum is not None else i + 1 for i, c in enumerate(schema.columns)}
-        self._ids[oid], self._next[oid] = ids, max(ids.values(), default=0) + 1
+        top = max((c.attnum for c in schema.columns if c.attnum is not None), default=0)
+        ids: dict[str, int] = {}
+        for c in schema.columns:  # a column without an id (old state, or one unsure) gets an unused one
+            if c.attnum is None:
+                top += 1
+            ids[c.name.lower()] = c.attnum if c.attnum is not None else top
+        self._ids[oid], self._next[oid] = ids, top + 1
         self._adopted[oid] = schema
+        self._unsure.add(oid)
         name = (schema.schema, schema.name)
         self._vacated.discard(name)
         self.created.pop(name, None)
@@ -87,11 +96,18 @@ class Identities:
         present = {c.name.lower() for c in shape.columns}
         for gone in [n for n in ids if n not in present]:
             del ids[gone]  # dropped by a statement not read here: its id is retired all the same
+        unsure = oid in self._unsure
+        self._unsure.discard(oid)
+        unknown = set()
         for c in shape.columns:
             if c.name.lower() not in ids:
                 ids[c.name.lower()] = self._next[oid]
                 self._next[oid] += 1
-        columns = tuple(replace(c, attnum=ids[c.name.lower()]) for c in shape.columns)
+                unknown.add(c.name.lower())
+        # Such a column is sent without an id, once: the evolution path then pairs it by position
+        # (a rename of any column but the last is recognised) instead of taking it as certainly new.
+        columns = tuple(replace(c, attnum=None if unsure and c.name.lower() in unknown else ids[c.name.lower()])
+                        for c in shape.columns)
         return replace(shape, oid=oid, columns=columns)
 
     def apply(self, ddl: Ddl, position: int) -> list[tuple[int, Name]]:
