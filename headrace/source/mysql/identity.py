@@ -87,6 +87,16 @@ class Identities:
             return None  # the name a tracked table left; a dropped table until it is tracked again
         return oid
 
+    def name_of(self, oid: int) -> Name | None:
+        """The current name of tracked table ``oid`` (after renames), None if dropped or never seen."""
+        if oid in self.dropped:
+            return None
+        for name, renamed in self.renamed.items():
+            if renamed == oid:
+                return name
+        schema = self._adopted.get(oid)
+        return (schema.schema, schema.name) if schema is not None else None
+
     def label(self, oid: int, shape: TableSchema) -> TableSchema:
         """``shape`` (from a TABLE_MAP) under id ``oid``, each column with its id."""
         ids = self._ids.get(oid)

@@ -172,6 +172,8 @@ def test_rename_table_keeps_its_id_and_a_restart_follows(mariadb_server: Any, my
             (oid, ("1", "1")), (oid, ("2", "2")), (oid, ("3", "3")), (oid, ("5", "5"))]
         assert _ids(shapes[-1]) == [("id", 1), ("w", 2)]
         assert stream.renamed == {(database, "v"): oid}
+        assert stream.identities.name_of(oid) == (database, "v")
+        assert stream.identities.oid_of(database, "v") == oid and stream.identities.oid_of(database, "t") is None
         assert set(stream.created) == {(database, "t")}  # a new table has the tracked table's old name
         assert [c.kind for c in plan_changes(shapes[0], shapes[1], SchemaChangesConfig())] == ["rename_table"]
 
