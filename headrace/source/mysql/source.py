@@ -187,7 +187,7 @@ class MySqlSource(Source):
             return catalog.table_id(database, table) in newest()
 
         inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest)
-        self._stream = PositionStream(inner, start)
+        self._stream = PositionStream(inner, start, newest)
         return self._stream
 
     def relation_schema(self, conn: Conn, stream: ChangeStream, ev: Relation, known: TableSchema) -> TableSchema:
@@ -240,8 +240,9 @@ class PositionStream:
     touch no tracked table (or DDL): capture registers that position, as a PostgreSQL heartbeat's
     commit lets it, so an idle pipeline is caught up and a restart does not read them again."""
 
-    def __init__(self, inner: Any, start: int) -> None:
+    def __init__(self, inner: Any, start: int, known: Callable[[], dict[int, TableSchema]] = dict) -> None:
         self.inner = inner
+        self._known = known  # state's schemas: a dropped table's name when the stream never saw its rows
         self._sent = start  # the end of the last transaction handed to capture
         self._open = False  # a Begin was handed over without its Commit yet
         self._reported: dict[int, str] = {}  # tables dropped -> message (``new_table_errors``)
@@ -272,7 +273,7 @@ class PositionStream:
         for oid, at in self.inner.dropped.items():
             if oid in self._reported:
                 continue
-            shape = self.inner._schemas.get(oid)
+            shape = self.inner._schemas.get(oid) or self._known().get(oid)
             name = (shape.schema, shape.name) if shape is not None else None
             created = self.inner.created.get(name) if name is not None else None
             label = str(TableName(*name)) if name is not None else f"with id {oid}"
