@@ -3,7 +3,8 @@
 A column renamed keeps its values (the target column is renamed, not dropped and added), a column
 widened (INT -> BIGINT) takes values only the wider type holds, a table renamed streams on into its
 target table (``schema_changes.rename_table: keep``), and a tracked table dropped stops alone, in
-ERRORED with the fix ``headrace resync``, while the other keeps streaming. The target is read back
+ERRORED with the fix ``headrace resync``, while the other keeps streaming; a column renamed while
+the run is stopped is followed after the restart (column ids continue from state). The target is read back
 and compared with the source row by row.
 """
 
@@ -84,10 +85,17 @@ def test_mysql_ddl_streams_renames_widening_and_a_drop(
         _run(root, "ALTER TABLE items MODIFY qty BIGINT", "UPDATE items SET qty = 5000000000 WHERE id = 1")
         wait_until(lambda: same("items") == 4, 60, "MODIFY INT -> BIGINT", every=0.5)
 
+    # Stopped, the column renamed again: after the restart the stream continues from state's names and
+    # column ids (the target column renamed again, values kept).
+    _run(root, "ALTER TABLE items RENAME COLUMN label TO title", "INSERT INTO items VALUES (5, 'e', 5)")
+    pipeline = Pipeline(config, spark=spark)  # same() reads the restarted one
+    with running(pipeline):
+        wait_until(lambda: same("items") == 5, 120, "a column renamed while stopped", every=0.5)
+
         # RENAME TABLE (rename_table: keep): the renamed table streams on into the same target table.
-        _run(root, "RENAME TABLE items TO articles", "INSERT INTO articles VALUES (5, 'e', 5)",
+        _run(root, "RENAME TABLE items TO articles", "INSERT INTO articles VALUES (8, 'h', 8)",
              "DELETE FROM articles WHERE id = 3")
-        wait_until(lambda: same("articles") == 4, 60, "RENAME TABLE", every=0.5)
+        wait_until(lambda: same("articles") == 5, 60, "RENAME TABLE", every=0.5)
         assert _state_row(state_dsn, items).schema.target_table == "items"
 
         # DROP TABLE of a tracked table: it stops alone, with the fix; the other streams on.
@@ -97,5 +105,5 @@ def test_mysql_ddl_streams_renames_widening_and_a_drop(
         assert "dropped" in row.error and f"headrace resync {database}.gone" in row.error, row.error
         assert row.error_fix is not None and "headrace resync" in row.error_fix
         _run(root, "INSERT INTO articles VALUES (6, 'f', 6)", "UPDATE articles SET qty = 7 WHERE id = 6")
-        wait_until(lambda: same("articles") == 5, 60, "the other table streaming after the drop", every=0.5)
+        wait_until(lambda: same("articles") == 6, 60, "the other table streaming after the drop", every=0.5)
         assert _state_of(state_dsn, items) == TableState.STREAMING
