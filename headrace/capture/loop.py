@@ -56,6 +56,7 @@ class Capture:
         self.connected = False
         self.last_error: str | None = None
         self.failure: Exception | None = None  # what stopped capture for good (the run loop re-raises it)
+        self.table_errors: dict[int, str] = {}  # oid -> why the stream stopped that table (run.table_watch errors it)
         self.changes_captured: dict[tuple[int, str], int] = {}
         self._heartbeat_due = True
         self._lock = threading.Lock()
@@ -174,6 +175,9 @@ class Capture:
                     self._heartbeat_due = False
                     last_message_at = time.monotonic()
                 events = stream.read(max_messages=10_000, timeout=0.2)
+                stopped = getattr(stream, "new_table_errors", None)  # a source that stops one table (MySQL DROP)
+                if stopped is not None:
+                    self.table_errors.update(stopped())
                 if events:
                     last_message_at = time.monotonic()
                 for _lsn, ev in events:

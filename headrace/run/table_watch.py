@@ -28,7 +28,7 @@ from typing import Any
 
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig
-from headrace.core.errors import RequestError, TableRefused
+from headrace.core.errors import RequestError, SchemaChangeError, TableRefused
 from headrace.core.interfaces import Target
 from headrace.core.schema import TableSchema
 from headrace.log.store import StagingStore
@@ -93,6 +93,7 @@ class TableWatch:
             return False
         try:
             did_work = self._finish_drops(state)
+            did_work |= self._stream_errors(state)
             if self.catalog is not None and time.monotonic() >= self._next_poll:
                 self._next_poll = time.monotonic() + self.config.source.discovery_seconds
                 self._poll(state)
@@ -103,6 +104,19 @@ class TableWatch:
                   retry_s=self.config.source.discovery_seconds)
             log.debug("traceback", exc_info=exc)
             return False
+
+    def _stream_errors(self, state: StateStore) -> bool:
+        """Tables the change stream stopped (MySQL: a tracked table dropped, as its binlog says): ERRORED
+        with the stream's message and, as a schema change, the fix `headrace resync`."""
+        capture = self._capture()
+        if capture is None or not capture.table_errors:
+            return False
+        for oid in list(capture.table_errors):
+            message = capture.table_errors.pop(oid)
+            row = state.table(oid)
+            if row is not None and row.state != TableState.ERRORED:
+                self.fail(state, row, SchemaChangeError(message), TableState.PENDING)
+        return True
 
     # -- the catalog poll -------------------------------------------------------------------------
     def _poll(self, state: StateStore) -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pymysql
@@ -46,8 +47,10 @@ from headrace.core.changes import (
 )
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
-from headrace.source.mysql.catalog import column_defaults, schema_from_table_map, table_id, with_fills
+from headrace.source.mysql.catalog import column_defaults, schema_from_table_map, with_fills
 from headrace.source.mysql.connect import connect, parse_dsn, redacted
+from headrace.source.mysql.ddl import parse
+from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
 from headrace.source.mysql.types import binlog_text, text_converter
 
@@ -88,16 +91,27 @@ class BinlogStream:
 
     ``tables`` is a set of ``(database, table)`` or a callable answering whether one is tracked
     (tables added while running). ``server_id`` must be unique among the server's replicas.
+    ``known`` is the schemas state has (``{oid: TableSchema}``, or a callable returning them, which
+    must return the same objects until a table is tracked again): the stream continues from their
+    names (a table renamed earlier) and column ids (``attnum``); see ``identity.Identities``.
+
+    DDL the adapter acts on (``identity.Identities``): ``renamed`` (name -> id of a renamed table),
+    ``dropped`` (id -> position of its DROP; its rows stop until it is tracked again),
+    ``created`` (name -> position of a table created under a name a tracked table left).
     """
 
     def __init__(self, dsn: str, server_id: int, start: int,
-                 tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1) -> None:
+                 tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
+                 known: Known | Mapping[int, TableSchema] | None = None) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
         else:
             tracked = set(tables)
             self._tracked = lambda database, table: (database, table) in tracked
+        self.identities = Identities(self._tracked, known)
+        self.renamed, self.dropped, self.created = (self.identities.renamed, self.identities.dropped,
+                                                    self.identities.created)
         with connect(dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT @@log_bin_basename")
             basename = cur.fetchone()[0]
@@ -180,10 +194,10 @@ class BinlogStream:
             self._open(start, event, int(event.gno), True)
             return
         if isinstance(event, TableMapEvent):
-            if self._tracked(event.schema, event.table):
-                oid = table_id(event.schema, event.table)
+            oid = self.identities.oid_of(event.schema, event.table)
+            if oid is not None:
                 self._maps[event.table_id] = oid
-                self._schemas[oid] = schema_from_table_map(event)
+                self._schemas[oid] = self.identities.label(oid, schema_from_table_map(event))
             else:
                 self._maps.pop(event.table_id, None)
             return
@@ -202,7 +216,7 @@ class BinlogStream:
             if query.upper() not in ("COMMIT", "ROLLBACK"):
                 if self._txn is None:
                     self._open(start, event, 0, True)
-                self._statement(event, query, out)
+                self._statement(event, query, start, out)
                 if not self._standalone:
                     return
         # XID (InnoDB commit), COMMIT/ROLLBACK query (other engines), or the end of a standalone statement.
@@ -268,14 +282,22 @@ class BinlogStream:
                 else:
                     out.append((start, Update(oid, new)))
 
-    def _statement(self, event: Any, query: str, out: list[tuple[int, Event]]) -> None:
-        """TRUNCATE of a tracked table becomes ``Truncate``; other DDL shows in the next TABLE_MAP."""
+    def _statement(self, event: Any, query: str, at: int, out: list[tuple[int, Event]]) -> None:
+        """TRUNCATE of a tracked table becomes ``Truncate``; renames and drops change identities
+        (``identity.Identities``); a renamed table's new name is sent as a Relation at once; types
+        and added columns show in the next TABLE_MAP."""
         default_db = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
         target = _truncated_table(query, default_db)
-        if target is None or not self._tracked(*target):
+        if target is not None:
+            oid = self.identities.oid_of(*target)
+            if oid is not None:
+                out.append((self._begin(out), Truncate((oid,))))
             return
-        start = self._begin(out)
-        out.append((start, Truncate((table_id(*target),))))
+        for oid, (database, table) in self.identities.apply(parse(query, default_db), at):
+            shape = self._schemas.get(oid)
+            if shape is not None:
+                self._schemas[oid] = replace(shape, schema=database, name=table)
+                self._relation(oid, self._begin(out), out)
 
     def _commit(self, end: int, out: list[tuple[int, Event]]) -> None:
         if self._txn is not None and self._begun:

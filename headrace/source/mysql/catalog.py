@@ -2,8 +2,9 @@
 
 A table is ``database.table`` (``TableName.schema`` is the database). MySQL has no table OID: a
 table's identity (``TableSchema.oid``) is ``table_id``, a stable 63-bit hash of its database and
-name. It survives server restarts and is the same in every process, but a table dropped and created
-again under the same name gets the same id (docs/mysql.md: how that could be detected).
+name. It survives server restarts and is the same in every process; a table renamed later keeps
+the id of its first name, and a table dropped and created again is told apart by the binlog
+stream (``identity.py``), not by the catalog (docs/mysql.md, Schema changes).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def list_tables(conn: Conn, databases: Sequence[str]) -> list[TableName]:
 
 _COLUMNS = """
 SELECT column_name, data_type, column_type, numeric_precision, numeric_scale, datetime_precision,
-       character_maximum_length, is_nullable, column_default, extra
+       character_maximum_length, is_nullable, column_default, extra, ordinal_position
 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position
 """
 
@@ -65,10 +66,13 @@ def read_table_schema(conn: Conn, database: str, table: str) -> TableSchema:
             raise SourceError(f"table {TableName(database, table)} does not exist: create it or fix the table list")
         cur.execute(_PRIMARY_KEY, (database, table))
         key = tuple(r[0] for r in cur.fetchall())
+    # A column's id (attnum) is its ORDINAL_POSITION here; the binlog stream keeps it across renames
+    # (identity.py), and gives a table it first sees the same ids.
     columns = tuple(
         Column(name, column_type(data_type, col_type, precision, scale, dt_precision, length), 0, -1,
-               nullable == "YES")
-        for name, data_type, col_type, precision, scale, dt_precision, length, nullable, _default, _extra in rows
+               nullable == "YES", int(ordinal))
+        for name, data_type, col_type, precision, scale, dt_precision, length, nullable, _default, _extra, ordinal
+        in rows
     )
     fills = {r[0]: (r[8], str(r[9] or "")) for r in rows}
     shape = TableSchema(table_id(database, table), database, table, columns, key, "d" if key else "f")
@@ -109,7 +113,8 @@ def schema_from_table_map(event: Any) -> TableSchema:
 
     Needs ``binlog_row_metadata=FULL`` on the server: column names, signedness, charsets and the
     primary key come from the event's optional metadata, never from the catalog, which may already
-    describe a newer shape than the event's rows. Equals ``read_table_schema`` for the same shape.
+    describe a newer shape than the event's rows. Equals ``read_table_schema`` for the same shape
+    (column ids are positions; the stream relabels them, ``identity.Identities.label``).
     """
     meta = event.optional_metadata
     names = list(meta.column_name_list)
@@ -119,7 +124,7 @@ def schema_from_table_map(event: Any) -> TableSchema:
                           " and in my.cnf)")
     nullable = bytes(event.null_bitmask)
     columns = tuple(
-        Column(names[i], binlog_column_type(col), 0, -1, bool(nullable[i // 8] & (1 << (i % 8))))
+        Column(names[i], binlog_column_type(col), 0, -1, bool(nullable[i // 8] & (1 << (i % 8))), i + 1)
         for i, col in enumerate(event.columns)
     )
     positions = list(meta.simple_primary_key_list) or [p for p, _prefix in _prefixed(meta)]

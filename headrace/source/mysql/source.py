@@ -31,6 +31,7 @@ from headrace.source.base import ChangeStream, ChunkRead, CopySnapshot, Route, S
 from headrace.source.mysql import catalog, check
 from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn, redacted
+from headrace.source.mysql.identity import dropped_message
 from headrace.source.mysql.position import format_position, to_int
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class MySqlSource(Source):
     kind = "mysql"
     label = "MariaDB/MySQL"
     transient_errors = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
+
+    _staged: dict[int, TableSchema] = {}  # noqa: RUF012 -- replaced, never mutated (staged_schemas)
 
     @property
     def server_id(self) -> int:
@@ -93,6 +96,7 @@ class MySqlSource(Source):
                 f" {meta['system_identifier']}): its binlog positions mean nothing there. Point source.dsn back at"
                 " the original server, or start over with a new pipeline name")
         self.check_capture(conn, state)
+        self._staged = staged_schemas(state)  # for the stream capture opens next (open_stream)
 
     def probe(self) -> None:
         with self.connect() as conn, conn.cursor() as cur:
@@ -143,9 +147,20 @@ class MySqlSource(Source):
                 "problems": server + [p for t in assessed for p in t["problems"]]}
 
     def current_names(self, conn: Conn, oids: list[int]) -> list[TableName]:
-        wanted = set(oids)
-        found = {catalog.table_id(t.schema, t.name): t for t in catalog.list_tables(conn, _all_databases(conn))}
-        return [found[oid] for oid in oids if oid in wanted and oid in found]
+        """Tables' names now: a renamed table keeps the id of its first name (``identity.Identities``),
+        so the running stream's name for an id comes first, the catalog's ``table_id`` of a name after."""
+        listed = catalog.list_tables(conn, _all_databases(conn))
+        found = {catalog.table_id(t.schema, t.name): t for t in listed}
+        stream: PositionStream | None = getattr(self, "_stream", None)
+        names: list[TableName] = []
+        for oid in oids:
+            if stream is not None and oid in stream.inner.dropped:
+                continue
+            current = stream.inner.identities.name_of(oid) if stream is not None else None
+            name = TableName(current[0], current[1]) if current is not None else found.get(oid)
+            if name is not None and name in listed:
+                names.append(name)
+        return names
 
     # -- capture --------------------------------------------------------------------------------------
     def prepare_capture(self, conn: Conn, tables: list[TableName]) -> int:
@@ -169,14 +184,18 @@ class MySqlSource(Source):
     def open_stream(self, start: int, known: Callable[[], dict[int, TableSchema]]) -> ChangeStream:
         from headrace.source.mysql.binlog import BinlogStream
 
-        def tracked(database: str, table: str) -> bool:
-            return catalog.table_id(database, table) in known()
+        newest = NewestSchemas(known, self._staged)
 
-        return PositionStream(BinlogStream(self.dsn, self.server_id, start, tracked), start)
+        def tracked(database: str, table: str) -> bool:
+            return catalog.table_id(database, table) in newest()
+
+        inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest)
+        self._stream = PositionStream(inner, start, newest)
+        return self._stream
 
     def relation_schema(self, conn: Conn, stream: ChangeStream, ev: Relation, known: TableSchema) -> TableSchema:
         assert isinstance(stream, PositionStream)
-        return stream.inner.schema(ev.oid)  # the TABLE_MAP's shape, not the catalog's (it may be newer)
+        return stream.inner.schema(ev.oid)  # the TABLE_MAP's shape with column ids, not the catalog's
 
     def heartbeat(self, conn: Conn) -> None:
         pass  # the server's own heartbeat events move the position
@@ -224,10 +243,12 @@ class PositionStream:
     touch no tracked table (or DDL): capture registers that position, as a PostgreSQL heartbeat's
     commit lets it, so an idle pipeline is caught up and a restart does not read them again."""
 
-    def __init__(self, inner: Any, start: int) -> None:
+    def __init__(self, inner: Any, start: int, known: Callable[[], dict[int, TableSchema]] = dict) -> None:
         self.inner = inner
+        self._known = known  # state's schemas: a dropped table's name when the stream never saw its rows
         self._sent = start  # the end of the last transaction handed to capture
         self._open = False  # a Begin was handed over without its Commit yet
+        self._reported: dict[int, str] = {}  # tables dropped -> message (``new_table_errors``)
 
     def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event]]:
         events: list[tuple[int, Event]] = self.inner.read(max_messages, timeout)
@@ -246,8 +267,60 @@ class PositionStream:
     def acknowledge(self, pos: int) -> None:
         self.inner.acknowledge(pos)
 
+    def new_table_errors(self) -> dict[int, str]:
+        """Tracked tables the binlog dropped since the last call (id -> the message naming the fix), for
+        capture to hand to the run loop, which errors each (``run.table_watch``)."""
+        for oid in [o for o in self._reported if o not in self.inner.dropped]:
+            del self._reported[oid]  # tracked again (resync): a later drop is news again
+        new: dict[int, str] = {}
+        for oid, at in self.inner.dropped.items():
+            if oid in self._reported:
+                continue
+            shape = self.inner._schemas.get(oid) or self._known().get(oid)
+            name = (shape.schema, shape.name) if shape is not None else None
+            created = self.inner.created.get(name) if name is not None else None
+            label = str(TableName(*name)) if name is not None else f"with id {oid}"
+            new[oid] = self._reported[oid] = dropped_message(
+                label, format_position(at), format_position(created) if created is not None else None)
+        return new
+
     def close(self) -> None:
         self.inner.close()
+
+
+class NewestSchemas:
+    """State's schemas for the stream (``BinlogStream(known=...)``), each replaced by the table's last
+    staged schema when that is newer (staged, not applied yet): column ids given to a renamed or added
+    column survive a restart. The same objects come back until state gives a table a new schema
+    (tracked or copied again), which the stream then adopts."""
+
+    def __init__(self, known: Callable[[], dict[int, TableSchema]], staged: dict[int, TableSchema]) -> None:
+        self._known = known
+        self._staged = staged
+        self._given: dict[int, tuple[TableSchema, TableSchema]] = {}  # oid -> (state's, the one handed out)
+
+    def __call__(self) -> dict[int, TableSchema]:
+        out: dict[int, TableSchema] = {}
+        for oid, schema in self._known().items():
+            given = self._given.get(oid)
+            if given is None or given[0] is not schema:
+                # first sight: the staged one if there is one; a schema tracked again: state's
+                newest = self._staged.get(oid, schema) if given is None else schema
+                given = self._given[oid] = (schema, newest)
+            out[oid] = given[1]
+        return out
+
+
+def staged_schemas(state: StateStore) -> dict[int, TableSchema]:
+    """Each table's schema in its newest staged log entry not applied yet (id -> schema)."""
+    index = state.log_index
+    out: dict[int, TableSchema] = {}
+    for oid, tail in index.tails().items():
+        if tail > index.cursor(oid):
+            entries = index.entries_through(oid, tail, 1)
+            if entries:
+                out[oid] = entries[-1].schema
+    return out
 
 
 def _all_databases(conn: Conn) -> list[str]:
