@@ -58,7 +58,10 @@ class ThrowawayMariaDB:
     def __init__(self, base_dir: str | None = None, settings: dict[str, str] | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="headrace-mariadb-", dir=base_dir))
         self.data = self.dir / "data"
-        self.socket = self.dir / "mysqld.sock"
+        # A socket path must stay under 108 bytes: a deep base_dir (pytest's per-worker temp dirs)
+        # would pass it, so the socket gets a short directory of its own.
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="hr-my-"))
+        self.socket = self._socket_dir / "mysqld.sock"
         self.port = free_port()
         self.settings = {**SERVER_SETTINGS, **(settings or {})}
         self._proc: subprocess.Popen[bytes] | None = None
@@ -83,10 +86,14 @@ class ThrowawayMariaDB:
         path = self.dir / "my.cnf"
         lines = ["[mariadbd]", f"datadir = {self.data}", f"socket = {self.socket}", f"port = {self.port}",
                  "bind_address = 127.0.0.1", f"log_error = {self.dir / 'server.log'}",
-                 f"pid_file = {self.dir / 'mariadbd.pid'}"]
+                 f"pid_file = {self.dir / 'mariadbd.pid'}",
+                 # Its own temporary directory: two servers bootstrapping at once (parallel test
+                 # workers) name their temporary tables alike in a shared /tmp and fail.
+                 f"tmpdir = {self.dir / 'tmp'}"]
         lines += [f"{k} = {v}" for k, v in self.settings.items()]
         if self._user:
             lines.append(f"user = {self._user}")
+        (self.dir / "tmp").mkdir(exist_ok=True)
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -175,6 +182,7 @@ class ThrowawayMariaDB:
         with contextlib.suppress(Exception):
             self.stop_server()
         shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def __enter__(self) -> ThrowawayMariaDB:
         return self.start()
