@@ -1,7 +1,9 @@
 """OpenLineage datasets of a replicated table: the source table in, the target table out.
 
 Names follow OpenLineage's naming conventions where they have one: PostgreSQL tables are
-``postgres://host:port`` / ``database.schema.table``; an Iceberg table is its location under the
+``postgres://host:port`` / ``database.schema.table``, MySQL/MariaDB tables ``mysql://host:port`` /
+``database.table`` (the source kind comes from the DSN's scheme, as ``config.source_kind`` reads it;
+credentials never go into a name); an Iceberg table is its location under the
 warehouse (``file`` / ``/path/to/warehouse/namespace/table`` for a local warehouse, as Spark's own
 OpenLineage integration names it). DuckLake has no convention yet: ``ducklake://<data path>`` /
 ``schema.table``.
@@ -19,7 +21,7 @@ from openlineage.client.generated import column_lineage_dataset as cl
 from openlineage.client.generated import schema_dataset as sd
 from psycopg.conninfo import conninfo_to_dict
 
-from headrace.config import PipelineConfig
+from headrace.config import PipelineConfig, source_kind
 from headrace.core.schema import TableSchema
 
 _KEPT = re.compile(r"^column (.+) dropped \(kept in the target")
@@ -35,7 +37,14 @@ class DatasetName:
 
 
 def source_dataset(dsn: str, table: TableSchema) -> DatasetName:
-    """The PostgreSQL table: ``postgres://host:port`` and ``database.schema.table``."""
+    """The source table: ``postgres://host:port`` and ``database.schema.table`` for PostgreSQL,
+    ``mysql://host:port`` and ``database.table`` for MySQL/MariaDB (whose schemas are databases)."""
+    if source_kind(dsn) == "mysql":
+        from headrace.source.mysql.connect import parse_dsn  # pymysql only when the source is MySQL
+
+        parsed = parse_dsn(dsn)
+        host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host  # an IPv6 literal
+        return DatasetName(f"mysql://{host}:{parsed.port}", f"{table.schema}.{table.name}")
     info = conninfo_to_dict(dsn)
     host = str(info.get("host") or "localhost").split(",")[0]
     port = str(info.get("port") or "5432").split(",")[0]

@@ -84,7 +84,7 @@ def configured_tables(config: PipelineConfig, source: Source, conn: Any, state: 
     """
     settings = config.source
     if not settings.discovers:
-        return settings.table_names
+        return source.configured_names(settings.table_names)
     tracked = {r.oid for r in state.tables()}
     names: list[TableName] = []
     refused = set()

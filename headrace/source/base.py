@@ -196,6 +196,12 @@ class Source(ABC):
     def current_names(self, conn: Any, oids: list[int]) -> list[TableName]:
         """Current names of those oids that still exist."""
 
+    def configured_names(self, names: list[TableName]) -> list[TableName]:
+        """The tables the config names, each under its name now: a table the state tracks keeps its
+        place when renamed. PostgreSQL's oids follow a table through a rename (name it by its new
+        name): ``names`` as they are. MySQL overrides it (its ids are a hash of the first name)."""
+        return names
+
     # -- capture --------------------------------------------------------------------------------------
     @abstractmethod
     def prepare_capture(self, conn: Any, tables: list[TableName]) -> int:

@@ -4,7 +4,8 @@ A column renamed keeps its values (the target column is renamed, not dropped and
 widened (INT -> BIGINT) takes values only the wider type holds, a table renamed streams on into its
 target table (``schema_changes.rename_table: keep``), and a tracked table dropped stops alone, in
 ERRORED with the fix ``headrace resync``, while the other keeps streaming; a column renamed while
-the run is stopped is followed after the restart (column ids continue from state). The target is read back
+the run is stopped is followed after the restart (column ids continue from state), and a restart after
+a RENAME TABLE continues with the config still naming the old table. The target is read back
 and compared with the source row by row.
 """
 
@@ -98,6 +99,15 @@ def test_mysql_ddl_streams_renames_widening_and_a_drop(
         wait_until(lambda: same("articles") == 5, 60, "RENAME TABLE", every=0.5)
         assert _state_row(state_dsn, items).schema.target_table == "items"
 
+    # Stopped after the RENAME TABLE: the config still names items, which no longer exists; the restart
+    # finds the tracked table as articles (state's name for its id) and streams on into the same target.
+    _run(root, "INSERT INTO articles VALUES (9, 'i', 9)", "UPDATE articles SET qty = 90 WHERE id = 1")
+    pipeline = Pipeline(config, spark=spark)
+    with running(pipeline):
+        wait_until(lambda: same("articles") == 6, 120, "changes made while stopped after a RENAME TABLE", every=0.5)
+        assert _state_row(state_dsn, items).schema.target_table == "items"
+        assert _state_of(state_dsn, table_id(database, "articles")) is None  # not tracked as another table
+
         # DROP TABLE of a tracked table: it stops alone, with the fix; the other streams on.
         _run(root, "DROP TABLE gone")
         wait_until(lambda: _state_of(state_dsn, gone) == TableState.ERRORED, 60, "the dropped table errored")
@@ -105,5 +115,5 @@ def test_mysql_ddl_streams_renames_widening_and_a_drop(
         assert "dropped" in row.error and f"headrace resync {database}.gone" in row.error, row.error
         assert row.error_fix is not None and "headrace resync" in row.error_fix
         _run(root, "INSERT INTO articles VALUES (6, 'f', 6)", "UPDATE articles SET qty = 7 WHERE id = 6")
-        wait_until(lambda: same("articles") == 6, 60, "the other table streaming after the drop", every=0.5)
+        wait_until(lambda: same("articles") == 7, 60, "the other table streaming after the drop", every=0.5)
         assert _state_of(state_dsn, items) == TableState.STREAMING

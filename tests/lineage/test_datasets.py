@@ -17,6 +17,10 @@ def test_names_follow_the_openlineage_conventions(tmp_path: Path) -> None:
     assert source_dataset("postgresql://app:pw@db.example:6432/sales", ITEMS).__dict__ == {
         "namespace": "postgres://db.example:6432", "name": "sales.shop.items"}
     assert source_dataset("host=db dbname=sales user=app", ITEMS).namespace == "postgres://db:5432"
+    # MySQL/MariaDB: mysql://host:port (mariadb:// too, as OpenLineage has no MariaDB scheme), database.table
+    assert source_dataset("mysql://repl:secret@db.example:3307/shop", ITEMS).__dict__ == {
+        "namespace": "mysql://db.example:3307", "name": "shop.items"}
+    assert source_dataset("mariadb://repl@127.0.0.1/shop", ITEMS).namespace == "mysql://127.0.0.1:3306"
     iceberg = make_config("postgresql://x@h/d", tmp_path, ["shop.items"], "iceberg")
     assert target_dataset(iceberg, ITEMS).__dict__ == {"namespace": "file",
                                                        "name": f"{tmp_path}/warehouse/shop/items"}

@@ -18,9 +18,11 @@ import contextlib
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 import pymysql
 
 from headrace.core.changes import Begin, Commit, Event, Relation
@@ -55,6 +57,7 @@ class MySqlSource(Source):
     transient_errors = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
 
     _staged: dict[int, TableSchema] = {}  # noqa: RUF012 -- replaced, never mutated (staged_schemas)
+    _renamed: dict[int, TableName] = {}  # noqa: RUF012 -- replaced, never mutated (configured_names)
 
     @property
     def server_id(self) -> int:
@@ -75,7 +78,7 @@ class MySqlSource(Source):
     def problems(self) -> list[str]:
         try:
             with self.connect() as conn:
-                names = self.config.source.table_names
+                names = self.configured_names(self.config.source.table_names)
                 if self.config.source.discovers:
                     names = [TableName.parse(n) for n in self.list_tables(conn, self._schemas()).values()]
                 return check.check_server(conn, names)
@@ -113,6 +116,14 @@ class MySqlSource(Source):
     def table_problems(self, conn: Conn, name: str) -> list[str]:
         return check.table_problems(conn, TableName.parse(name))  # keyless tables are fine: full-row identity
 
+    def configured_names(self, names: list[TableName]) -> list[TableName]:
+        """``names`` with each table state tracks under its name now: a renamed table keeps the id of its
+        first name (``identity.Identities``), so the config may go on naming it by that name, or by its
+        new one (as for PostgreSQL, whose oids follow a table). Reads state's renamed tables
+        (``renamed_tables``) for ``read_table_schema`` and ``current_names`` too."""
+        self._renamed = renamed_tables(self.config.source.state_dsn, self.config.name)
+        return [self._renamed.get(catalog.table_id(n.schema, n.name), n) for n in names]
+
     def _name(self, conn: Conn, table: str | TableName | int) -> TableName:
         if isinstance(table, TableName):
             return table
@@ -125,7 +136,10 @@ class MySqlSource(Source):
 
     def read_table_schema(self, conn: Conn, table: str | TableName | int) -> TableSchema:
         name = self._name(conn, table)
-        return catalog.read_table_schema(conn, name.schema, name.name)
+        schema = catalog.read_table_schema(conn, name.schema, name.name)
+        tracked = next((oid for oid, now in self._renamed.items() if now == name), None)
+        # A tracked table renamed keeps its first name's id: the new name's hash would be another table.
+        return schema if tracked is None else replace(schema, oid=tracked)
 
     def assess(self, conn: Conn, names: list[str | TableName]) -> dict[str, Any]:
         assessed: list[dict[str, Any]] = []
@@ -157,7 +171,8 @@ class MySqlSource(Source):
             if stream is not None and oid in stream.inner.dropped:
                 continue
             current = stream.inner.identities.name_of(oid) if stream is not None else None
-            name = TableName(current[0], current[1]) if current is not None else found.get(oid)
+            name = TableName(current[0], current[1]) if current is not None else None
+            name = name or self._renamed.get(oid) or found.get(oid)  # no stream yet: state's names
             if name is not None and name in listed:
                 names.append(name)
         return names
@@ -321,6 +336,29 @@ def staged_schemas(state: StateStore) -> dict[int, TableSchema]:
             if entries:
                 out[oid] = entries[-1].schema
     return out
+
+
+def renamed_tables(state_dsn: str | None, pipeline: str) -> dict[int, TableName]:
+    """Tables the pipeline tracks whose name now is not the one their id was made from (renamed since
+    first tracked): id -> name now, from each table's newest schema (staged, else state's). Empty
+    before the first run, or when state cannot be read (then the start-up check says so)."""
+    from headrace.state.store import StateStore
+
+    if not state_dsn:
+        return {}
+    try:
+        state = StateStore(state_dsn, pipeline)
+        try:
+            if not state.installed():
+                return {}
+            staged = staged_schemas(state)
+            newest = {row.oid: staged.get(row.oid, row.schema) for row in state.tables()}
+        finally:
+            state.close()
+    except psycopg.Error:
+        return {}
+    return {oid: TableName(s.schema, s.name) for oid, s in newest.items()
+            if catalog.table_id(s.schema, s.name) != oid}
 
 
 def _all_databases(conn: Conn) -> list[str]:
