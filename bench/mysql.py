@@ -184,7 +184,7 @@ def plot(rows: list[tuple[str, int, int]], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1))
     labels = [r[0] for r in rows]
-    ax.barh(labels, [r[1] for r in rows], color=["grey" if "reference" in r[0] else "tab:blue" for r in rows])
+    ax.barh(labels, [r[2] for r in rows], color=["grey" if "reference" in r[0] else "tab:blue" for r in rows])
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("rows/s (log scale)")
@@ -233,7 +233,7 @@ def main() -> int:
             config = pipeline_config(server, pg.dsn, work, f"copy{n}_{i}", n)
             seconds = run_caught_up(config, spark)
             results[f"copy_{i}_max_connections_{n}_s"] = round(seconds, 1)
-            table.append((f"headrace copy to DuckLake, max_connections {n}", args.rows, rate(args.rows, seconds)))
+            table.append((f"headrace copy to DuckLake, max_connections {n} (copy {i + 1})", args.rows, rate(args.rows, seconds)))
 
         copies = len(table)
 
