@@ -263,11 +263,11 @@ def main() -> int:
     print(f"\nMariaDB source: {args.rows:,} rows ({results['table_mb']} MB), {written:,} changes "
           f"({results['binlog_mb']} MB of binlog); load average {results['load_avg_start']} -> "
           f"{results['load_avg_end']}; Spark start {results['spark_start_s']} s (not in the figures)\n")
-    print(f"| {'what':<52} | {'rows':>9} | {'rows/s':>9} | {'vs reference':>12} |")
-    print(f"|{'-' * 54}|{'-' * 11}|{'-' * 11}|{'-' * 14}|")
+    print(f"| {'what':<58} | {'rows':>9} | {'rows/s':>9} | {'vs reference':>12} |")
+    print(f"|{'-' * 60}|{'-' * 11}|{'-' * 11}|{'-' * 14}|")
     for i, (what, count, per_s) in enumerate(table):
         ref = refs["copy"] if i < copies else refs["changes"]
-        print(f"| {what:<52} | {count:>9,} | {per_s:>9,} | {per_s / ref:>12.3f} |")
+        print(f"| {what:<58} | {count:>9,} | {per_s:>9,} | {per_s / ref:>12.3f} |")
     print(json.dumps(results, indent=2))
     if args.png:
         plot(table, args.png)
