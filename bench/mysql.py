@@ -1,0 +1,278 @@
+"""MySQL/MariaDB source: initial copy and change capture against a plain client on the same data.
+
+A throwaway MariaDB (the source) and a throwaway PostgreSQL (headrace's state). A table of
+``--rows`` rows (bigint key, int, decimal, varchar, datetime(6), ~100-byte text, a mostly-NULL
+column) is loaded with ``INSERT ... SELECT`` from MariaDB's sequence engine. Then, in one run:
+
+1. Copy. References: ``SELECT *`` of the table read by pymysql (server-side cursor) and by the
+   ``mariadb --batch --quick`` client to /dev/null; the faster is the physical limit. headrace:
+   ``Pipeline.run(until_caught_up=True)`` into DuckLake (state set-up, copy, switch to the binlog),
+   with ``snapshot.max_connections`` 1 and 2; Spark is started once before, timed on its own.
+2. Changes. ``--changes`` inserts, updates and deletes in transactions of 100 are written while
+   headrace is stopped, into a binlog file of their own. References: ``mariadb-binlog
+   --read-from-remote-server --base64-output=decode-rows --verbose`` decoding exactly those events
+   to /dev/null. headrace: ``BinlogStream`` alone reading them (``--profile`` prints where its time
+   goes), and the stopped pipeline run again until caught up (staged and applied to DuckLake).
+
+    .venv/bin/python bench/mysql.py [--rows 1000000] [--changes 200000] [--profile] [--png out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from headrace.config import parse_config  # noqa: E402
+from headrace.core.changes import Delete, Insert, Update  # noqa: E402
+from headrace.pipeline import Pipeline  # noqa: E402
+from headrace.source.mysql.binlog import BinlogStream  # noqa: E402
+from headrace.source.mysql.connect import connect  # noqa: E402
+from headrace.source.mysql.position import to_int  # noqa: E402
+from headrace.source.mysql.throwaway import ThrowawayMariaDB, find_mariadb_bin  # noqa: E402
+from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
+
+DATABASE, TABLE = "bench", "items"
+CREATE = f"""CREATE TABLE {TABLE} (id BIGINT PRIMARY KEY, customer INT NOT NULL, amount DECIMAL(12,2),
+  status VARCHAR(16) NOT NULL, created DATETIME(6) NOT NULL, note TEXT, coupon VARCHAR(32) NULL)"""
+# One row per sequence value: ~100 bytes of text, one coupon in ten (the NULL-heavy column).
+ROW_SELECT = """SELECT seq, seq % 100000, (seq % 10000) / 100, ELT(1 + seq % 4, 'new', 'paid', 'shipped', 'cancelled'),
+  '2024-01-01' + INTERVAL seq SECOND + INTERVAL seq % 1000000 MICROSECOND,
+  CONCAT(MD5(seq), MD5(seq + 1), '-', seq % 997, REPEAT('x', 30)), IF(seq % 10 = 0, CONCAT('C', seq), NULL)
+  FROM seq_{lo}_to_{hi}"""
+TXN = 100  # changes per transaction: 25 inserts, 50 updates, 25 deletes
+
+
+def rate(count: int, seconds: float) -> int:
+    return round(count / seconds) if seconds > 0 else 0
+
+
+def binlog_end(root: str) -> tuple[str, int]:
+    with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        file, pos = cur.fetchone()[:2]
+    return str(file), int(pos)
+
+
+def execute(root: str, *statements: str) -> None:
+    with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+def read_pymysql(root: str) -> float:
+    """Seconds to read ``SELECT *`` through pymysql's server-side cursor (rows as Python values)."""
+    import pymysql
+
+    t0 = time.monotonic()
+    with contextlib.closing(connect(root, cursorclass=pymysql.cursors.SSCursor)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {TABLE}")
+        while cur.fetchmany(10_000):
+            pass
+    return time.monotonic() - t0
+
+
+def read_client(server: ThrowawayMariaDB) -> float:
+    """Seconds for the ``mariadb`` command-line client to print ``SELECT *`` to /dev/null."""
+    t0 = time.monotonic()
+    subprocess.run([find_mariadb_bin("mariadb"), "-h", "127.0.0.1", "-P", str(server.port), "-u", "root",
+                    "--batch", "--quick", "-e", f"SELECT * FROM {DATABASE}.{TABLE}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return time.monotonic() - t0
+
+
+def pipeline_config(server: ThrowawayMariaDB, state_dsn: str, work: Path, name: str, connections: int) -> Any:
+    folder = work / name
+    return parse_config({
+        "name": name,
+        "source": {"dsn": server.dsn_for(DATABASE), "state_dsn": state_dsn, "tables": [f"{DATABASE}.{TABLE}"],
+                   "server_id": 1000 + connections},
+        "target": {"ducklake": {"catalog": str(folder / "meta.ducklake"), "data_path": str(folder / "data")}},
+        "staging": {"path": str(folder / "staging"), "flush_seconds": 1.0},
+        "apply": {"idle_sleep_seconds": 0.1},
+        "snapshot": {"max_connections": connections},
+        "spark": {"master": "local[2]"},
+        "api": {"listen": "127.0.0.1:0"},
+    })
+
+
+def run_caught_up(config: Any, spark: Any) -> float:
+    t0 = time.monotonic()
+    code = Pipeline(config, spark=spark).run(until_caught_up=True)
+    if code != 0:
+        raise RuntimeError(f"headrace run of {config.name} exited with {code}")
+    return time.monotonic() - t0
+
+
+def write_changes(root: str, rows: int, changes: int) -> int:
+    """``changes`` row changes in transactions of ``TXN``; returns how many were written."""
+    rng = random.Random(7)
+    transactions = max(1, changes // TXN)
+    deletes_total = transactions * TXN // 4
+    if deletes_total >= rows // 2:
+        raise SystemExit(f"--changes {changes} deletes more than half of --rows {rows}; raise --rows")
+    next_id, next_delete = rows + 1, 1
+    with contextlib.closing(connect(root, autocommit=False)) as conn, conn.cursor() as cur:
+        for _ in range(transactions):
+            cur.execute(f"INSERT INTO {TABLE} " + ROW_SELECT.format(lo=next_id, hi=next_id + TXN // 4 - 1))
+            next_id += TXN // 4
+            # Updates hit the upper half of the loaded keys, which the deletes (from 1 up) never reach.
+            ids = ", ".join(str(i) for i in rng.sample(range(rows // 2 + 1, rows + 1), TXN // 2))
+            cur.execute(f"UPDATE {TABLE} SET amount = amount + 1, status = 'paid', created = NOW(6) WHERE id IN ({ids})")
+            cur.execute(f"DELETE FROM {TABLE} WHERE id BETWEEN {next_delete} AND {next_delete + TXN // 4 - 1}")
+            next_delete += TXN // 4
+            conn.commit()
+    return transactions * TXN
+
+
+def mariadb_binlog(server: ThrowawayMariaDB, file: str, start: int, stop: int) -> float:
+    """Seconds for ``mariadb-binlog`` to fetch and decode (rows as pseudo-SQL) ``file`` from ``start``
+    to ``stop`` from the server, to /dev/null."""
+    t0 = time.monotonic()
+    subprocess.run([find_mariadb_bin("mariadb-binlog"), "--read-from-remote-server", "-h", "127.0.0.1",
+                    "-P", str(server.port), "-u", "root", "--base64-output=decode-rows", "--verbose",
+                    f"--start-position={start}", f"--stop-position={stop}", file],
+                   check=True, stdout=subprocess.DEVNULL)
+    return time.monotonic() - t0
+
+
+def stream_changes(dsn: str, start: int, end: int, profile: bool) -> tuple[float, int]:
+    """(seconds, row changes) for ``BinlogStream`` to read the binlog from ``start`` to ``end``; with
+    ``profile``, a second pass under cProfile prints its top functions to stderr (not timed: the
+    profiler roughly doubles the time)."""
+
+    def drain(profiler: cProfile.Profile | None) -> tuple[float, int]:
+        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)})
+        count, t0 = 0, time.monotonic()
+        if profiler:
+            profiler.enable()
+        try:
+            while stream.position < end:
+                count += sum(isinstance(e, (Insert, Update, Delete)) for _, e in stream.read(10_000, 1.0))
+        finally:
+            if profiler:
+                profiler.disable()
+            stream.close()
+        return time.monotonic() - t0, count
+
+    seconds, count = drain(None)
+    if profile:
+        profiler = cProfile.Profile()
+        drain(profiler)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(20)
+    return seconds, count
+
+
+def plot(rows: list[tuple[str, int, int]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1))
+    labels = [r[0] for r in rows]
+    ax.barh(labels, [r[2] for r in rows], color=["grey" if "reference" in r[0] else "tab:blue" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("rows/s (log scale)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--changes", type=int, default=200_000)
+    parser.add_argument("--profile", action="store_true", help="cProfile BinlogStream, top functions to stderr")
+    parser.add_argument("--connections", default="1,2", help="snapshot.max_connections values to copy with")
+    parser.add_argument("--png", help="also plot rows/s to this PNG")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="headrace-mysql-bench-"))
+    results: dict[str, Any] = {"rows": args.rows, "load_avg_start": round(os.getloadavg()[0], 1)}
+    table: list[tuple[str, int, int]] = []  # (what, rows, rows/s) for the printed table
+    settings = {"innodb_buffer_pool_size": "1G", "max_binlog_size": "1G"}
+    with ThrowawayPostgres() as pg, ThrowawayMariaDB(settings=settings) as server:
+        server.create_database(DATABASE)
+        root = server.root_dsn + DATABASE
+        t0 = time.monotonic()
+        execute(root, CREATE, f"INSERT INTO {TABLE} " + ROW_SELECT.format(lo=1, hi=args.rows), f"ANALYZE TABLE {TABLE}")
+        results["load_s"] = round(time.monotonic() - t0, 1)
+        with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+            cur.execute("SELECT data_length FROM information_schema.tables WHERE table_schema = %s AND table_name = %s",
+                        (DATABASE, TABLE))
+            results["table_mb"] = round(int(cur.fetchone()[0]) / 2**20)
+
+        # 1. Copy.
+        read_pymysql(root)  # warm the buffer pool
+        ref_pymysql, ref_client = read_pymysql(root), read_client(server)
+        ref_copy = min(ref_pymysql, ref_client)
+        table += [("reference: SELECT * via pymysql SSCursor", args.rows, rate(args.rows, ref_pymysql)),
+                  ("reference: SELECT * via mariadb --batch --quick", args.rows, rate(args.rows, ref_client))]
+        from headrace.spark import build_session
+
+        connections = [int(c) for c in args.connections.split(",")]
+        first = pipeline_config(server, pg.dsn, work, "spark", 1)
+        t0 = time.monotonic()
+        spark = build_session(first.spark.master, first.spark.conf, target_conf=first.target.spark_conf(first.spark.conf))
+        results["spark_start_s"] = round(time.monotonic() - t0, 1)
+        config = first
+        for i, n in enumerate(connections):  # each its own pipeline (state, staging, lake)
+            config = pipeline_config(server, pg.dsn, work, f"copy{n}_{i}", n)
+            seconds = run_caught_up(config, spark)
+            results[f"copy_{i}_max_connections_{n}_s"] = round(seconds, 1)
+            table.append((f"headrace copy to DuckLake, max_connections {n} (copy {i + 1})", args.rows, rate(args.rows, seconds)))
+
+        copies = len(table)
+
+        # 2. Changes, written while headrace is stopped, in a binlog file of their own.
+        execute(root, "FLUSH BINARY LOGS")
+        file, start = binlog_end(root)
+        t0 = time.monotonic()
+        written = write_changes(root, args.rows, args.changes)
+        results["changes_write_s"] = round(time.monotonic() - t0, 1)
+        end_file, end = binlog_end(root)
+        assert end_file == file, "the changes span two binlog files: raise max_binlog_size"
+        results["changes"] = written
+        results["binlog_mb"] = round((end - start) / 2**20, 1)
+        results["load_avg_changes"] = round(os.getloadavg()[0], 1)
+        ref_binlog = mariadb_binlog(server, file, start, end)
+        table.append(("reference: mariadb-binlog --verbose (decode rows)", written, rate(written, ref_binlog)))
+        stream_s, streamed = stream_changes(server.dsn_for(DATABASE), to_int(file, start), to_int(file, end),
+                                            args.profile)
+        assert streamed == written, f"the stream read {streamed} changes, {written} were written"
+        table.append(("headrace BinlogStream alone", written, rate(written, stream_s)))
+        catch_up = run_caught_up(config, spark)  # the last copy's pipeline, stopped since
+        table.append(("headrace catch-up to DuckLake (staged + applied)", written, rate(written, catch_up)))
+        spark.stop()
+        results["load_avg_end"] = round(os.getloadavg()[0], 1)
+
+    refs = {"copy": rate(args.rows, ref_copy), "changes": rate(written, ref_binlog)}
+    print(f"\nMariaDB source: {args.rows:,} rows ({results['table_mb']} MB), {written:,} changes "
+          f"({results['binlog_mb']} MB of binlog); load average {results['load_avg_start']} -> "
+          f"{results['load_avg_end']}; Spark start {results['spark_start_s']} s (not in the figures)\n")
+    print(f"| {'what':<58} | {'rows':>9} | {'rows/s':>9} | {'vs reference':>12} |")
+    print(f"|{'-' * 60}|{'-' * 11}|{'-' * 11}|{'-' * 14}|")
+    for i, (what, count, per_s) in enumerate(table):
+        ref = refs["copy"] if i < copies else refs["changes"]
+        print(f"| {what:<58} | {count:>9,} | {per_s:>9,} | {per_s / ref:>12.3f} |")
+    print(json.dumps(results, indent=2))
+    if args.png:
+        plot(table, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
