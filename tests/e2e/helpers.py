@@ -7,7 +7,10 @@ import datetime as dt
 import decimal
 import itertools
 import os
+import random
+import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -178,6 +181,21 @@ def changes_in_flight(dsn: str, state: Any) -> Callable[[], bool]:
 def log_count(path: Path, text: str) -> Callable[[], int]:
     """How many times ``text`` (e.g. an event name) occurs in the log file at ``path`` so far."""
     return lambda: path.read_text().count(text) if path.exists() else 0
+
+
+def kill_after_batches(cmd: list[str], log_path: Path, rng: random.Random) -> None:
+    """Run ``cmd`` (a ``headrace run``) logging to ``log_path`` and kill -9 it after its 1st or 2nd
+    apply batch plus up to 1 s: a random moment of applying, whatever the machine's speed (a fixed
+    delay could end in the JVM's start-up on a loaded machine)."""
+    with log_path.open("w") as log, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log) as proc:
+        try:
+            batches = rng.randint(1, 2)
+            wait_until(lambda: log_count(log_path, "apply.batch ")() >= batches, 180,
+                       f"the run did not apply {batches} batches")
+            time.sleep(rng.uniform(0, 1))  # the random part of the moment, not a wait
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
 
 
 def wal_insert_lsn(dsn: str) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ import yaml
 
 from headrace.config import parse_config
 from headrace.pipeline import Pipeline
-from tests.e2e.helpers import assert_same, log_count, wait_until
+from tests.e2e.helpers import assert_same, kill_after_batches
 from tests.e2e.test_pipeline import run_caught_up
 
 
@@ -73,20 +72,9 @@ def test_kill_repeatedly_under_load_then_converge(source_dsn: str, tmp_path: Pat
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 137, proc.stderr[-3000:]
             crashes += 1
-        # And plain kill -9 at random moments while the run applies, whatever the machine's speed (a
-        # fixed 8-14 s could end in the JVM's start-up on a loaded machine): after its 1st or 2nd
-        # batch, plus up to 1 s.
+        # And plain kill -9 at random moments while the run applies.
         for kill in range(kills):
-            log_path = tmp_path / f"kill{kill}.log"
-            with log_path.open("w") as log, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log) as proc:
-                try:
-                    batches = rng.randint(1, 2)
-                    wait_until(lambda n=batches, p=log_path: log_count(p, "apply.batch ")() >= n, 180,
-                               f"the run did not apply {batches} batches")
-                    time.sleep(rng.uniform(0, 1))  # the random part of the moment, not a wait
-                finally:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait(30)
+            kill_after_batches(cmd, tmp_path / f"kill{kill}.log", rng)
             crashes += 1
     finally:
         stop.set()

@@ -13,10 +13,7 @@ import contextlib
 import itertools
 import os
 import random
-import signal
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +31,15 @@ from headrace.source.mysql.catalog import read_table_schema, table_id
 from headrace.source.mysql.connect import connect
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
-from tests.e2e.helpers import _norm, log_count, make_config, raw_config, run_command, running, wait_until
+from tests.e2e.helpers import (
+    _norm,
+    kill_after_batches,
+    make_config,
+    raw_config,
+    run_command,
+    running,
+    wait_until,
+)
 from tests.e2e.test_pipeline import run_caught_up
 
 _names = itertools.count()
@@ -278,17 +283,7 @@ def test_mysql_kill_9_under_load_then_converge(mariadb_server: Any, shop: tuple[
     writer = threading.Thread(target=_load, args=(root, stop, 5))
     writer.start()
     try:
-        for kill in range(1):  # kill -9 after the run's 1st or 2nd batch, plus up to 1 s
-            log_path = tmp_path / f"kill{kill}.log"
-            with log_path.open("w") as log, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log) as proc:
-                try:
-                    batches = rng.randint(1, 2)
-                    wait_until(lambda n=batches, p=log_path: log_count(p, "apply.batch ")() >= n, 180,
-                               f"the run did not apply {batches} batches")
-                    time.sleep(rng.uniform(0, 1))  # the random part of the moment, not a wait
-                finally:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait(30)
+        kill_after_batches(cmd, tmp_path / "kill0.log", rng)
     finally:
         stop.set()
         writer.join()
