@@ -202,7 +202,8 @@ class MySqlSource(Source):
         newest = NewestSchemas(known, self._staged)
 
         def tracked(database: str, table: str) -> bool:
-            return catalog.table_id(database, table) in newest()
+            # state's tables (newest has the same ids): no rebuild of the newest schemas per TABLE_MAP
+            return catalog.table_id(database, table) in known()
 
         inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest)
         self._stream = PositionStream(inner, start, newest)
