@@ -47,8 +47,9 @@ from headrace.core.changes import (
 )
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
+from headrace.core.settings import redacted_dsn
 from headrace.source.mysql.catalog import column_defaults, schema_from_table_map, with_fills
-from headrace.source.mysql.connect import connect, parse_dsn, redacted
+from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.ddl import parse
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
@@ -117,7 +118,7 @@ class BinlogStream:
             basename = cur.fetchone()[0]
             self.server_uuid = server_identity(conn)
         if basename is None:
-            raise SourceError(f"{redacted(dsn)}: the binary log is off; set log_bin in my.cnf and restart the server")
+            raise SourceError(f"{redacted_dsn(dsn)}: the binary log is off; set log_bin in my.cnf and restart the server")
         self._basename = str(basename).rsplit("/", 1)[-1]
         file, offset = from_int(start, self._basename)
         self._file = file
@@ -157,12 +158,12 @@ class BinlogStream:
             except pymysql.err.OperationalError as exc:
                 if exc.args and exc.args[0] == _LOG_GONE:
                     raise SourceError(
-                        f"{redacted(self._dsn)}: the binlog at {format_position(self.position, self._basename)}"
+                        f"{redacted_dsn(self._dsn)}: the binlog at {format_position(self.position, self._basename)}"
                         f" is no longer on the server ({exc.args[1]}); raise binlog_expire_logs_seconds"
                         " (or expire_logs_days) so the binlog outlives outages, and run `headrace resync`"
                         " for the tables to copy them again") from exc
                 if exc.args and exc.args[0] in _UNREACHABLE:
-                    raise TransientError(f"{redacted(self._dsn)}: the binlog connection failed ({exc.args[-1]});"
+                    raise TransientError(f"{redacted_dsn(self._dsn)}: the binlog connection failed ({exc.args[-1]});"
                                          " it is opened again from the last saved position") from exc
                 raise
             if event is None or isinstance(event, HeartbeatLogEvent):

@@ -12,9 +12,10 @@ from urllib.parse import unquote, urlsplit
 
 import pymysql
 
+from headrace.config import MYSQL_SCHEMES
 from headrace.core.errors import ConfigError, SourceError, TransientError
+from headrace.core.settings import redacted_dsn
 
-SCHEMES = ("mysql", "mariadb")
 DEFAULT_PORT = 3306
 # Server and client error codes (mysqld_error.h, errmsg.h).
 _ACCESS_DENIED, _UNKNOWN_DATABASE, _CANNOT_CONNECT, _LOST = 1045, 1049, 2003, 2013
@@ -39,21 +40,12 @@ class MySqlDsn:
 def parse_dsn(dsn: str) -> MySqlDsn:
     """Parse ``mysql://`` or ``mariadb://`` DSNs; ConfigError naming the fix for anything else."""
     parts = urlsplit(dsn)
-    if parts.scheme not in SCHEMES:
-        raise ConfigError(f"source.dsn {redacted(dsn)}: scheme must be mysql:// or mariadb:// for a MySQL source")
+    if parts.scheme not in MYSQL_SCHEMES:
+        raise ConfigError(f"source.dsn {redacted_dsn(dsn)}: scheme must be mysql:// or mariadb:// for a MySQL source")
     if not parts.hostname:
-        raise ConfigError(f"source.dsn {redacted(dsn)} names no host: write mysql://user:password@host:3306/db")
+        raise ConfigError(f"source.dsn {redacted_dsn(dsn)} names no host: write mysql://user:password@host:3306/db")
     return MySqlDsn(parts.hostname, parts.port or DEFAULT_PORT, unquote(parts.username or "root"),
                     unquote(parts.password or ""), unquote(parts.path.lstrip("/")), parts.scheme)
-
-
-def redacted(dsn: str) -> str:
-    """``dsn`` with its password replaced by ``***`` (for logs and messages)."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 def connect(dsn: str | MySqlDsn, **kw: Any) -> pymysql.connections.Connection[Any]:

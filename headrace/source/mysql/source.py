@@ -29,10 +29,11 @@ from headrace.core.changes import Begin, Commit, Event, Relation
 from headrace.core.errors import SourceError, TableNotFound, TransientError
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
+from headrace.core.settings import redacted_dsn
 from headrace.source.base import ChangeStream, ChunkRead, CopySnapshot, Route, Source
 from headrace.source.mysql import catalog, check
 from headrace.source.mysql import copy as chunked
-from headrace.source.mysql.connect import connect, parse_dsn, redacted
+from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.identity import dropped_message
 from headrace.source.mysql.position import format_position, to_int
 
@@ -83,7 +84,7 @@ class MySqlSource(Source):
                     names = [TableName.parse(n) for n in self.list_tables(conn, self._schemas()).values()]
                 return check.check_server(conn, names)
         except (pymysql.err.Error, SourceError, TransientError) as exc:
-            return [f"cannot connect to the source {redacted(self.dsn)}: {str(exc).strip()}"]
+            return [f"cannot connect to the source {redacted_dsn(self.dsn)}: {str(exc).strip()}"]
 
     def identity(self, conn: Conn) -> str:
         return _identity(conn)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from headrace.source.mysql.connect import parse_dsn, redacted
+from headrace.core.settings import redacted_dsn
+from headrace.source.mysql.connect import parse_dsn
 from headrace.source.mysql.position import format_position, from_int, to_int
 
 
@@ -22,4 +23,4 @@ def test_dsn_parsing_and_redaction() -> None:
     dsn = parse_dsn("mariadb://repl:s%40cret@db.example:3307/shop")
     assert (dsn.host, dsn.port, dsn.user, dsn.password, dsn.database) == ("db.example", 3307, "repl", "s@cret", "shop")
     assert parse_dsn("mysql://u@h/").port == 3306
-    assert redacted("mysql://repl:secret@h:3306/shop") == "mysql://repl:***@h:3306/shop"
+    assert redacted_dsn("mysql://repl:secret@h:3306/shop") == "mysql://repl:***@h:3306/shop"
