@@ -175,9 +175,7 @@ class Capture:
                     self._heartbeat_due = False
                     last_message_at = time.monotonic()
                 events = stream.read(max_messages=10_000, timeout=0.2)
-                stopped = getattr(stream, "new_table_errors", None)  # a source that stops one table (MySQL DROP)
-                if stopped is not None:
-                    self.table_errors.update(stopped())
+                self.table_errors.update(stream.new_table_errors())  # tables the stream stopped (MySQL DROP)
                 if events:
                     last_message_at = time.monotonic()
                 for _lsn, ev in events:

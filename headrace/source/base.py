@@ -42,6 +42,10 @@ class ChangeStream(Protocol):
     def acknowledge(self, pos: int) -> None:
         """Everything up to ``pos`` is durable on our side: the source may release it."""
 
+    def new_table_errors(self) -> dict[int, str]:
+        """Tables the stream stopped since the last call (id -> the message naming the fix), which the
+        run loop errors (MySQL: a tracked table dropped in the binlog); {} for a source that never does."""
+
     def close(self) -> None:
         """Close the stream's connection."""
 

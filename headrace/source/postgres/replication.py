@@ -259,6 +259,10 @@ class ReplicationStream:
             raise _translate(exc, self._what) from exc
         return events
 
+    def new_table_errors(self) -> dict[int, str]:
+        """None: PostgreSQL's catalog watch learns of dropped tables (``ChangeStream``)."""
+        return {}
+
     def acknowledge(self, flush_lsn: int) -> None:
         """Tell the server everything up to ``flush_lsn`` is durable (write = flush = apply)."""
         try:
