@@ -243,6 +243,9 @@ class ApplyConfig(_Frozen):
                                       " tables are being copied, catching up, retried or dropped")
     idle_max_seconds: float = Field(5.0, gt=0, description="longest pause when every table streams and"
                                     " nothing is staged (staged changes and commands end it at once)")
+    concurrency: int = Field(4, ge=1, description="tables whose batches are applied at the same time (Spark"
+                             " jobs from several driver threads, each in its own FAIR scheduler pool), one"
+                             " batch per table at a time; 1 applies one table after another")
 
 
 class SchemaChangesConfig(_Frozen):

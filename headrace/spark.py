@@ -87,6 +87,10 @@ def build_session(
         # PostgreSQL column names are case-sensitive ("ID" and id are two columns); Spark's default
         # would resolve both to one and fail the table.
         "spark.sql.caseSensitive": "true",
+        # Apply batches of several tables run as jobs from several driver threads (``apply.concurrency``),
+        # each thread in its own pool (``use_pool``): FAIR shares the cores between them, so one big
+        # table's MERGE does not queue every small table's job behind it as FIFO would.
+        "spark.scheduler.mode": "FAIR",
     }
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)
@@ -97,3 +101,9 @@ def build_session(
         session.sparkContext.addPyFile(_package_zip())
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def use_pool(spark: SparkSession, pool: str) -> None:
+    """Run this thread's Spark jobs in scheduler pool ``pool`` (FAIR mode shares the cores between
+    pools). PySpark pins each Python thread to a JVM thread, so the setting is the thread's own."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", pool)

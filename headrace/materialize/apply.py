@@ -16,10 +16,11 @@ from headrace.config import SchemaChangesConfig, ValuesConfig
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
-from headrace.core.spark_types import value_rules
+from headrace.core.schema import TableSchema
+from headrace.core.spark_types import ValueRules, value_rules
 from headrace.log.index import LogEntry
 from headrace.logs import event
-from headrace.materialize.batch import read_change_batch
+from headrace.materialize.batch import ChangeBatch, read_change_batch
 from headrace.materialize.evolve import evolve_table
 from headrace.state.store import StateStore, TableRow
 
@@ -106,13 +107,28 @@ def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int) ->
     return batch
 
 
-def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
-               max_files: int, policy: SchemaChangesConfig | None = None,
-               values: ValuesConfig | None = None, cursors: CursorCache | None = None) -> Applied | None:
-    """Apply the table's next batch; None when the table is caught up with the staged log.
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A table's next batch as planned on the run loop's thread (``plan_batch``): which staged files,
+    under which schema (the target evolved to it already), skipping what the copy holds."""
 
-    With ``cursors``, the caller must ``forget`` the table when this raises (the target may have
-    committed the batch or not)."""
+    row: TableRow
+    cursor: int
+    tail: int  # the table's last staged offset when planned
+    entries: list[LogEntry]
+    schema: TableSchema
+    skip: Position | None
+    rules: ValueRules
+    ddl: tuple[str, ...]
+    started: float  # time.monotonic() when planned
+
+
+def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
+               policy: SchemaChangesConfig | None = None, values: ValuesConfig | None = None,
+               cursors: CursorCache | None = None) -> PlannedBatch | None:
+    """The table's next batch, or None when it is caught up with the staged log. Touches the state
+    store and runs the schema change DDL, so it runs where the state store's connection lives (the
+    run loop's thread); ``execute_batch`` may then run on another thread."""
     cursor = current_cursor(state, target, row, cursors)
     tail = state.log_index.last_offset(row.oid)
     entries = next_batch(state, row, cursor, max_files)
@@ -132,19 +148,47 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
                                    entries[0].min_lsn)
         target.ensure_table(schema)
     rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
+    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started)
+
+
+def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) -> ChangeBatch:
+    """Read, cast and deduplicate the planned files (Spark) and commit them to the target. Touches
+    neither the state store nor the cursor cache: safe on a worker thread, one batch per table."""
+    schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries
     batch = read_change_batch(spark, [e.path for e in entries], schema, skip, rules)
-    target.apply_batch(schema, batch.changes, batch.truncate_before, last.offset)
+    target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
+    return batch
+
+
+def finish_batch(state: StateStore, target: Target, planned: PlannedBatch, batch: ChangeBatch,
+                 cursors: CursorCache | None = None) -> Applied:
+    """After the target's commit (run loop's thread): record a TRUNCATE, advance the cursor."""
+    row, last, ddl = planned.row, planned.entries[-1], list(planned.ddl)
     if (trunc := batch.truncate_before) is not None:
         state.record_ddl(row.oid, row.qualified_name, "truncate", f"TRUNCATE at {format_lsn(trunc.lsn)}", trunc.lsn)
         ddl.append("truncate")
     crash_point("apply.after_target_commit")
     state.log_index.advance(row.oid, last.offset, last.max_lsn, batch.rows_in)
     if cursors is not None:
-        cursors.put(target, row, max(cursor, last.offset))
-    applied = Applied(row.qualified_name, len(entries), batch.rows_in, last.offset, last.max_lsn,
-                      time.monotonic() - started, drained=last.offset >= tail, ddl=tuple(ddl),
+        cursors.put(target, row, max(planned.cursor, last.offset))
+    applied = Applied(row.qualified_name, len(planned.entries), batch.rows_in, last.offset, last.max_lsn,
+                      time.monotonic() - planned.started, drained=last.offset >= planned.tail, ddl=tuple(ddl),
                       values_changed=batch.values_changed)
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
           seconds=round(applied.seconds, 3))
     return applied
+
+
+def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
+               max_files: int, policy: SchemaChangesConfig | None = None,
+               values: ValuesConfig | None = None, cursors: CursorCache | None = None) -> Applied | None:
+    """Apply the table's next batch on this thread (plan, execute, finish); None when the table is
+    caught up with the staged log.
+
+    With ``cursors``, the caller must ``forget`` the table when this raises (the target may have
+    committed the batch or not)."""
+    planned = plan_batch(state, target, row, max_files, policy, values, cursors)
+    if planned is None:
+        return None
+    return finish_batch(state, target, planned, execute_batch(spark, target, planned), cursors)

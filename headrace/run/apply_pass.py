@@ -1,13 +1,23 @@
 """One pass of the apply loop over every table, and whether a run started ``--until-caught-up`` is done.
 
-Each table that applies changes (or is due for a retry) gets its next batch. A table that fails
-goes to ERRORED and the others go on; an error that comes from an outage (a server went away)
-is not the table's: it is raised, and the run waits for the server (``run.outage``).
+Each table that applies changes (or is due for a retry) gets its next batch. Batches of different
+tables run at the same time (``apply.concurrency``), at most one per table: the run loop's thread
+plans a batch (cursor, files, schema change DDL: everything that touches the state store, whose one
+connection is not for several threads) and a worker thread runs its Spark jobs and the target's
+commit; the loop harvests finished batches at its next pass (a finished batch wakes it) and
+advances their cursors. A slow table holds back no other: the pass never waits for a batch.
+
+A table that fails goes to ERRORED and the others go on; an error that comes from an outage (a
+server went away) is not the table's: it is raised, and the run waits for the server (``run.outage``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -17,7 +27,16 @@ from headrace.core.errors import TerminalError
 from headrace.core.interfaces import Target
 from headrace.lineage.emitter import Lineage
 from headrace.logs import event
-from headrace.materialize.apply import CursorCache, apply_next, current_cursor
+from headrace.materialize.apply import (
+    Applied,
+    CursorCache,
+    PlannedBatch,
+    current_cursor,
+    execute_batch,
+    finish_batch,
+    plan_batch,
+)
+from headrace.materialize.batch import ChangeBatch
 from headrace.materialize.initial_copy import FailHandler
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import RunObserver
@@ -40,6 +59,13 @@ class RunStats:
     rows_copied: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    planned: PlannedBatch
+    future: Future[ChangeBatch]
+    captured_lsn: int  # capture's position when the batch was planned (for the STREAMING transition)
+
+
 class ApplyPass:
     """Applies the next batch of every table that is due, reporting each to the observers."""
 
@@ -54,19 +80,39 @@ class ApplyPass:
         self.stats = stats
         self.cursors = CursorCache()  # the target's cursors, read once per table (and after a failure)
         self.settled = False  # at the last pass every table was STREAMING or PAUSED: the loop may wait long
+        self.wake: Callable[[], None] = lambda: None  # a batch finished: ends the run loop's idle wait
+        self._in_flight: dict[int, _InFlight] = {}  # oid -> its batch on a worker thread (loop thread only)
+        self._dispatched: dict[int, int] = {}  # oid -> pass of its last dispatch: the longest-waiting go first
+        self._passes = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Batches on worker threads, not harvested yet."""
+        return len(self._in_flight)
+
+    def applying(self, oid: int) -> bool:
+        """The table has a batch in flight: nothing else may touch its target table or state until
+        it is harvested (``settle``)."""
+        return oid in self._in_flight
 
     def run(self, spark: SparkSession, state: StateStore, target: Target, captured_lsn: int) -> bool:
-        """One pass; True when a batch was applied.
+        """One pass: harvest finished batches, then dispatch the due tables that have none in flight;
+        True when a batch was applied (harvested).
 
         A quiet table costs no query of its own: one query gives every table's newest staged
         offset, and a table whose cursor (kept in memory, ``CursorCache``) is there is skipped.
         """
-        did_work = False
+        did_work = self.harvest(state, target)
+        self._passes += 1
         now = datetime.now(timezone.utc)
         rows = state.tables()
         tails = state.log_index.tails()
         self.settled = all(r.state in (TableState.STREAMING, TableState.PAUSED) for r in rows)
-        for row in rows:
+        limit = self.config.apply.concurrency
+        for row in sorted(rows, key=lambda r: self._dispatched.get(r.oid, 0)):
+            if row.oid in self._in_flight:
+                continue  # one batch per table: the next is planned once this one is harvested
             retry = retry_apply(row, now)
             if not (row.state.applies_changes or retry):
                 self.cursors.forget(row.oid)  # a copy or a failure may move it before the table applies again
@@ -74,34 +120,106 @@ class ApplyPass:
             if self.maintenance.busy(row.oid):
                 continue  # compacted right now (run.maintenance): applied when the pass ends
             cursor = None if retry else self.cursors.get(target, row)
-            if cursor is not None and tails.get(row.oid, 0) <= cursor:
-                applied = None  # nothing staged above the cursor
-            else:
+            planned = None
+            if cursor is None or tails.get(row.oid, 0) > cursor:
+                if len(self._in_flight) >= limit:
+                    continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
-                    applied = apply_next(spark, state, target, row, self.config.apply.max_batch_files,
+                    planned = plan_batch(state, target, row, self.config.apply.max_batch_files,
                                          self.config.schema_changes, self.config.values, self.cursors)
                 except Exception as exc:
-                    self.cursors.forget(row.oid)  # the target may have committed the batch, or not
-                    if not isinstance(exc, TerminalError) and self.outage.explains(exc):
-                        raise  # a server went away: the run waits for it; the table did nothing wrong
-                    self.fail(state, row, exc, row.resume_state or row.state)
+                    self._failed(state, row, exc)
                     continue
-            if applied is not None:
-                did_work = True
-                self.stats.batches += 1
-                self.maintenance.batch_applied(row.oid)
-                self.observer.batch_applied(state, row, applied)
-                self.lineage.batch_applied(state, row, applied)
-                self.stats.rows_applied[row.qualified_name] = (
-                    self.stats.rows_applied.get(row.qualified_name, 0) + applied.rows_in
-                )
-                if row.state is TableState.ERRORED:
-                    state.recovered(row.oid, row.resume_state or TableState.CATCHUP)
-            if (applied is None or applied.drained) and row.state in (TableState.CATCHUP, TableState.ERRORED) \
-                    and past_snapshot(row, captured_lsn):
-                state.caught_up(row.oid)
-                event(log, "table.streaming", table=row.qualified_name)
+            if planned is None:
+                self._transition(state, row, None, captured_lsn)  # nothing staged above the cursor
+                continue
+            self._dispatch(spark, target, planned, captured_lsn)
+            if limit == 1:
+                did_work |= self.harvest(state, target, wait=True)  # one table after another
         return did_work
+
+    def _dispatch(self, spark: SparkSession, target: Target, planned: PlannedBatch, captured_lsn: int) -> None:
+        if self._pool is None:
+            from headrace.spark import use_pool
+
+            # Each worker thread its own FAIR pool: one big MERGE shares the cores with small ones.
+            self._pool = ThreadPoolExecutor(self.config.apply.concurrency, "headrace-apply",
+                                            initializer=lambda: use_pool(spark, threading.current_thread().name))
+        self._dispatched[planned.row.oid] = self._passes
+        future = self._pool.submit(execute_batch, spark, target, planned)
+        self._in_flight[planned.row.oid] = _InFlight(planned, future, captured_lsn)
+        future.add_done_callback(lambda _done: self.wake())
+
+    def harvest(self, state: StateStore, target: Target, wait: bool = False) -> bool:
+        """Finish the batches whose target commit ended (with ``wait``: every batch in flight, once
+        it ends): advance cursors, report, or fail the table; True when a batch was applied. Raises
+        an outage's error after forgetting that table's cursor (the others stay in flight)."""
+        if wait:
+            wait_for([f.future for f in self._in_flight.values()])
+        did_work = False
+        for oid, flight in list(self._in_flight.items()):
+            if not flight.future.done():
+                continue
+            del self._in_flight[oid]
+            row = flight.planned.row
+            try:
+                applied = finish_batch(state, target, flight.planned, flight.future.result(), self.cursors)
+            except Exception as exc:
+                self._failed(state, row, exc)
+                continue
+            did_work = True
+            self._applied(state, row, applied)
+            self._transition(state, row, applied, flight.captured_lsn)
+        return did_work
+
+    def settle(self, state: StateStore, target: Target, oid: int) -> None:
+        """Wait for the table's batch in flight, if any, and harvest it: before something else (a
+        drop, a resync) touches the table."""
+        if (flight := self._in_flight.get(oid)) is not None:
+            wait_for([flight.future])
+            self.harvest(state, target)
+
+    def settle_all(self, state: StateStore, target: Target) -> None:
+        """Wait for every batch in flight and harvest them (before an operator's command runs)."""
+        if self._in_flight:
+            self.harvest(state, target, wait=True)
+
+    def abandon(self) -> None:
+        """Wait for every batch in flight and drop what they did without advancing (an outage, the
+        run ending on an error): each table's cursor is read again, and a batch the target committed
+        is applied again, changing nothing (positions)."""
+        wait_for([f.future for f in self._in_flight.values()])
+        for oid in self._in_flight:
+            self.cursors.forget(oid)
+        self._in_flight.clear()
+
+    def close(self) -> None:
+        """The run ends: no batch in flight any more (``abandon`` what is left), workers stopped."""
+        self.abandon()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _failed(self, state: StateStore, row: TableRow, exc: Exception) -> None:
+        self.cursors.forget(row.oid)  # the target may have committed the batch, or not
+        if not isinstance(exc, TerminalError) and self.outage.explains(exc):
+            raise exc  # a server went away: the run waits for it; the table did nothing wrong
+        self.fail(state, row, exc, row.resume_state or row.state)
+
+    def _applied(self, state: StateStore, row: TableRow, applied: Applied) -> None:
+        self.stats.batches += 1
+        self.maintenance.batch_applied(row.oid)
+        self.observer.batch_applied(state, row, applied)
+        self.lineage.batch_applied(state, row, applied)
+        self.stats.rows_applied[row.qualified_name] = self.stats.rows_applied.get(row.qualified_name, 0) + applied.rows_in
+        if row.state is TableState.ERRORED:
+            state.recovered(row.oid, row.resume_state or TableState.CATCHUP)
+
+    def _transition(self, state: StateStore, row: TableRow, applied: Applied | None, captured_lsn: int) -> None:
+        if (applied is None or applied.drained) and row.state in (TableState.CATCHUP, TableState.ERRORED) \
+                and past_snapshot(row, captured_lsn):
+            state.caught_up(row.oid)
+            event(log, "table.streaming", table=row.qualified_name)
 
 
 def past_snapshot(row: TableRow, captured_lsn: int) -> bool:

@@ -47,6 +47,8 @@ class Operations:
         self._queue: queue.Queue[tuple[Command, Future[dict[str, Any]]]] = queue.Queue()
         self._wake = threading.Event()
         self._running = False
+        # Runs before each command: the run lets its apply batches in flight end (a command may touch any table).
+        self.before_command: Callable[[StateStore], None] = lambda state: None
 
     # -- the queue ------------------------------------------------------------------------------
     def submit(self, request: Request, timeout: float = 20.0) -> tuple[bool, dict[str, Any]]:
@@ -76,6 +78,7 @@ class Operations:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
+                self.before_command(state)
                 future.set_result(command(state))
             except Exception as exc:
                 future.set_exception(exc)

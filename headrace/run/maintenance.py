@@ -71,6 +71,7 @@ class MaintenanceSchedule:
         self._thread: threading.Thread | None = None  # the pass under way, if any
         self._table: int | None = None  # the oid it maintains
         self.on_done: Callable[[], None] = lambda: None  # wakes the loop: the table can apply again
+        self.applying: Callable[[int], bool] = lambda oid: False  # a batch of the table is in flight
 
     def batch_applied(self, oid: int) -> None:
         """Count an apply batch towards the table's next pass."""
@@ -99,7 +100,7 @@ class MaintenanceSchedule:
             return False  # no table can be due: no query (a quiet pipeline costs nothing)
         now = time.monotonic()
         for row in state.tables():
-            if row.state.applies_changes and self._due(row, now):
+            if row.state.applies_changes and self._due(row, now) and not self.applying(row.oid):
                 self._start(target, row)
                 break
         return False

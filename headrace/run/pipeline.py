@@ -95,6 +95,12 @@ class Pipeline:
                                       self.staging, self.source)
         self.apply_pass = ApplyPass(config, self.outage, self._fail, self.observers, self.maintenance,
                                     self.lineage, self.stats)
+        # Batches run on worker threads (apply.concurrency): a finished one wakes the loop to harvest
+        # it, and nothing else touches a table whose batch is in flight.
+        self.apply_pass.wake = self.operations.wake
+        self.maintenance.applying = self.apply_pass.applying
+        self.table_watch.settle = lambda state, oid: self.apply_pass.settle(state, self.target, oid)
+        self.operations.before_command = lambda state: self.apply_pass.settle_all(state, self.target)
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -166,6 +172,7 @@ class Pipeline:
             self.copier.stop()
             capture_stop.set()
             thread.join(timeout=60)
+            self.apply_pass.close()  # batches still in flight (after an error) end before their target closes
             self.maintenance.close()  # a pass under way ends before its target closes
             if self._target is not None:
                 self._target.close()
@@ -193,14 +200,17 @@ class Pipeline:
                     did_work |= self.copier.start(state)
                     did_work |= self.apply_pass.run(self.spark, state, self.target, self.capture.captured_lsn)
                     did_work |= self.maintenance.step(state, self.target)  # between apply passes
+                elif self.apply_pass.in_flight:
+                    did_work |= self.apply_pass.harvest(state, self.target)
                 if time.monotonic() >= next_gc:
                     collect_applied(state, self.target, self.staging, self.apply_pass.cursors)
                     next_gc = time.monotonic() + self.config.staging.gc_seconds
-                if until_caught_up:
+                if until_caught_up and not self.apply_pass.in_flight:  # a batch in flight has not advanced
                     done, failed = caught_up(state, self.target, self.capture.captured_lsn, start_lsn,
                                              self.apply_pass.cursors)
                     if failed:
                         event(log, "run.failed", logging.ERROR, tables=",".join(failed))
+                        self.apply_pass.harvest(state, self.target, wait=True)
                         return 1
                     if done:
                         event(log, "run.caught_up", captured_lsn=self.source.format_position(self.capture.captured_lsn))
@@ -222,7 +232,9 @@ class Pipeline:
                 if stop.is_set() or not self.outage.explains(exc):
                     raise
                 interrupted += 1
+                self.apply_pass.abandon()  # the batches in flight end before the target is released
                 ride_out(self.outage, exc, interrupted, stop, self._release)
+        self.apply_pass.harvest(state, self.target, wait=True)  # stopped: the batches in flight end and count
         return 0
 
     def _idle_wait(self, until_caught_up: bool, next_gc: float) -> float:

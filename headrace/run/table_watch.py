@@ -72,6 +72,8 @@ class TableWatch:
         self._leaves: dict[int, set[int]] = {}  # partitioned table -> its leaf partitions at the last poll
         self._next_poll = 0.0
         self._quiet_until = 0.0  # after a failure, nothing until then
+        # Waits for (and harvests) a table's apply batch in flight before the watch touches the table.
+        self.settle: Callable[[StateStore, int], None] = lambda state, oid: None
 
     @property
     def next_due(self) -> float:
@@ -115,6 +117,7 @@ class TableWatch:
             message = capture.table_errors.pop(oid)
             row = state.table(oid)
             if row is not None and row.state != TableState.ERRORED:
+                self.settle(state, oid)
                 self.fail(state, row, SchemaChangeError(message), TableState.PENDING)
         return True
 
@@ -214,6 +217,7 @@ class TableWatch:
             return
         if self._copying(row):
             return  # its copy must end before the new table's replaces the target's rows
+        self.settle(state, row.oid)
         # The old table's staged changes must never reach the target: out of the pipeline now, and
         # rows capture registers for it later are swept once capture passes ``lsn``.
         self._forget(state, row.oid)
@@ -242,6 +246,7 @@ class TableWatch:
             if removed or attached:
                 detail = (f"partitions detached or dropped: {len(removed)}, attached: {len(attached)};"
                           " copying the table again")
+                self.settle(state, row.oid)
                 self.tracking.resync(state, str(row.oid))
                 state.record_ddl(row.oid, row.qualified_name, "resync_partitions", detail, lsn)
                 self.observer.ddl_applied("resync_partitions")
@@ -268,6 +273,7 @@ class TableWatch:
             # With drop, its last changes would be applied to a table about to go: skip them.
             if captured < lsn or self._copying(row) or (policy == "keep" and self._still_applying(state, row)):
                 continue
+            self.settle(state, oid)
             # Never drop a target table another tracked table writes to (the name was taken again).
             shared = [r.qualified_name for r in state.tables() if r.oid != oid
                       and (r.schema.target_schema, r.schema.target_table) == (row.schema.target_schema,
