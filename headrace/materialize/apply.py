@@ -132,7 +132,7 @@ def apply_next(spark: SparkSession, state: StateStore, target: Target, row: Tabl
                                    entries[0].min_lsn)
         target.ensure_table(schema)
     rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
-    batch = read_change_batch(spark, [e.path for e in entries], schema, skip, rules)
+    batch = read_change_batch(spark, [e.path for e in entries], schema, skip, rules, facts=[e.facts for e in entries])
     target.apply_batch(schema, batch.changes, batch.truncate_before, last.offset)
     if (trunc := batch.truncate_before) is not None:
         state.record_ddl(row.oid, row.qualified_name, "truncate", f"TRUNCATE at {format_lsn(trunc.lsn)}", trunc.lsn)
