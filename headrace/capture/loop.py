@@ -253,7 +253,8 @@ class Capture:
 
     def _write(self, oid: int, tb: TableBuffer) -> StagedFile:
         location, size = self.staging.write(oid, tb.buffer)
-        return StagedFile(oid, location, len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema)
+        return StagedFile(oid, location, len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema,
+                          tb.buffer.facts)
 
     def _make_room(self, index: LogIndex, stream: ChangeStream, stop: threading.Event,
                    buffers: dict[int, TableBuffer], spilled: list[StagedFile], pending_end: int) -> bool:

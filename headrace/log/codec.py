@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from headrace.core.changes import UNCHANGED, Value
+from headrace.log.facts import FactsRecorder, FileFacts
 
 STAGING_SCHEMA = pa.schema(
     [
@@ -50,7 +51,7 @@ def encode_row(names: Sequence[str], values: Sequence[Value]) -> tuple[str, str 
 
 @dataclass
 class StagingBuffer:
-    """Changes of one table waiting for the next flush, column by column."""
+    """Changes of one table waiting for the next flush, column by column, and their facts (``facts``)."""
 
     op: list[str] = field(default_factory=list)
     lsn: list[int] = field(default_factory=list)
@@ -61,6 +62,7 @@ class StagingBuffer:
     data: list[str | None] = field(default_factory=list)
     old_key: list[str | None] = field(default_factory=list)
     nbytes: int = 0
+    _facts: FactsRecorder = field(default_factory=FactsRecorder, repr=False, compare=False)
 
     def append(
         self,
@@ -82,6 +84,12 @@ class StagingBuffer:
         self.data.append(data)
         self.old_key.append(old_key)
         self.nbytes += 48 + len(data or "") + len(old_key or "")
+        self._facts.add(op, lsn, seq, unchanged, old_key)
+
+    @property
+    def facts(self) -> FileFacts:
+        """Counts per op, the latest TRUNCATE and the TOAST/old-row flags of the rows so far."""
+        return self._facts.facts()
 
     def __len__(self) -> int:
         return len(self.op)

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from headrace.core.schema import TableSchema, schema_from_dict, schema_to_dict
+from headrace.log.facts import FileFacts
 
 DDL = """
 CREATE SEQUENCE IF NOT EXISTS _headrace.log_seq;
@@ -32,6 +33,8 @@ CREATE TABLE IF NOT EXISTS _headrace.log_index (
     created_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pipeline, log_offset)
 );
+-- What capture knew about the file's rows (headrace.log.facts); NULL for files registered before.
+ALTER TABLE _headrace.log_index ADD COLUMN IF NOT EXISTS facts jsonb;
 CREATE INDEX IF NOT EXISTS log_index_table ON _headrace.log_index (pipeline, table_oid, log_offset);
 CREATE TABLE IF NOT EXISTS _headrace.mat_cursor (
     pipeline    text NOT NULL,
@@ -56,6 +59,7 @@ class LogEntry:
     min_lsn: int
     max_lsn: int
     schema: TableSchema
+    facts: FileFacts | None = None  # None: registered by a version that did not record them
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class StagedFile:
     min_lsn: int
     max_lsn: int
     schema: TableSchema
+    facts: FileFacts | None = None  # what capture knew of the rows (the materializer then needs no scan)
 
 
 class LogIndex:
@@ -97,9 +102,9 @@ class LogIndex:
             for f in files:
                 row = self.conn.execute(
                     "INSERT INTO _headrace.log_index (pipeline, table_oid, path, rows, bytes, min_lsn,"
-                    " max_lsn, table_schema) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) RETURNING log_offset",
+                    " max_lsn, table_schema, facts) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING log_offset",
                     (self.pipeline, f.table_oid, f.path, f.rows, f.bytes, f.min_lsn, f.max_lsn,
-                     json.dumps(schema_to_dict(f.schema))),
+                     json.dumps(schema_to_dict(f.schema)), None if f.facts is None else json.dumps(f.facts.to_json())),
                 ).fetchone()
                 assert row is not None
                 offsets.append(int(row["log_offset"]))
@@ -228,4 +233,5 @@ class LogIndex:
 
 def _entry(r: dict[str, Any]) -> LogEntry:
     return LogEntry(int(r["log_offset"]), int(r["table_oid"]), r["path"], int(r["rows"]), int(r["min_lsn"]),
-                    int(r["max_lsn"]), schema_from_dict(r["table_schema"]))
+                    int(r["max_lsn"]), schema_from_dict(r["table_schema"]),
+                    FileFacts.from_json(r["facts"]) if r.get("facts") is not None else None)

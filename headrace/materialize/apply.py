@@ -155,7 +155,8 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) ->
     """Read, cast and deduplicate the planned files (Spark) and commit them to the target. Touches
     neither the state store nor the cursor cache: safe on a worker thread, one batch per table."""
     schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries
-    batch = read_change_batch(spark, [e.path for e in entries], schema, skip, rules)
+    batch = read_change_batch(spark, [e.path for e in entries], schema, skip, rules,
+                              facts=[e.facts for e in entries])
     target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     return batch
 

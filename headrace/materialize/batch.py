@@ -15,7 +15,8 @@ batch into counts per distinct row
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
@@ -26,6 +27,7 @@ from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
 from headrace.log.codec import STAGING_SPARK_DDL
+from headrace.log.facts import FileFacts, total
 
 _MAP = "map<string,string>"
 
@@ -50,41 +52,37 @@ def _after(lsn: Column, seq: Column, pos: Position) -> Column:
 
 def read_change_batch(
     spark: SparkSession, files: list[str], table: TableSchema, skip_through: Position | None,
-    rules: ValueRules | None = None,
+    rules: ValueRules | None = None, *, facts: Sequence[FileFacts | None] | None = None,
 ) -> ChangeBatch:
     """Read ``files`` (staged changes of ``table``) into a deduplicated ``ChangeBatch``.
 
     Changes at or before ``skip_through`` (compared as (lsn, seq)) are dropped: the initial copy
-    already holds them. Runs one small Spark job on the driver's behalf (row count and latest
-    truncate); ``changes`` itself stays lazy.
+    already holds them. ``facts`` (one per file, as capture registered them) answer the row count,
+    the latest truncate and the TOAST flags without reading the files; without them (files
+    registered by an older version), or when the answer must look at the rows (values clamped, a
+    keyless update that may lack its old row), one small Spark job finds them. ``changes`` itself
+    stays lazy.
     """
     if files:
         staged = spark.read.schema(STAGING_SPARK_DDL).parquet(*files)
     else:
         staged = spark.createDataFrame([], STAGING_SPARK_DDL)
     lsn, seq, op = F.col("_lsn"), F.col("_seq"), F.col("_op")
-    # Counted over everything staged, so one scan gives both rows_in and the latest truncate.
     after_skip = F.lit(True) if skip_through is None else _after(lsn, seq, skip_through)
     kept = staged.where(after_skip)
 
-    # A keyless table's update must carry its whole old row (REPLICA IDENTITY FULL sends it).
-    no_old_row = (op == "U") & F.col("_old_key").isNull() & after_skip if not table.key else F.lit(False)
     data = F.from_json(F.col("_data"), _MAP)
     counts = changed_value_counts(
         [(c.name, c.type, F.when(after_skip & (op != "D"), data[c.name])) for c in table.columns],
         rules or ValueRules())
-    stats = staged.agg(
-        F.count(F.lit(1)).alias("rows_in"),
-        F.max(F.when((op == "T") & after_skip, F.struct(lsn, seq))).alias("trunc"),
-        F.max(F.col("_unchanged_cols").isNotNull().cast("int")).alias("toast"),
-        F.max(no_old_row.cast("int")).alias("no_old_row"),
-        F.max(((op == "U") & F.col("_old_key").isNotNull() & F.col("_unchanged_cols").isNotNull()).cast("int"))
-        .alias("key_toast"),
-        *[total.alias(f"_vc{i}") for i, (_, _, total) in enumerate(counts)],
-    ).collect()[0]
-    values_changed = {(name, reason): int(stats[f"_vc{i}"] or 0) for i, (name, reason, _) in enumerate(counts)}
-    values_changed = {k: n for k, n in values_changed.items() if n}
-    truncate_before = Position(stats.trunc[0], stats.trunc[1]) if stats.trunc is not None else None
+    known = _known_facts(facts, len(files), table, counts)
+    if known is not None:
+        stats = _Stats(known.rows, known.last_truncate, known.unchanged, False, known.key_toast, {})
+        if stats.truncate is not None and skip_through is not None and stats.truncate <= skip_through:
+            stats = replace(stats, truncate=None)  # the truncate is in the copy already
+    else:
+        stats = _scan_stats(staged, table, after_skip, counts)
+    truncate_before = stats.truncate
     if stats.no_old_row:
         raise TerminalError(
             f"table {table.qualified_name} has no key and an update arrived without its old row: run "
@@ -95,14 +93,69 @@ def read_change_batch(
     if truncate_before is not None:
         changes = changes.where(_after(lsn, seq, truncate_before))
     if not table.key:
-        rows_in = int(stats.rows_in)
-        return ChangeBatch(changes=_row_images(changes, table, rules), truncate_before=truncate_before, rows_in=rows_in,
-                           values_changed=values_changed)
+        return ChangeBatch(changes=_row_images(changes, table, rules), truncate_before=truncate_before,
+                           rows_in=stats.rows_in, values_changed=stats.values_changed)
     changes = _split_key_changes(changes)
-    changes = _last_per_key(changes, table, rules, has_unchanged=bool(stats.toast),
-                            key_toast=bool(stats.key_toast))
-    return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=int(stats.rows_in),
-                       values_changed=values_changed)
+    changes = _last_per_key(changes, table, rules, has_unchanged=stats.toast, key_toast=stats.key_toast)
+    return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=stats.rows_in,
+                       values_changed=stats.values_changed)
+
+
+@dataclass(frozen=True)
+class _Stats:
+    """What the batch's plan needs to know of its staged rows."""
+
+    rows_in: int  # staged rows, before skipping
+    truncate: Position | None  # the latest TRUNCATE after the skip point
+    toast: bool  # a row left TOAST columns unchanged (skip point not considered)
+    no_old_row: bool  # a keyless table's update after the skip point lacks its old row
+    key_toast: bool  # an update moved the key and left TOAST columns unchanged (skip point not considered)
+    values_changed: dict[tuple[str, str], int]
+
+
+def _known_facts(facts: Sequence[FileFacts | None] | None, files: int, table: TableSchema,
+                 counts: list[tuple[str, str, Column]]) -> FileFacts | None:
+    """The batch's facts from the log entries, or None when a scan must find them.
+
+    A scan is needed when an entry has no facts, when values clamped must be counted, and when a
+    keyless table's update may lack its old row: only the rows tell whether that update is after
+    the skip point, and the scan raises the error exactly as before.
+    """
+    if facts is None or len(facts) != files or counts:
+        return None
+    present = [f for f in facts if f is not None]
+    if len(present) != files:
+        return None
+    known = total(present)
+    if not table.key and known.update_without_old:
+        return None
+    return known
+
+
+def _scan_stats(staged: DataFrame, table: TableSchema, after_skip: Column,
+                counts: list[tuple[str, str, Column]]) -> _Stats:
+    """The batch's facts by one Spark job over everything staged (one scan for all of them)."""
+    lsn, seq, op = F.col("_lsn"), F.col("_seq"), F.col("_op")
+    # A keyless table's update must carry its whole old row (REPLICA IDENTITY FULL sends it).
+    no_old_row = (op == "U") & F.col("_old_key").isNull() & after_skip if not table.key else F.lit(False)
+    stats = staged.agg(
+        F.count(F.lit(1)).alias("rows_in"),
+        F.max(F.when((op == "T") & after_skip, F.struct(lsn, seq))).alias("trunc"),
+        F.max(F.col("_unchanged_cols").isNotNull().cast("int")).alias("toast"),
+        F.max(no_old_row.cast("int")).alias("no_old_row"),
+        F.max(((op == "U") & F.col("_old_key").isNotNull() & F.col("_unchanged_cols").isNotNull()).cast("int"))
+        .alias("key_toast"),
+        *[n.alias(f"_vc{i}") for i, (_, _, n) in enumerate(counts)],
+    ).collect()[0]
+    values_changed = {(name, reason): int(stats[f"_vc{i}"] or 0) for i, (name, reason, _) in enumerate(counts)}
+    return _Stats(
+        rows_in=int(stats.rows_in),
+        truncate=Position(stats.trunc[0], stats.trunc[1]) if stats.trunc is not None else None,
+        toast=bool(stats.toast),
+        no_old_row=bool(stats.no_old_row),
+        key_toast=bool(stats.key_toast),
+        values_changed={k: n for k, n in values_changed.items() if n},
+    )
 
 
 def _split_key_changes(changes: DataFrame) -> DataFrame:

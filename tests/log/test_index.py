@@ -4,11 +4,14 @@ order, the cursor, collection and the backlog measures."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import psycopg
 import pytest
 
+from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.log.facts import FileFacts
 from headrace.log.index import StagedFile
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
@@ -84,3 +87,17 @@ def test_the_backlog_bound_leaves_out_tables_that_do_not_apply(state: StateStore
     state.errored(A.oid, "boom", kind="transient", fix=None, count=1, retry_at=None, resume=TableState.CATCHUP)
     assert state.log_index.pending_totals() == (0, 0)
     assert state.log_index.pending_changes() == {A.oid: 5, B.oid: 7}  # status still shows them
+
+
+def test_facts_are_registered_with_the_file_and_an_older_index_upgrades(state: StateStore) -> None:
+    index = state.log_index
+    facts = FileFacts(inserts=3, updates=2, truncates=1, last_truncate=Position(55, 2), unchanged=True)
+    index.register([replace(_file(A, 1, rows=6), facts=facts), _file(A, 2)], captured_lsn=40)
+    assert [e.facts for e in index.entries(A.oid, 0, 10)] == [facts, None]
+    # A state database from before the facts: the column is added at install, old rows read None.
+    state.conn.execute("ALTER TABLE _headrace.log_index DROP COLUMN facts")
+    assert [e.facts for e in index.entries(A.oid, 0, 10)] == [None, None]
+    state.install()
+    assert [e.facts for e in index.entries(A.oid, 0, 10)] == [None, None]
+    index.register([replace(_file(A, 3, rows=6), facts=facts)], captured_lsn=50)
+    assert [e.facts for e in index.entries(A.oid, 0, 10)] == [None, None, facts]

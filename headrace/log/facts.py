@@ -1,0 +1,108 @@
+"""What capture knows about a staged file when it writes it, registered with the file in the log index.
+
+The materializer used to find these by a Spark aggregation over the batch's files (row count,
+latest TRUNCATE, TOAST markers): a whole Spark job per batch, most of a small batch's cost.
+Capture sees every staged row go by (``StagingBuffer.append``), so it records them for nothing.
+
+The flags are not aware of the batch's skip point (the initial copy's position): a flag set by a
+change the batch then skips only chooses a slower plan (``headrace.materialize.batch``), never a
+different answer. The latest TRUNCATE is kept exactly, so the reader compares it with the skip point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from headrace.core.position import Position
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """Counts and flags over the rows of one staged file (or, summed with ``+``, of several)."""
+
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    truncates: int = 0
+    last_truncate: Position | None = None  # the latest TRUNCATE's (commit LSN, ordinal)
+    unchanged: bool = False  # a row left TOAST columns unchanged
+    # An update without ``_old_key``: normal when the key did not change, but on a keyless table it
+    # means the old row is missing (REPLICA IDENTITY was not FULL), which the materializer refuses.
+    update_without_old: bool = False
+    key_toast: bool = False  # an update moved the key and left TOAST columns unchanged
+
+    @property
+    def rows(self) -> int:
+        """Staged rows (every op, truncates included)."""
+        return self.inserts + self.updates + self.deletes + self.truncates
+
+    def __add__(self, other: FileFacts) -> FileFacts:
+        truncs = [t for t in (self.last_truncate, other.last_truncate) if t is not None]
+        return FileFacts(
+            inserts=self.inserts + other.inserts,
+            updates=self.updates + other.updates,
+            deletes=self.deletes + other.deletes,
+            truncates=self.truncates + other.truncates,
+            last_truncate=max(truncs) if truncs else None,
+            unchanged=self.unchanged or other.unchanged,
+            update_without_old=self.update_without_old or other.update_without_old,
+            key_toast=self.key_toast or other.key_toast,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object for ``_headrace.log_index.facts``."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        t = self.last_truncate
+        out["last_truncate"] = None if t is None else [t.lsn, t.seq]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> FileFacts:
+        """Read back what ``to_json`` wrote (keys a newer version added are ignored)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in obj.items() if k in known}
+        t = values.get("last_truncate")
+        values["last_truncate"] = None if t is None else Position(int(t[0]), int(t[1]))
+        return cls(**values)
+
+
+def total(facts: Iterable[FileFacts]) -> FileFacts:
+    """The facts of several files together."""
+    out = FileFacts()
+    for f in facts:
+        out = out + f
+    return out
+
+
+class FactsRecorder:
+    """Accumulates ``FileFacts`` row by row as a staging buffer takes rows (mutable, cheap per row)."""
+
+    __slots__ = ("counts", "last_truncate", "unchanged", "update_without_old", "key_toast")
+
+    def __init__(self) -> None:
+        self.counts = {"I": 0, "U": 0, "D": 0, "T": 0}
+        self.last_truncate: tuple[int, int] | None = None
+        self.unchanged = False
+        self.update_without_old = False
+        self.key_toast = False
+
+    def add(self, op: str, lsn: int, seq: int, unchanged: str | None, old_key: str | None) -> None:
+        """Record one staged row."""
+        self.counts[op] += 1
+        if unchanged is not None:
+            self.unchanged = True
+        if op == "U":
+            if old_key is None:
+                self.update_without_old = True
+            elif unchanged is not None:
+                self.key_toast = True
+        elif op == "T" and (self.last_truncate is None or (lsn, seq) > self.last_truncate):
+            self.last_truncate = (lsn, seq)
+
+    def facts(self) -> FileFacts:
+        """What was recorded so far."""
+        c, t = self.counts, self.last_truncate
+        return FileFacts(c["I"], c["U"], c["D"], c["T"], None if t is None else Position(*t), self.unchanged,
+                         self.update_without_old, self.key_toast)
