@@ -28,6 +28,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import pct  # noqa: E402
+
 from headrace.config import parse_config  # noqa: E402
 from headrace.control.status import pipeline_status  # noqa: E402
 from headrace.core.position import parse_lsn  # noqa: E402
@@ -120,13 +122,6 @@ def probe_freshness(dsn: str, applied: AppliedLog, seconds: float) -> list[float
         if seen:
             delays.append(min(seen) - at)
     return sorted(delays)
-
-
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 def main() -> int:
