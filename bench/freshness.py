@@ -188,7 +188,7 @@ def plot(results: list[dict[str, Any]], png: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true", help="small and short: 3 busy tables, 200 changes/s, 20 s; pgbench scale 1, 30 s")
+    ap.add_argument("--smoke", action="store_true", help="small and short: 3 busy tables, 200 changes/s, 20 s; pgbench scale 1, 30 s at 200 tps")
     ap.add_argument("--targets", default="iceberg,ducklake")
     ap.add_argument("--tables", type=int, default=10, help="busy tables")
     ap.add_argument("--idle-tables", default="0", help="comma list, one run per value (e.g. 0,200)")
@@ -200,12 +200,13 @@ def main() -> int:
     ap.add_argument("--pgbench-minutes", type=float, help="pgbench mode: run pgbench this long instead")
     ap.add_argument("--pgbench-scale", type=int, default=10)
     ap.add_argument("--pgbench-clients", type=int, default=4)
+    ap.add_argument("--pgbench-rate", type=int, help="pgbench -R (transactions/s); default: full speed")
     ap.add_argument("--json", default=str(ROOT / "docs" / "freshness.json"))
     ap.add_argument("--png", default=str(ROOT / "docs" / "freshness.png"))
     args = ap.parse_args()
     if args.smoke:
         args.tables, args.rate, args.seconds, args.warmup = 3, 200, 20, 3
-        args.pgbench_scale = 1
+        args.pgbench_scale, args.pgbench_rate = 1, args.pgbench_rate or 200
         args.pgbench_minutes = args.pgbench_minutes and 0.5
     results = []
     with ThrowawayPostgres() as server:

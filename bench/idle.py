@@ -28,7 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import cpu_seconds, cpu_used, tree_pids  # noqa: E402
+from harness import cpu_seconds, cpu_used, tree_pids, tree_rss_mib  # noqa: E402
 
 from headrace.source.postgres.throwaway import ThrowawayPostgres, free_port  # noqa: E402
 
@@ -84,6 +84,7 @@ def run_one(server: ThrowawayPostgres, kind: str, n: int, seconds: float, work: 
         before, t0 = cpu_seconds(pids), time.monotonic()
         time.sleep(seconds)
         used, wall = cpu_used(before, cpu_seconds(tree_pids(proc.pid))), time.monotonic() - t0
+        rss = tree_rss_mib(proc.pid)  # the goal: within the documented memory bound at 200 tables
         # Wake-up: one row of one table changes; how long until it is applied.
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             lsn = 1 + int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
@@ -103,6 +104,7 @@ def run_one(server: ThrowawayPostgres, kind: str, n: int, seconds: float, work: 
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                          " WHERE slot_name = %s", (f"headrace_{name}",))
     return {"target": kind, "tables": n, "ready_s": round(ready, 1), "idle_core_pct": round(100 * used / wall, 2),
+            "rss_mib": round(rss),
             "one_row_applied_s": round(wake, 2)}
 
 

@@ -70,7 +70,8 @@ def run_pgbench(server: ThrowawayPostgres, kind: str, args: argparse.Namespace) 
         time.sleep(5)
         sampler = Sampler(headrace.pid, every=2.0, extra=source_side).start()
         seconds = round(args.pgbench_minutes * 60)
-        out = subprocess.run([pgbench, "-n", "-c", str(args.pgbench_clients), "-j", "2", "-T", str(seconds),
+        rate = ["-R", str(args.pgbench_rate)] if args.pgbench_rate else []  # none: full speed
+        out = subprocess.run([pgbench, "-n", "-c", str(args.pgbench_clients), "-j", "2", "-T", str(seconds), *rate,
                               server.dsn], check=True, capture_output=True, text=True)
         with psycopg.connect(server.dsn) as conn:
             end = insert_lsn(conn)
@@ -89,8 +90,9 @@ def run_pgbench(server: ThrowawayPostgres, kind: str, args: argparse.Namespace) 
     second = [s for s in during if s["t"] > half]
     return {
         "target": kind, "mode": "pgbench", "scale": args.pgbench_scale, "clients": args.pgbench_clients,
+        "rate_limit_tps": args.pgbench_rate,
         "seconds": seconds, "flush_seconds": args.flush_seconds, "ready_s": round(ready, 1),
-        "tps": float(tps.group(1)) if tps else None,
+        "tps": round(float(tps.group(1))) if tps else None,
         "lag_mib_peak_first_half": round(max(first, default=0.0), 1),
         "lag_mib_peak_second_half": round(max((s["slot_lag_mib"] for s in second), default=0.0), 1),
         "lag_mib_per_min_second_half": round(slope_per_minute([(s["t"], s["slot_lag_mib"]) for s in second]), 2),
