@@ -33,7 +33,16 @@ from typing import Any
 
 import psycopg
 from dlt_peer import dlt_drain, dlt_prepare
-from harness import ROOT, Headrace, insert_lsn, load_average, parse_ts, pyplot, write_config
+from harness import (
+    ROOT,
+    Headrace,
+    compare_with_source,
+    insert_lsn,
+    load_average,
+    parse_ts,
+    pyplot,
+    write_config,
+)
 
 from headrace.core.position import format_lsn  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres, find_server_bin  # noqa: E402
@@ -176,10 +185,13 @@ def main() -> int:
             seconds, startup = drain(headrace)
             batches = [b for b in headrace.batches() if b.at >= since and b.table.startswith("backlog.")]
             rows = sum(b.rows for b in batches)
+            matches = compare_with_source(headrace.config, server.dsn, {f"backlog.t{i}": "count(*), sum(v), sum(id)"
+                                                                        for i in range(args.tables)})
             run = {"target": kind, "max_batch_files": files, "changes": changes, "seconds": round(seconds, 1),
                    "startup_s": round(startup, 1),
                    "changes_per_s": round(changes / seconds), "apply_batches": len(batches),
-                   "rows_per_batch": round(rows / max(1, len(batches))), "load_avg_before": load}
+                   "rows_per_batch": round(rows / max(1, len(batches))), "load_avg_before": load,
+                   "target_equals_source": all(m["equal"] for m in matches.values())}
             print(json.dumps(run), flush=True)
             runs.append(run)
         reference = recvlogical(server.dsn, "bench_backlog", end_lsn)

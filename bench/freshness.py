@@ -41,6 +41,7 @@ from harness import (
     Headrace,
     Sampler,
     caught_up,
+    compare_with_source,
     insert_lsn,
     load_average,
     pct,
@@ -145,6 +146,8 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                          " WHERE slot_name = %s", (f"headrace_{name}",))
+    matches = compare_with_source(config, server.dsn, {f"fresh.b{i}": "count(*), sum(v), sum(id)"
+                                                       for i in range(args.tables)})
     measured = [d for c, d in zip(commits, delays, strict=True) if c.at - load_started >= args.warmup]
     # (seconds since the load started, freshness): shows whether freshness holds or grows over the run
     series = [(round(c.at - load_started, 2), round(d, 3)) for c, d in zip(commits, delays, strict=True)
@@ -157,7 +160,8 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         "samples": len(seen), "not_applied": len(measured) - len(seen),
         **{f"p{p}_s": round(pct(seen, p), 2) for p in (50, 90, 99)},
         "max_s": round(seen[-1], 2) if seen else None, **sampler.summary(),
-        "load_avg": load_average(), "freshness_s": seen, "over_time": series,
+        "load_avg": load_average(), "target_equals_source": all(m["equal"] for m in matches.values()),
+        "freshness_s": seen, "over_time": series,
     }
     return result
 
@@ -226,11 +230,11 @@ def main() -> int:
     else:
         plot(results, Path(args.png))
         print(f"\n{'target':9} {'idle':>4} {'changes/s':>9} {'p50 s':>6} {'p90 s':>6} {'p99 s':>6} {'max s':>6}"
-              f" {'cpu %':>6} {'rss MiB':>7} {'load':>5}")
+              f" {'cpu %':>6} {'rss MiB':>7} {'load':>5} equal")
         for r in results:
             print(f"{r['target']:9} {r['idle_tables']:>4} {r['rate_offered']:>9} {r['p50_s']:>6} {r['p90_s']:>6}"
                   f" {r['p99_s']:>6} {r['max_s']!s:>6} {r.get('cpu_core_pct_mean', '-')!s:>6}"
-                  f" {r.get('rss_mib_peak', '-')!s:>7} {r['load_avg']:>5}")
+                  f" {r.get('rss_mib_peak', '-')!s:>7} {r['load_avg']:>5} {r['target_equals_source']}")
     return 0
 
 

@@ -326,3 +326,31 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def compare_with_source(config: Path, dsn: str, checks: dict[str, str]) -> dict[str, Any]:
+    """Per table (``schema.table``), ``SELECT <expressions>`` on the source and on the target read by
+    DuckDB (iceberg_scan of the current metadata file, or the DuckLake attached): equal or not.
+
+    ``checks`` maps a table to SQL expressions both engines spell alike, e.g. ``count(*), sum(v)``.
+    A bench must not report a speed bought with lost rows.
+    """
+    from headrace.readers import duckdb_with, iceberg_metadata_location
+    from headrace.readers import ducklake as attach_ducklake
+
+    settings = load_config(config).target
+    out: dict[str, Any] = {}
+    con = duckdb_with("avro", "iceberg") if settings.kind == "iceberg" else attach_ducklake(settings.settings)
+    try:
+        with psycopg.connect(dsn) as conn:
+            for table, exprs in checks.items():
+                schema, name = table.split(".")
+                source = conn.execute(f"SELECT {exprs} FROM {table}").fetchone()
+                relation = (f"iceberg_scan('{iceberg_metadata_location(settings.settings, schema, name)}')"
+                            if settings.kind == "iceberg" else f"lake.{schema}.{name}")
+                target = con.execute(f"SELECT {exprs} FROM {relation}").fetchone()
+                out[table] = {"equal": [int(v or 0) for v in source or ()] == [int(v or 0) for v in target or ()],
+                              "source": [int(v or 0) for v in source or ()], "target": [int(v or 0) for v in target or ()]}
+    finally:
+        con.close()
+    return out

@@ -22,6 +22,7 @@ from harness import (
     Headrace,
     Sampler,
     caught_up,
+    compare_with_source,
     insert_lsn,
     load_average,
     pending_staged,
@@ -34,6 +35,9 @@ from harness import (
 from headrace.source.postgres.throwaway import ThrowawayPostgres, find_server_bin  # noqa: E402
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
+# per table, what the source and the target (read by DuckDB) must agree on after the catch-up
+CHECKS = {"public.pgbench_accounts": "count(*), sum(abalance)", "public.pgbench_branches": "count(*), sum(bbalance)",
+          "public.pgbench_tellers": "count(*), sum(tbalance)", "public.pgbench_history": "count(*), sum(delta)"}
 
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float:
@@ -83,6 +87,7 @@ def run_pgbench(server: ThrowawayPostgres, kind: str, args: argparse.Namespace) 
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                          " WHERE slot_name = %s", (slot,))
+    matches = compare_with_source(config, server.dsn, CHECKS)
     tps = re.search(r"tps = ([\d.]+)", out.stdout)
     during = [s for s in samples if s["t"] <= seconds and s["slot_lag_mib"] is not None]
     half = seconds / 2
@@ -98,7 +103,8 @@ def run_pgbench(server: ThrowawayPostgres, kind: str, args: argparse.Namespace) 
         "lag_mib_per_min_second_half": round(slope_per_minute([(s["t"], s["slot_lag_mib"]) for s in second]), 2),
         "staged_rows_peak": max((s["staged_rows"] for s in during), default=0),
         "caught_up_after_stop_s": round(catch_up, 1), **sampler.summary(),
-        "load_avg": load_average(), "samples": samples,
+        "load_avg": load_average(), "target_equals_source": all(m["equal"] for m in matches.values()),
+        "compared": matches, "samples": samples,
     }
 
 
