@@ -175,8 +175,8 @@ def plot(results: list[dict[str, Any]], png: Path) -> None:
         xs = r["freshness_s"]
         line = cdf.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
                         label=f"{r['target']}, {r['idle_tables']} idle tables: p50 {r['p50_s']} s, p99 {r['p99_s']} s")
-        drift.plot([t for t, _ in r["over_time"]], [d for _, d in r["over_time"]], lw=0.8,
-                   color=line[0].get_color())
+        drift.scatter([t for t, _ in r["over_time"]], [d for _, d in r["over_time"]], s=4,
+                      color=line[0].get_color())
     cdf.set_xlabel("freshness, s (target commit - source commit)")
     cdf.set_ylabel("share of transactions")
     cdf.legend(fontsize=8, loc="lower right")
