@@ -28,7 +28,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import pct  # noqa: E402
+from harness import pct, wait_for  # noqa: E402
 
 from headrace.config import parse_config  # noqa: E402
 from headrace.control.status import pipeline_status  # noqa: E402
@@ -37,15 +37,6 @@ from headrace.pipeline import Pipeline  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres, find_server_bin  # noqa: E402
 
 SEED_ROWS = 100_000
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise TimeoutError(what)
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def caught_up(config: Any, lsn: int) -> bool:
