@@ -150,7 +150,7 @@ def main() -> int:
         runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop})
         runner.start()
         lsn = current_lsn(dsn)
-        results["initial_copy_s"] = round(wait_for(lambda: caught_up(config, lsn), 600, "initial copy"), 1)
+        results["initial_copy_s"] = round(wait_for(lambda: caught_up(config, lsn), 600, "initial copy", poll=0.1), 1)
 
         # Phase 1: freshness under a steady load.
         counter = [0]
@@ -164,7 +164,7 @@ def main() -> int:
         results["freshness_p99_s"] = round(pct(delays, 99), 2)
         results["freshness_samples"] = len(delays)
         lsn = current_lsn(dsn)
-        wait_for(lambda: caught_up(config, lsn), 600, "catch-up after steady load")
+        wait_for(lambda: caught_up(config, lsn), 600, "catch-up after steady load", poll=0.1)
 
         # Phase 2: a burst, end to end, and pg_recvlogical over the same WAL.
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -179,7 +179,7 @@ def main() -> int:
             burst_changes = conn.execute("SELECT count(*) FROM bench_items WHERE id <= %s",
                                          (args.burst,)).fetchone()[0]  # type: ignore[index]
         end_lsn = current_lsn(dsn)
-        wait_for(lambda: caught_up(config, end_lsn), 1800, "burst")
+        wait_for(lambda: caught_up(config, end_lsn), 1800, "burst", poll=0.1)
         elapsed = time.monotonic() - start
         results["burst_changes"] = burst_changes
         results["burst_end_to_end_s"] = round(elapsed, 2)
