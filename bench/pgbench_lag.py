@@ -102,6 +102,8 @@ def run_pgbench(server: ThrowawayPostgres, kind: str, args: argparse.Namespace) 
         "lag_mib_peak_second_half": round(max((s["slot_lag_mib"] for s in second), default=0.0), 1),
         "lag_mib_per_min_second_half": round(slope_per_minute([(s["t"], s["slot_lag_mib"]) for s in second]), 2),
         "staged_rows_peak": max((s["staged_rows"] for s in during), default=0),
+        # captured but not applied: the slot lag alone misses a backlog that waits in staging
+        "staged_rows_per_min_second_half": round(slope_per_minute([(s["t"], s["staged_rows"]) for s in second])),
         "caught_up_after_stop_s": round(catch_up, 1), **sampler.summary(),
         "load_avg": load_average(), "target_equals_source": all(m["equal"] for m in matches.values()),
         "compared": matches, "samples": samples,
