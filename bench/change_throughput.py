@@ -28,6 +28,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import pct, wait_for  # noqa: E402
+
 from headrace.config import parse_config  # noqa: E402
 from headrace.control.status import pipeline_status  # noqa: E402
 from headrace.core.position import parse_lsn  # noqa: E402
@@ -35,15 +37,6 @@ from headrace.pipeline import Pipeline  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres, find_server_bin  # noqa: E402
 
 SEED_ROWS = 100_000
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise TimeoutError(what)
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def caught_up(config: Any, lsn: int) -> bool:
@@ -122,13 +115,6 @@ def probe_freshness(dsn: str, applied: AppliedLog, seconds: float) -> list[float
     return sorted(delays)
 
 
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg")
@@ -164,7 +150,7 @@ def main() -> int:
         runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop})
         runner.start()
         lsn = current_lsn(dsn)
-        results["initial_copy_s"] = round(wait_for(lambda: caught_up(config, lsn), 600, "initial copy"), 1)
+        results["initial_copy_s"] = round(wait_for(lambda: caught_up(config, lsn), 600, "initial copy", poll=0.1), 1)
 
         # Phase 1: freshness under a steady load.
         counter = [0]
@@ -178,7 +164,7 @@ def main() -> int:
         results["freshness_p99_s"] = round(pct(delays, 99), 2)
         results["freshness_samples"] = len(delays)
         lsn = current_lsn(dsn)
-        wait_for(lambda: caught_up(config, lsn), 600, "catch-up after steady load")
+        wait_for(lambda: caught_up(config, lsn), 600, "catch-up after steady load", poll=0.1)
 
         # Phase 2: a burst, end to end, and pg_recvlogical over the same WAL.
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -193,7 +179,7 @@ def main() -> int:
             burst_changes = conn.execute("SELECT count(*) FROM bench_items WHERE id <= %s",
                                          (args.burst,)).fetchone()[0]  # type: ignore[index]
         end_lsn = current_lsn(dsn)
-        wait_for(lambda: caught_up(config, end_lsn), 1800, "burst")
+        wait_for(lambda: caught_up(config, end_lsn), 1800, "burst", poll=0.1)
         elapsed = time.monotonic() - start
         results["burst_changes"] = burst_changes
         results["burst_end_to_end_s"] = round(elapsed, 2)

@@ -28,44 +28,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import cpu_seconds, cpu_used, tree_pids, tree_rss_mib  # noqa: E402
+
 from headrace.source.postgres.throwaway import ThrowawayPostgres, free_port  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 ROWS = 5
-
-
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and all its descendants (the JVM Spark starts)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    todo += [int(c) for c in fh.read().split()]
-        except OSError:
-            continue
-    return out
-
-
-def cpu_seconds(pids: list[int]) -> dict[int, float]:
-    """utime + stime of each of ``pids`` (all its threads), seconds."""
-    out = {}
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            out[p] = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15 of stat)
-        except (OSError, IndexError):
-            continue
-    return out
-
-
-def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds the tree used between two samples: per process alive at both, its growth; a
-    process started meanwhile, all of it (one that ended meanwhile is left out: a small undercount)."""
-    return sum(t - before.get(p, 0.0) for p, t in after.items())
 
 
 def states(dsn: str, pipeline: str) -> list[str]:
@@ -117,6 +84,7 @@ def run_one(server: ThrowawayPostgres, kind: str, n: int, seconds: float, work: 
         before, t0 = cpu_seconds(pids), time.monotonic()
         time.sleep(seconds)
         used, wall = cpu_used(before, cpu_seconds(tree_pids(proc.pid))), time.monotonic() - t0
+        rss = tree_rss_mib(proc.pid)  # the goal: within the documented memory bound at 200 tables
         # Wake-up: one row of one table changes; how long until it is applied.
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             lsn = 1 + int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
@@ -136,6 +104,7 @@ def run_one(server: ThrowawayPostgres, kind: str, n: int, seconds: float, work: 
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                          " WHERE slot_name = %s", (f"headrace_{name}",))
     return {"target": kind, "tables": n, "ready_s": round(ready, 1), "idle_core_pct": round(100 * used / wall, 2),
+            "rss_mib": round(rss),
             "one_row_applied_s": round(wake, 2)}
 
 

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,6 +27,8 @@ import psycopg
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness import Headrace, slot_lag_mib, staged_mib, tree_rss_mib  # noqa: E402
 
 from headrace.source.postgres.throwaway import ThrowawayPostgres, free_port  # noqa: E402
 
@@ -59,60 +58,6 @@ def load(dsn: str, rate: int, stop: threading.Event, counter: list[int]) -> None
                     time.sleep(max(0.0, TXN_CHANGES / rate - (time.monotonic() - tick)))
         except psycopg.OperationalError:
             stop.wait(0.2)
-
-
-def tree_rss_mib(pid: int, children: bool = True) -> float:
-    """Resident memory of ``pid`` and (with ``children``) all its descendants (Spark's JVM), MiB."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/status") as fh:
-                total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
-            for task in os.listdir(f"/proc/{p}/task") if children else []:
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    todo += [int(c) for c in fh.read().split()]
-        except (OSError, StopIteration):
-            continue
-    return total / 1024
-
-
-def slot_lag_mib(dsn: str, slot: str) -> float | None:
-    try:
-        with psycopg.connect(dsn, connect_timeout=2) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots"
-                               " WHERE slot_name = %s", (slot,)).fetchone()
-    except psycopg.OperationalError:
-        return None  # the server is down right now
-    return float(row[0]) / 2**20 if row and row[0] is not None else None
-
-
-def staged_mib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*.parquet") if f.exists()) / 2**20
-
-
-class Headrace:
-    """``headrace run`` as a child process in its own session (SIGKILL takes the JVM with it)."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config, self.log = config, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "headrace.cli", "run", "-c", str(self.config)],
-                                         stdout=out, stderr=out, start_new_session=True,
-                                         cwd=Path(__file__).resolve().parents[1])
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(120)
 
 
 def target_rows(lake: Path) -> list[tuple[Any, ...]]:

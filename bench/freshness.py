@@ -1,0 +1,242 @@
+"""Freshness under a steady load over many tables, and lag under pgbench (issue 22).
+
+Freshness mode (default): N busy tables (``--tables``) take ``--rate`` changes/s between them (60%
+update, 25% insert, 15% delete, in transactions of ``--txn-changes`` changes, each on one random busy
+table), for ``--seconds``, while M idle tables (``--idle-tables``, e.g. 0,200) sit in the same
+pipeline. One writer connection records, per transaction, the WAL insert position read just before
+its COMMIT and the wall time right after COMMIT returns. headrace runs as a child process logging
+JSON; its ``apply.batch`` events give (table, applied LSN = the commit LSN of the batch's last
+transaction, time). A transaction is in the first batch of its table whose applied LSN reaches the
+position read before its COMMIT (one writer: every earlier commit on that table lies below it), so
+freshness = that batch's log time - the source commit time. Nothing polls the target. The first
+``--warmup`` seconds are left out (Spark's first jobs compile). CPU and RSS of the driver + JVM are
+sampled from /proc during the load.
+
+pgbench mode (``--pgbench-minutes``): `pgbench -i` tables (pgbench_history has no key: REPLICA
+IDENTITY FULL) replicated while pgbench runs at full speed; slot lag and the staged backlog are
+sampled every 2 s; then the time to catch up after pgbench stops.
+
+    .venv/bin/python bench/freshness.py --smoke
+    .venv/bin/python bench/freshness.py --tables 10 --idle-tables 0,200 --rate 1000 --seconds 120
+    .venv/bin/python bench/freshness.py --pgbench-minutes 5 [--pgbench-scale 10 --pgbench-clients 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from harness import (
+    ROOT,
+    BatchEvent,
+    Headrace,
+    Sampler,
+    caught_up,
+    compare_with_source,
+    insert_lsn,
+    load_average,
+    pct,
+    pyplot,
+    wait_for,
+    write_config,
+)
+from pgbench_lag import plot_lag, run_pgbench  # noqa: E402
+
+from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
+
+SEED_ROWS = 2_000  # per busy table: small, so the bench measures the flow, not table size
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One source transaction: its table, the WAL position read just before COMMIT, the commit time."""
+
+    table: str
+    lsn_before: int
+    at: float
+    changes: int
+
+
+def create_tables(dsn: str, busy: int, idle: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS fresh CASCADE")
+        conn.execute("CREATE SCHEMA fresh")
+        for i in range(busy):
+            conn.execute(f"CREATE TABLE fresh.b{i} (id bigint PRIMARY KEY, v int NOT NULL, note text)")
+            conn.execute(f"INSERT INTO fresh.b{i} SELECT g, 0, md5(g::text) FROM generate_series(1, {SEED_ROWS}) g")
+        for i in range(idle):
+            conn.execute(f"CREATE TABLE fresh.q{i} (id bigint PRIMARY KEY, v int NOT NULL, note text)")
+            conn.execute(f"INSERT INTO fresh.q{i} SELECT g, 0, md5(g::text) FROM generate_series(1, 5) g")
+
+
+def steady_load(dsn: str, busy: int, rate: int, txn_changes: int, seconds: float) -> list[Commit]:
+    """About ``rate`` changes/s for ``seconds``, one table per transaction, paced on a fixed schedule."""
+    rng = random.Random(7)
+    next_id = [SEED_ROWS + 1] * busy
+    commits: list[Commit] = []
+    interval = txn_changes / rate
+    n_up, n_del = round(txn_changes * 0.6), round(txn_changes * 0.15)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        start = time.monotonic()
+        k = 0
+        while (due := start + k * interval) < start + seconds:
+            time.sleep(max(0.0, due - time.monotonic()))
+            i = rng.randrange(busy)
+            ups = [rng.randint(1, next_id[i] - 1) for _ in range(n_up)]
+            dels = [rng.randint(1, next_id[i] - 1) for _ in range(n_del)]
+            ins = list(range(next_id[i], next_id[i] + txn_changes - n_up - n_del))
+            next_id[i] += len(ins)
+            with conn.transaction():
+                changed = conn.execute(f"UPDATE fresh.b{i} SET v = v + 1, note = md5(random()::text)"
+                                       " WHERE id = ANY(%s)", (ups,)).rowcount
+                changed += conn.execute(f"INSERT INTO fresh.b{i} SELECT g, 0, 'new' FROM unnest(%s::bigint[]) g",
+                                        (ins,)).rowcount
+                changed += conn.execute(f"DELETE FROM fresh.b{i} WHERE id = ANY(%s)", (dels,)).rowcount
+                before = insert_lsn(conn)
+            commits.append(Commit(f"fresh.b{i}", before, time.time(), changed))
+            k += 1
+    return commits
+
+
+def freshness(commits: list[Commit], batches: list[BatchEvent]) -> list[float | None]:
+    """Per commit, seconds until the target committed the batch holding it (None: not applied)."""
+    per_table: dict[str, list[BatchEvent]] = {}
+    for b in batches:
+        per_table.setdefault(b.table, []).append(b)
+    keys = {t: [b.applied_lsn for b in bs] for t, bs in per_table.items()}
+    out: list[float | None] = []
+    for c in commits:
+        bs = per_table.get(c.table, [])
+        i = bisect.bisect_left(keys.get(c.table, []), c.lsn_before)
+        out.append(bs[i].at - c.at if i < len(bs) else None)
+    return out
+
+
+def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One pipeline (target ``kind``, ``idle`` quiet tables) under the steady load."""
+    name = f"fresh_{kind}_{idle}"
+    work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
+    create_tables(server.dsn, args.tables, idle)
+    config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind,
+                          staging={"flush_seconds": args.flush_seconds})
+    headrace = Headrace(config, work / "headrace.log")
+    headrace.start()
+    try:
+        ready = headrace.wait_streaming(server.dsn, name, args.tables + idle)
+        time.sleep(5)  # the copy's last Spark work settles
+        sampler = Sampler(headrace.pid).start()
+        load_started = time.time()
+        commits = steady_load(server.dsn, args.tables, args.rate, args.txn_changes, args.seconds)
+        with psycopg.connect(server.dsn) as conn:
+            end = insert_lsn(conn)
+        wait_for(lambda: caught_up(config, end), 600, "catch-up after the load", headrace.check_alive)
+        sampler.stop()
+        delays = freshness(commits, headrace.batches())
+    finally:
+        headrace.stop()
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                         " WHERE slot_name = %s", (f"headrace_{name}",))
+    matches = compare_with_source(config, server.dsn, {f"fresh.b{i}": "count(*), sum(v), sum(id)"
+                                                       for i in range(args.tables)})
+    measured = [d for c, d in zip(commits, delays, strict=True) if c.at - load_started >= args.warmup]
+    # (seconds since the load started, freshness): shows whether freshness holds or grows over the run
+    series = [(round(c.at - load_started, 2), round(d, 3)) for c, d in zip(commits, delays, strict=True)
+              if d is not None and c.at - load_started >= args.warmup]
+    seen = sorted(d for _, d in series)
+    result: dict[str, Any] = {
+        "target": kind, "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds,
+        "ready_s": round(ready, 1), "transactions": len(commits), "changes": sum(c.changes for c in commits),
+        "rate_offered": round(sum(c.changes for c in commits) / args.seconds),
+        "samples": len(seen), "not_applied": len(measured) - len(seen),
+        **{f"p{p}_s": round(pct(seen, p), 2) for p in (50, 90, 99)},
+        "max_s": round(seen[-1], 2) if seen else None, **sampler.summary(),
+        "load_avg": load_average(), "target_equals_source": all(m["equal"] for m in matches.values()),
+        "freshness_s": seen, "over_time": series,
+    }
+    return result
+
+
+def plot(results: list[dict[str, Any]], png: Path) -> None:
+    """The freshness CDF (left) and freshness against time (right, does it hold or grow?), one line per
+    target and idle-table count."""
+    plt = pyplot()
+    fig, (cdf, drift) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in results:
+        xs = r["freshness_s"]
+        line = cdf.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
+                        label=f"{r['target']}, {r['idle_tables']} idle tables: p50 {r['p50_s']} s, p99 {r['p99_s']} s")
+        drift.scatter([t for t, _ in r["over_time"]], [d for _, d in r["over_time"]], s=4,
+                      color=line[0].get_color())
+    cdf.set_xlabel("freshness, s (target commit - source commit)")
+    cdf.set_ylabel("share of transactions")
+    cdf.legend(fontsize=8, loc="lower right")
+    drift.set_xlabel("source commit, s since the load started")
+    drift.set_ylabel("freshness, s")
+    for ax in (cdf, drift):
+        ax.grid(alpha=.3)
+    fig.suptitle(f"{results[0]['busy_tables']} busy tables, ~{results[0]['rate_offered']} changes/s,"
+                 f" flush_seconds {results[0]['flush_seconds']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="small and short: 3 busy tables, 200 changes/s, 20 s; pgbench scale 1, 30 s at 200 tps")
+    ap.add_argument("--targets", default="iceberg,ducklake")
+    ap.add_argument("--tables", type=int, default=10, help="busy tables")
+    ap.add_argument("--idle-tables", default="0", help="comma list, one run per value (e.g. 0,200)")
+    ap.add_argument("--rate", type=int, default=1000, help="changes/s over all busy tables")
+    ap.add_argument("--txn-changes", type=int, default=10, help="changes per transaction")
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
+    ap.add_argument("--flush-seconds", type=float, default=1.0, help="staging.flush_seconds")
+    ap.add_argument("--pgbench-minutes", type=float, help="pgbench mode: run pgbench this long instead")
+    ap.add_argument("--pgbench-scale", type=int, default=10)
+    ap.add_argument("--pgbench-clients", type=int, default=4)
+    ap.add_argument("--pgbench-rate", type=int, help="pgbench -R (transactions/s); default: full speed")
+    ap.add_argument("--json", default=str(ROOT / "docs" / "freshness.json"))
+    ap.add_argument("--png", default=str(ROOT / "docs" / "freshness.png"))
+    args = ap.parse_args()
+    if args.smoke:
+        args.tables, args.rate, args.seconds, args.warmup = 3, 200, 20, 3
+        args.pgbench_scale, args.pgbench_rate = 1, args.pgbench_rate or 200
+        args.pgbench_minutes = args.pgbench_minutes and 0.5
+    results = []
+    with ThrowawayPostgres() as server:
+        for kind in args.targets.split(","):
+            if args.pgbench_minutes:
+                result = run_pgbench(server, kind, args)
+                print(json.dumps({k: v for k, v in result.items() if k != "samples"}), flush=True)
+                results.append(result)
+                continue
+            for idle in (int(x) for x in args.idle_tables.split(",")):
+                result = run_one(server, kind, idle, args)
+                print(json.dumps({k: v for k, v in result.items() if k not in ("freshness_s", "over_time")}), flush=True)
+                results.append(result)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.pgbench_minutes:
+        plot_lag(results, Path(args.png).with_name("pgbench_lag.png"))
+    else:
+        plot(results, Path(args.png))
+        print(f"\n{'target':9} {'idle':>4} {'changes/s':>9} {'p50 s':>6} {'p90 s':>6} {'p99 s':>6} {'max s':>6}"
+              f" {'cpu %':>6} {'rss MiB':>7} {'load':>5} equal")
+        for r in results:
+            print(f"{r['target']:9} {r['idle_tables']:>4} {r['rate_offered']:>9} {r['p50_s']:>6} {r['p90_s']:>6}"
+                  f" {r['p99_s']:>6} {r['max_s']!s:>6} {r.get('cpu_core_pct_mean', '-')!s:>6}"
+                  f" {r.get('rss_mib_peak', '-')!s:>7} {r['load_avg']:>5} {r['target_equals_source']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
