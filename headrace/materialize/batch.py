@@ -69,12 +69,16 @@ def read_change_batch(
         staged = spark.createDataFrame([], STAGING_SPARK_DDL)
     lsn, seq, op = F.col("_lsn"), F.col("_seq"), F.col("_op")
     after_skip = F.lit(True) if skip_through is None else _after(lsn, seq, skip_through)
-    kept = staged.where(after_skip)
+    kept = staged if skip_through is None else staged.where(after_skip)
 
-    data = F.from_json(F.col("_data"), _MAP)
-    counts = changed_value_counts(
-        [(c.name, c.type, F.when(after_skip & (op != "D"), data[c.name])) for c in table.columns],
-        rules or ValueRules())
+    # Every Column built here is a few round trips to the JVM, a fixed cost per batch: the counts'
+    # expressions are only built when there is something to count (``changed_value_counts`` has
+    # none unless clamping).
+    counts: list[tuple[str, str, Column]] = []
+    if rules is not None and rules.infinity == "clamp":
+        data = F.from_json(F.col("_data"), _MAP)
+        counts = changed_value_counts(
+            [(c.name, c.type, F.when(after_skip & (op != "D"), data[c.name])) for c in table.columns], rules)
     known = _known_facts(facts, len(files), table, counts)
     if known is not None:
         stats = _Stats(known.rows, known.last_truncate, known.unchanged, False, known.key_toast, {})
