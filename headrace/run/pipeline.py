@@ -271,6 +271,11 @@ class Pipeline:
         """The operator paused the whole pipeline (capture goes on; copy and apply wait)."""
         return self.operations.paused
 
+    @property
+    def batches_in_flight(self) -> int:
+        """Apply batches running on worker threads now (``apply.concurrency`` at most)."""
+        return self.apply_pass.in_flight
+
     def capture_status(self) -> CaptureStatus | None:
         """Capture's connection and last error; None before the run has started it."""
         capture = self.capture
