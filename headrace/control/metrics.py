@@ -254,8 +254,12 @@ class _LiveCollector(Collector):
         connected.add_metric([], 1.0 if capture and capture.connected else 0.0)
         paused = GaugeMetricFamily("headrace_pipeline_paused", "1 while the operator has paused the pipeline")
         paused.add_metric([], 1.0 if p.paused else 0.0)
+        in_flight = GaugeMetricFamily("headrace_apply_batches_in_flight",
+                                      "Apply batches running now (at most apply.concurrency)")
+        in_flight.add_metric([], float(p.batches_in_flight))
         yield connected
         yield paused
+        yield in_flight
         try:
             status = self.metrics.live_status()
         except Exception as exc:

@@ -99,8 +99,8 @@ class Pipeline:
         # it, and nothing else touches a table whose batch is in flight.
         self.apply_pass.wake = self.operations.wake
         self.maintenance.applying = self.apply_pass.applying
-        self.table_watch.settle = lambda state, oid: self.apply_pass.settle(state, self.target, oid)
-        self.operations.before_command = lambda state: self.apply_pass.settle_all(state, self.target)
+        self.table_watch.settle = self._settle
+        self.operations.before_command = self._settle
 
     # -- set-up ---------------------------------------------------------------------------------
     def check(self) -> list[str]:
@@ -210,7 +210,7 @@ class Pipeline:
                                              self.apply_pass.cursors)
                     if failed:
                         event(log, "run.failed", logging.ERROR, tables=",".join(failed))
-                        self.apply_pass.harvest(state, self.target, wait=True)
+                        self._settle(state)
                         return 1
                     if done:
                         event(log, "run.caught_up", captured_lsn=self.source.format_position(self.capture.captured_lsn))
@@ -234,8 +234,21 @@ class Pipeline:
                 interrupted += 1
                 self.apply_pass.abandon()  # the batches in flight end before the target is released
                 ride_out(self.outage, exc, interrupted, stop, self._release)
-        self.apply_pass.harvest(state, self.target, wait=True)  # stopped: the batches in flight end and count
+        try:
+            self._settle(state)  # stopped: the batches in flight end and count
+        except Exception as exc:
+            if isinstance(exc, TerminalError) or not self.outage.explains(exc):
+                raise
+            event(log, "run.stop_unsettled", logging.WARNING, error=str(exc)[:500])  # cursors read again at start
         return 0
+
+    def _settle(self, state: StateStore, oid: int | None = None) -> None:
+        """Let the table's apply batch in flight (every table's, without ``oid``) end and harvest it:
+        before a command, the catalog watch or the end of the run touches the tables."""
+        if oid is None and self.apply_pass.in_flight:
+            self.apply_pass.settle_all(state, self.target)
+        elif oid is not None and self.apply_pass.applying(oid):
+            self.apply_pass.settle(state, self.target, oid)
 
     def _idle_wait(self, until_caught_up: bool, next_gc: float) -> float:
         """How long a pass that found nothing to do waits (staged files and commands end it sooner).
@@ -270,6 +283,11 @@ class Pipeline:
     def paused(self) -> bool:
         """The operator paused the whole pipeline (capture goes on; copy and apply wait)."""
         return self.operations.paused
+
+    @property
+    def batches_in_flight(self) -> int:
+        """Apply batches running on worker threads now (``apply.concurrency`` at most)."""
+        return self.apply_pass.in_flight
 
     def capture_status(self) -> CaptureStatus | None:
         """Capture's connection and last error; None before the run has started it."""

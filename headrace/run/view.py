@@ -38,6 +38,10 @@ class RunView(Protocol):
     def paused(self) -> bool:
         """The operator paused the whole pipeline (capture goes on; copy and apply wait)."""
 
+    @property
+    def batches_in_flight(self) -> int:
+        """Apply batches running on worker threads now (``apply.concurrency`` at most)."""
+
     def capture_status(self) -> CaptureStatus | None:
         """Capture's connection and last error; None before the run has started it."""
 

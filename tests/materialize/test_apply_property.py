@@ -2,7 +2,8 @@
 that replay batches from the last cursor any number of times, gives the reference model's table.
 
 Real staging files, real ``read_change_batch`` (Spark), real DuckLake ``apply_batch``; one lake for
-the whole test, a fresh table per example.
+the whole test, a fresh table per example. Each example applies its batches to two tables at once,
+from two threads each in its own Spark scheduler pool, as the run does with ``apply.concurrency``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.materialize.batch import read_change_batch
+from headrace.spark import use_pool
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
 
@@ -58,6 +61,18 @@ def _schema() -> TableSchema:
                        columns=(Column("id", ColumnType(TypeKind.INT, "integer"), 23, nullable=False),
                                 Column("v", text, 25)),
                        key=("id",))
+
+
+def _at_once(spark: Any, work: Callable[[TableSchema], None], tables: tuple[TableSchema, ...]) -> None:
+    """``work`` for every table at the same time, one thread (and FAIR pool) each: two tables'
+    batches in flight together, as the apply pass runs them."""
+    with ThreadPoolExecutor(len(tables)) as pool:
+        def run(table: TableSchema) -> None:
+            use_pool(spark, f"prop-{table.name}")
+            work(table)
+
+        for done in [pool.submit(run, t) for t in tables]:
+            done.result()
 
 
 def _changes(intents: list[tuple[str, int, int, int, bool]]) -> tuple[list[tuple[Any, ...]], dict[int, str]]:
@@ -118,24 +133,31 @@ def test_any_batches_any_replays_give_the_reference(intents: list[tuple[str, int
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     changes, expected = _changes(intents)
     files = _cut_into_files(data, changes, tmp_path_factory.mktemp("prop_files"), _stage)
-    table = _schema()
-    lake.ensure_table(table)
+    tables = (_schema(), _schema())
+    for table in tables:
+        lake.ensure_table(table)
+
+    def apply(paths: list[str], offset: int) -> Callable[[TableSchema], None]:
+        def work(table: TableSchema) -> None:
+            batch = read_change_batch(spark, paths, table, None)
+            lake.apply_batch(table, batch.changes, batch.truncate_before, offset)
+        return work
+
     # Apply batches from the cursor; a crash after the target commit leaves the cursor where it
     # was, so the next batch starts there again (possibly cut differently).
     cursor, crashes = 0, 0
     while cursor < len(files):
         end = min(len(files), cursor + data.draw(st.integers(1, 3), label="batch files"))
-        batch = read_change_batch(spark, files[cursor:end], table, None)
-        lake.apply_batch(table, batch.changes, batch.truncate_before, end)
+        _at_once(spark, apply(files[cursor:end], end), tables)
         if crashes < 3 and data.draw(st.booleans(), label="crash before the cursor moves"):
             crashes += 1
             continue
         cursor = end
     # And the last batch once more, as a restart right at the end would.
-    batch = read_change_batch(spark, files[-1:], table, None)
-    lake.apply_batch(table, batch.changes, batch.truncate_before, len(files))
-    actual = {int(r["id"]): r["v"] for r in lake.read_table(table).select("id", "v").collect()}
-    assert actual == expected
+    _at_once(spark, apply(files[-1:], len(files)), tables)
+    for table in tables:
+        actual = {int(r["id"]): r["v"] for r in lake.read_table(table).select("id", "v").collect()}
+        assert actual == expected, table.name
 
 
 # Keyless tables (REPLICA IDENTITY FULL): one intent per change: (kind, which row, new a, new b, new txn).
@@ -198,16 +220,24 @@ def test_keyless_batches_give_the_reference_multiset(intents: list[tuple[str, in
     # DuckLake commits the cursor with the data, so a keyless batch is never replayed: any cut, no crash.
     changes, expected = _keyless_changes(intents)
     files = _cut_into_files(data, changes, tmp_path_factory.mktemp("prop_keyless"), _keyless_stage)
-    table = _keyless_schema()
-    lake.ensure_table(table)
+    tables = (_keyless_schema(), _keyless_schema())
+    for table in tables:
+        lake.ensure_table(table)
+
+    def apply(paths: list[str], offset: int) -> Callable[[TableSchema], None]:
+        def work(table: TableSchema) -> None:
+            batch = read_change_batch(spark, paths, table, None)
+            lake.apply_batch(table, batch.changes, batch.truncate_before, offset)
+        return work
+
     cursor = 0
     while cursor < len(files):
         end = min(len(files), cursor + data.draw(st.integers(1, 3), label="batch files"))
-        batch = read_change_batch(spark, files[cursor:end], table, None)
-        lake.apply_batch(table, batch.changes, batch.truncate_before, end)
+        _at_once(spark, apply(files[cursor:end], end), tables)
         cursor = end
-    actual = Counter((r["a"], r["b"]) for r in lake.read_table(table).select("a", "b").collect())
-    assert actual == expected
+    for table in tables:
+        actual = Counter((r["a"], r["b"]) for r in lake.read_table(table).select("a", "b").collect())
+        assert actual == expected, table.name
 
 
 @pytest.mark.parametrize(("copies", "removed"), [(2, 2), (3, 2)])
