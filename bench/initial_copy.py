@@ -11,7 +11,13 @@ A table of ``--rows`` rows (mixed types, about 100 bytes a row) is copied by:
      (it runs in its own virtualenv under bench/.venv-dlt so it never touches headrace's).
 All in the same run, on the same throwaway server.
 
+With ``--small-tables N`` it instead times a schema of N tables of ``--small-rows`` rows each: from
+process start until every table is STREAMING (``run --until-caught-up``), on both targets, with a
+breakdown from the run's JSON log events (tables added, copy round, per-table copy seconds, the last
+table's switch to streaming).
+
     .venv/bin/python bench/initial_copy.py [--rows 5000000] [--skip-dlt] [--csv]
+    .venv/bin/python bench/initial_copy.py --small-tables 200 --small-rows 1000 [--targets ducklake]
 """
 
 from __future__ import annotations
@@ -56,6 +62,14 @@ pipe = dlt.pipeline(pipeline_name="bench", destination=dlt.destinations.duckdb(o
 pipe.run(sql_table(credentials=dsn.replace("postgresql://", "postgresql+psycopg2://"), table="bench_copy",
                    backend="pyarrow"))
 print(time.monotonic() - t0)
+"""
+
+
+SMALL_DDL = """
+CREATE TABLE small.t{i} (id bigint PRIMARY KEY, customer integer, amount numeric(12,2), status text,
+                         created timestamptz, note text);
+INSERT INTO small.t{i} SELECT g, g % 1000, (g % 10000) / 100.0, (ARRAY['new','paid','shipped'])[1 + g % 3],
+       '2024-01-01'::timestamptz + g * interval '1 second', md5(g::text) FROM generate_series(1, {rows}) g;
 """
 
 
@@ -107,6 +121,63 @@ def headrace_copy(dsn: str, work: Path, target: str, rows: int, binary: bool = T
     return seconds
 
 
+def small_tables(dsn: str, work: Path, target: str, tables: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """Start to every table STREAMING for the ``small`` schema, and where the time went (log events)."""
+    folder = work / f"small-{target}"
+    folder.mkdir()
+    target_cfg: dict[str, Any] = (
+        {"iceberg": {"warehouse": str(folder / "wh")}} if target == "iceberg"
+        else {"ducklake": {"catalog": str(folder / "meta.ducklake"), "data_path": str(folder / "data")}}
+    )
+    name = f"small_{target}"
+    config = {"name": name, "source": {"dsn": dsn, "schemas": ["small"]}, "target": target_cfg,
+              "staging": {"path": str(folder / "staging")}, "api": {"listen": "127.0.0.1:0"},
+              "spark": {"master": "local[*]"}, **extra}
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    t0 = time.time()
+    with open(folder / "run.log", "w") as run_log:
+        seconds = timed([sys.executable, "-m", "headrace.cli", "run", "-c", str(path), "--until-caught-up"],
+                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=run_log,
+                        env={**os.environ, "HEADRACE_LOG_FORMAT": "json"})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (f"headrace_{name}",))
+        streaming = conn.execute(
+            "SELECT count(*) FILTER (WHERE state = 'STREAMING'), count(*) FROM _headrace.tables WHERE pipeline = %s",
+            (name,)).fetchone()
+    events = []
+    for line in (folder / "run.log").read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+
+    def at(ev: dict[str, Any]) -> float:
+        from datetime import datetime
+        return datetime.strptime(ev["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() + 0.0 - t0
+
+    def first(name: str) -> float | None:
+        return next((round(at(e), 2) for e in events if e["event"] == name), None)
+
+    def last(name: str) -> float | None:
+        times = [at(e) for e in events if e["event"] == name]
+        return round(max(times), 2) if times else None
+
+    per_table = sorted(e["seconds"] for e in events if e["event"] == "snapshot.done")
+    out = {"total_s": round(seconds, 2), "streaming": f"{streaming[0]}/{streaming[1]}" if streaming else None,
+           "run_start_at": first("run.start"), "first_added_at": first("table.added"),
+           "last_added_at": last("table.added"), "first_copy_start_at": first("snapshot.start"),
+           "last_copy_done_at": last("snapshot.done"), "first_streaming_at": first("table.streaming"),
+           "last_streaming_at": last("table.streaming"), "caught_up_at": first("run.caught_up"),
+           "copied_tables": len(per_table)}
+    if per_table:
+        out["copy_table_s_median"] = per_table[len(per_table) // 2]
+        out["copy_table_s_p90"] = per_table[int(len(per_table) * 0.9)]
+        out["copy_table_s_sum"] = round(sum(per_table), 1)
+    out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def dlt_copy(dsn: str, work: Path) -> float | None:
     venv = ROOT / "bench" / ".venv-dlt"
     if not (venv / "bin" / "python").exists():
@@ -130,8 +201,14 @@ def main() -> int:
     parser.add_argument("--skip-dlt", action="store_true")
     parser.add_argument("--csv", action="store_true", help="also copy with the CSV read (the path before)")
     parser.add_argument("--reads-only", action="store_true", help="raw COPY and the chunk reads, no headrace runs")
+    parser.add_argument("--small-tables", type=int, default=0, help="instead: N small tables to STREAMING")
+    parser.add_argument("--small-rows", type=int, default=1000)
+    parser.add_argument("--targets", default="iceberg,ducklake")
+    parser.add_argument("--snapshot", default="{}", help="snapshot settings as JSON, for before/after runs")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="headrace-copy-bench-"))
+    if args.small_tables:
+        return main_small(args, work)
     results: dict[str, Any] = {"rows": args.rows}
     with ThrowawayPostgres() as pg:
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
@@ -163,6 +240,23 @@ def main() -> int:
             if secs_dlt:
                 results["dlt_duckdb_s"] = round(secs_dlt, 2)
                 results["dlt_duckdb_rows_per_s"] = round(args.rows / secs_dlt)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+def main_small(args: argparse.Namespace, work: Path) -> int:
+    """The many-small-tables case: every table STREAMING, per target."""
+    results: dict[str, Any] = {"tables": args.small_tables, "rows_per_table": args.small_rows}
+    with ThrowawayPostgres() as pg:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA small")
+            for i in range(args.small_tables):
+                conn.execute(SMALL_DDL.format(i=i, rows=args.small_rows))
+            conn.execute("VACUUM ANALYZE")
+        extra = {"snapshot": json.loads(args.snapshot)} if args.snapshot != "{}" else {}
+        for target in args.targets.split(","):
+            results[target] = small_tables(pg.dsn, work, target, args.small_tables, extra)
+            print(target, json.dumps(results[target]), file=sys.stderr, flush=True)
     print(json.dumps(results, indent=2))
     return 0
 

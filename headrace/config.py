@@ -228,7 +228,15 @@ class SnapshotConfig(_Frozen):
     """The initial copy."""
 
     chunk_pages: int = Field(4096, gt=0, description="heap pages per copy chunk (8 KiB each)")
-    max_connections: int = Field(4, gt=0, description="most source connections copying at once")
+    max_connections: int = Field(
+        4, gt=0, description="most source connections the copy holds at once, the session holding the"
+        " exported snapshot included (PostgreSQL): planning, chunk reads and tables copied side by side"
+        " share them; with chunk_pages, this is the cap on the copy's load on the source"
+    )
+    tables_at_once: int = Field(
+        4, gt=0, description="tables copied side by side (each its own Spark job); they share the"
+        " max_connections connections, and a one-chunk table holds one only while it is read"
+    )
     binary_copy: bool = Field(
         True, description="read chunks as binary COPY into typed Arrow (ADBC driver); false reads CSV text"
         " and casts every column in Spark (the earlier path, kept as a fallback)"

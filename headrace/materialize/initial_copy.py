@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,8 @@ from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe
+from headrace.materialize.permits import Permits
+from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe, prefetched
 from headrace.outage import lost_connection
 from headrace.source import open_source
 from headrace.source.base import CopySnapshot, Source
@@ -91,7 +93,6 @@ class InitialCopy:
 
     def _round(self, oids: list[int]) -> None:
         state = StateStore(self.state_dsn, self.config.name)
-        progress = ProgressStore(self.state_dsn, self.config.name)
         try:
             slot = f"{self.config.slot_name}_copy"[:63]
             with ExitStack() as stack:
@@ -101,19 +102,54 @@ class InitialCopy:
                     for oid in oids:
                         self._failed(state, oid, exc)
                     return
-                for oid in oids:
-                    row = state.table(oid)
-                    if row is None or self.stop.is_set():
-                        continue
-                    try:
-                        self._copy(state, progress, row, snap)
-                    except Exception as exc:  # one table's failure must not stop the others
-                        if lost_connection(exc):
-                            raise  # not the table's failure: the whole round waits for the server
-                        self._failed(state, oid, exc)
+                self._copy_all(oids, snap)
         finally:
-            progress.close()
             state.close()
+
+    def _copy_all(self, oids: list[int], snap: CopySnapshot) -> None:
+        """Copy the tables, several at once, within ``snapshot.max_connections`` source connections.
+
+        A session holding an exported snapshot (``snap.token``) counts as one of them. Each worker
+        thread has its own state connections (a psycopg connection serves one thread at a time);
+        Spark runs the workers' jobs side by side.
+        """
+        limit = self.config.snapshot.max_connections
+        permits = Permits(max(1, limit - (1 if snap.token is not None else 0)))
+        stores: list[tuple[StateStore, ProgressStore]] = []
+        local = threading.local()
+        lost = threading.Event()  # a server went away: the whole round stops, to be resumed
+
+        def copy_one(oid: int) -> None:
+            if self.stop.is_set() or lost.is_set():
+                return
+            if not hasattr(local, "stores"):
+                local.stores = (StateStore(self.state_dsn, self.config.name),
+                                ProgressStore(self.state_dsn, self.config.name))
+                stores.append(local.stores)
+            state, progress = local.stores
+            row = state.table(oid)
+            if row is None:
+                return
+            try:
+                self._copy(state, progress, row, snap, permits)
+            except Exception as exc:  # one table's failure must not stop the others
+                if lost_connection(exc):
+                    lost.set()
+                    raise  # not the table's failure: the whole round waits for the server
+                self._failed(state, oid, exc)
+
+        workers = max(1, min(len(oids), self.config.snapshot.tables_at_once))
+        try:
+            with ThreadPoolExecutor(workers, thread_name_prefix="initial-copy") as pool:
+                futures = [pool.submit(copy_one, oid) for oid in oids]
+                errors = [f.exception() for f in futures]
+        finally:
+            for state, progress in stores:
+                progress.close()
+                state.close()
+        for error in errors:
+            if error is not None:
+                raise error
 
     def _failed(self, state: StateStore, oid: int, exc: Exception) -> None:
         """Hand a table's copy failure to the run loop, with the state its copy resumes from.
@@ -130,7 +166,8 @@ class InitialCopy:
             resume = TableState.PENDING if row.state is TableState.PENDING else TableState.SNAPSHOT
         self.on_error(state, row, exc, resume)
 
-    def _copy(self, state: StateStore, progress: ProgressStore, row: TableRow, snap: CopySnapshot) -> None:
+    def _copy(self, state: StateStore, progress: ProgressStore, row: TableRow, snap: CopySnapshot,
+              permits: Permits) -> None:
         snapshot_lsn = snap.position
         schema = row.schema
         name = schema.qualified_name
@@ -143,7 +180,7 @@ class InitialCopy:
         if resume:
             table_lsn = min(c.snapshot_lsn for c in chunks if c.done and c.snapshot_lsn is not None)
         else:
-            with self.source.connect() as conn:
+            with permits.take(1), self.source.connect() as conn:
                 # The shape as of the snapshot: the table may have changed since it was added (a
                 # resync after an ALTER the target could not follow, a rename, a new column).
                 schema = schema_at_snapshot(self.source, conn, row.schema, snap, self.config.schema_changes)
@@ -160,7 +197,7 @@ class InitialCopy:
         started = time.monotonic()
         position = Position(snapshot_lsn, 0)
         table_rows = 0
-        group_size = self.config.snapshot.max_connections
+        group_size = permits.total
         for start in range(0, len(todo), group_size):
             if self.stop.is_set():
                 event(log, "snapshot.paused", table=name, chunks_done=len(chunks) - len(todo) + start)
@@ -169,14 +206,23 @@ class InitialCopy:
             counted: list[Callable[[], ValueCounts]] = []
             positions: list[Callable[[], int | None]] = []
             reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
-            df = chunk_dataframe(self.spark, schema, reader, [(c.start_page, c.end_page) for c in group], position,
-                                 value_rules(name, self.target, self.config.values.infinity), counted.append,
-                                 positions.append if not schema.key else None)
-            if resume:
-                rows = self._merge(state, row, schema, df)
-            else:
-                after = self.target.write_snapshot(schema, df, position, replace=start == 0)
-                rows, table_rows = after - table_rows, after
+            ranges = [(c.start_page, c.end_page) for c in group]
+            with ExitStack() as held:
+                if len(todo) == 1:
+                    # A one-chunk table is read here, holding its connection only for the read, not
+                    # for the Spark job that writes it: small tables then copy many at a time.
+                    with permits.take(1):
+                        reader = prefetched(reader, *ranges[0])
+                else:
+                    held.enter_context(permits.take(len(group)))  # the job's tasks read the chunks
+                df = chunk_dataframe(self.spark, schema, reader, ranges, position,
+                                     value_rules(name, self.target, self.config.values.infinity), counted.append,
+                                     positions.append if not schema.key else None)
+                if resume:
+                    rows = self._merge(state, row, schema, df)
+                else:
+                    after = self.target.write_snapshot(schema, df, position, replace=start == 0)
+                    rows, table_rows = after - table_rows, after
             for read in counted:  # the write above ran the scan that counted them
                 if (changed := read()) and self.on_values_changed is not None:
                     self.on_values_changed(name, changed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -110,6 +111,26 @@ def chunk_dataframe(
         F.lit(0).cast("bigint").alias(HR_SEQ),
         F.lit(None).cast("timestamp").alias(HR_COMMIT_TS),
     )
+
+
+class _Batches:
+    """A chunk already read (on the driver), handed to its task: picklable, like a reader."""
+
+    def __init__(self, batches: list[pa.RecordBatch]) -> None:
+        self.batches = batches
+
+    def __call__(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return iter(self.batches)
+
+
+def prefetched(reader: ChunkRead, start: int, end: int) -> ChunkRead:
+    """``reader`` with chunk ``[start, end)`` read now, in this process: the Spark task that copies it
+    then opens no source connection, and the DataFrame goes through the same casts as any chunk's.
+
+    For a one-chunk table (at most ``snapshot.chunk_pages`` pages): the rows travel to the task
+    inside it, so the source connection is held for the read only, not for the whole write.
+    """
+    return replace(reader, read=_Batches(list(reader.read(start, end))))
 
 
 def _read_schema(table: TableSchema, routes: list[Route]) -> StructType:

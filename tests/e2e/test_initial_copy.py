@@ -47,7 +47,7 @@ def _churn(dsn: str, stop: threading.Event, lo: int, rounds: int | None = None) 
 
 def test_many_chunks_under_concurrent_writes(source_dsn: str, tmp_path: Path, spark: Any) -> None:
     _big_table(source_dsn, 20_000)
-    config = make_config(source_dsn, tmp_path, ["public.big"], snapshot={"chunk_pages": 16, "max_connections": 2})
+    config = make_config(source_dsn, tmp_path, ["public.big"], snapshot={"chunk_pages": 16, "max_connections": 3})
     stop = threading.Event()
     writer = threading.Thread(target=_churn, args=(source_dsn, stop, 20_000))
     writer.start()

@@ -259,11 +259,14 @@ def _compare(pipeline: Pipeline, dsn: str, infinite: bool) -> int:
 
 
 @pytest.mark.parametrize("target", ["iceberg", "ducklake"])
+@pytest.mark.parametrize("chunk_pages", [4096, 1], ids=["read_by_driver", "read_by_tasks"])
 def test_every_awkward_value_reads_back_the_same_after_copy_insert_and_update(
-    source_dsn: str, tmp_path: Path, spark: Any, target: str
+    source_dsn: str, tmp_path: Path, spark: Any, target: str, chunk_pages: int
 ) -> None:
+    # One chunk: the copy reads it before the Spark job; several: the job's tasks read them.
     _create(source_dsn)
-    config = make_config(source_dsn, tmp_path, ["public.matrix"], target, values={"infinity": "clamp"})
+    config = make_config(source_dsn, tmp_path, ["public.matrix"], target, values={"infinity": "clamp"},
+                         snapshot={"chunk_pages": chunk_pages})
     pipeline = Pipeline(config, spark=spark)
     infinite = pipeline.target.keeps_infinity
     run_caught_up(pipeline)

@@ -33,7 +33,7 @@ from psycopg import sql
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import ColumnType, TableSchema, TypeKind
 from headrace.core.sqlstate import error_for_sqlstate
-from headrace.source.postgres.copy import OPEN_END
+from headrace.source.postgres.copy import OPEN_END, copy_conninfo
 
 
 class Route(enum.Enum):
@@ -146,7 +146,7 @@ def copy_chunk_binary(dsn: str, snapshot_name: str | None, table: TableSchema, s
     schema = arrow_schema(table)
     statement = select_statement(table, start, end)
     try:
-        conn = adbc.connect(dsn, autocommit=True)  # explicit BEGIN: SET TRANSACTION SNAPSHOT comes first
+        conn = adbc.connect(copy_conninfo(dsn), autocommit=True)  # explicit BEGIN: SET TRANSACTION SNAPSHOT comes first
     except adbc_driver_manager.Error as exc:
         raise TransientError(f"cannot connect to copy {table.qualified_name}: {exc}") from exc
     try:

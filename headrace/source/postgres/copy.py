@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import psycopg2
 import psycopg2.errors
 import pyarrow as pa
@@ -38,6 +39,18 @@ PARSE_BLOCK_BYTES = 16 << 20
 SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres -c bytea_output=hex -c extra_float_digits=1"
 )
+
+
+# What a chunk read's session shows in pg_stat_activity (unless the DSN names its own).
+APPLICATION_NAME = "headrace copy"
+
+
+def copy_conninfo(dsn: str) -> str:
+    """``dsn`` for a chunk read: named ``APPLICATION_NAME`` unless it sets ``application_name``, so a
+    DBA sees (and can count or cancel) the copy's sessions."""
+    if "application_name" in psycopg.conninfo.conninfo_to_dict(dsn):
+        return dsn
+    return psycopg.conninfo.make_conninfo(dsn, application_name=APPLICATION_NAME)
 
 
 def plan_chunks(conn: psycopg.Connection[Any], table: TableSchema, chunk_pages: int) -> list[tuple[int, int]]:
@@ -121,7 +134,7 @@ def copy_chunk(
     # psycopg2's copy_expert drains COPY in C straight into the buffer; psycopg 3 returns one
     # Python object per row and measured 4x slower (module docstring).
     try:
-        conn = psycopg2.connect(dsn, options=SESSION_OPTIONS, client_encoding="UTF8")
+        conn = psycopg2.connect(copy_conninfo(dsn), options=SESSION_OPTIONS, client_encoding="UTF8")
     except psycopg2.OperationalError as exc:
         raise TransientError(f"cannot connect to copy {table.qualified_name}: {exc}") from exc
     try:

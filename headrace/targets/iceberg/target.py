@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import functools
 import operator
+import threading
 import uuid
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, TimestampType
 
@@ -89,6 +90,8 @@ class IcebergTarget(Target):
             spark.conf.set(key, value)
         if settings.catalog.type == "jdbc":
             _require_jdbc_driver(spark)
+        self._namespaces: set[str] = set()  # created (or found) in this run
+        self._namespaces_lock = threading.Lock()
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
@@ -107,7 +110,12 @@ class IcebergTarget(Target):
         """Create the namespace and the table (format version 2) if missing; return the name."""
         name = self.table_name(table)
         namespace = self._namespace(table)
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+        with self._namespaces_lock:
+            # Once per namespace and run, and one thread at a time: copies run side by side, and
+            # two concurrent CREATE NAMESPACE IF NOT EXISTS can both try to create it.
+            if namespace not in self._namespaces:
+                self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+                self._namespaces.add(namespace)
         columns = [f"{quote_spark(c.name)} {spark_type(c.type).simpleString()}" for c in table.columns]
         columns += [f"{HR_LSN} bigint", f"{HR_SEQ} bigint", f"{HR_COMMIT_TS} timestamp"]
         properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
@@ -141,7 +149,9 @@ class IcebergTarget(Target):
         same commit; a crashed write never committed, so it left at most orphan files.
         """
         name = self.ensure_table(table)
-        writer = self._shaped(table, rows).writeTo(name)
+        # The write's own scan counts the rows it writes (no second job to count them after).
+        written = Observation(f"snapshot_rows_{uuid.uuid4().hex}")
+        writer = self._shaped(table, rows).observe(written, F.count(F.lit(1)).alias("rows")).writeTo(name)
         if replace and not self._shape_matches(table, name):
             # A copy in a new shape (resync after a schema change the table could not follow):
             # REPLACE TABLE AS SELECT swaps schema and contents in one commit.
@@ -151,9 +161,10 @@ class IcebergTarget(Target):
         elif replace:
             writer.overwrite(F.lit(True))
         else:
+            # Iceberg answers count(*) from its manifests, without reading data files again.
             writer.append()
-        # Iceberg answers count(*) from its manifests, without reading data files again.
-        return int(self.spark.table(name).count())
+            return int(self.spark.table(name).count())
+        return int(written.get["rows"])
 
     def apply_batch(
         self,

@@ -1,0 +1,123 @@
+"""Many small tables copied side by side (``snapshot.tables_at_once``), each read before its Spark job,
+within ``snapshot.max_connections`` source connections."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from headrace.core.names import quote_ident
+from headrace.pipeline import Pipeline
+from headrace.source.postgres.copy import APPLICATION_NAME
+from headrace.state.lifecycle import TableState
+from headrace.state.store import StateStore
+from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.test_pipeline import run_caught_up
+
+KEYED = 20
+KEYLESS = 8
+ODD = ["Odd Name", "MiXed", "ünï", "a.b", "select"]
+
+
+def _tables(dsn: str) -> list[str]:
+    """Keyed tables (some empty), keyless ones with duplicate rows, and awkward names: 33 in all."""
+    names = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(KEYED):
+            conn.execute(f"CREATE TABLE k{i} (id int PRIMARY KEY, v text, amount numeric(10,2), at timestamptz)")
+            conn.execute(f"INSERT INTO k{i} SELECT g, md5(g::text), g / 3.0, '2024-01-01'::timestamptz + g *"
+                         f" interval '1 hour' FROM generate_series(1, {(i % 4) * 25}) g")  # 0, 25, 50, 75 rows
+            names.append(f"public.k{i}")
+        for i in range(KEYLESS):
+            conn.execute(f"CREATE TABLE n{i} (a int, b text); ALTER TABLE n{i} REPLICA IDENTITY FULL")
+            conn.execute(f"INSERT INTO n{i} SELECT g % 5, 'x' FROM generate_series(1, {i * 7}) g")  # duplicates
+            names.append(f"public.n{i}")
+        for name in ODD:
+            conn.execute(f"CREATE TABLE {quote_ident(name)} (id bigint PRIMARY KEY, {quote_ident('Val ue')} text)")
+            conn.execute(f"INSERT INTO {quote_ident(name)} SELECT g, 'v' || g FROM generate_series(1, 10) g")
+            names.append(f"public.{quote_ident(name)}")
+    return names
+
+
+def _plain_duckdb_counts(pipeline: Pipeline) -> dict[str, int]:
+    """Rows per table, read by a DuckDB that knows nothing of headrace."""
+    import duckdb
+
+    from headrace.targets.ducklake import extension
+
+    settings = pipeline.config.target.settings
+    con = duckdb.connect()
+    for ext in ("ducklake", "sqlite_scanner"):
+        con.execute(f"LOAD '{extension.extension_path(ext)}'")
+    location = extension.parse_catalog(settings.catalog).location
+    con.execute(f"ATTACH 'ducklake:{location}' AS lake (DATA_PATH '{settings.data_path}', READ_ONLY)")
+    tables = con.execute("SELECT table_schema, table_name FROM information_schema.tables"
+                         " WHERE table_catalog = 'lake' AND table_schema = 'public'").fetchall()
+    counts = {name: con.execute(f"SELECT count(*) FROM lake.{quote_ident(schema)}.{quote_ident(name)}")
+              .fetchone()[0] for schema, name in tables}  # type: ignore[index]
+    con.close()
+    return counts
+
+
+@pytest.mark.parametrize("target", ["iceberg", "ducklake"])
+def test_many_small_tables_copy_side_by_side_and_match_the_source(
+    source_dsn: str, tmp_path: Path, spark: Any, target: str
+) -> None:
+    names = _tables(source_dsn)
+    config = make_config(source_dsn, tmp_path, names, target, snapshot={"tables_at_once": 4, "max_connections": 3})
+    pipeline = Pipeline(config, spark=spark)
+    run_caught_up(pipeline)
+    state = StateStore(source_dsn, config.name)
+    try:
+        assert {r.state for r in state.tables()} == {TableState.STREAMING}
+    finally:
+        state.close()
+    for name in names:
+        assert_same(pipeline, source_dsn, name)
+    if target == "ducklake":
+        with psycopg.connect(source_dsn) as conn:
+            want = {}
+            for name in [*(f"k{i}" for i in range(KEYED)), *(f"n{i}" for i in range(KEYLESS)), *ODD]:
+                want[name] = conn.execute(f"SELECT count(*) FROM {quote_ident(name)}").fetchone()[0]  # type: ignore[index]
+        pipeline.target.close()  # DuckDB attaches a catalog file once per process
+        assert _plain_duckdb_counts(pipeline) == want
+
+
+def test_small_tables_copy_within_max_connections(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    """The copy's chunk reads and the session holding its snapshot never exceed max_connections,
+    while more tables than that copy side by side."""
+    names = _tables(source_dsn)
+    dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
+    config = make_config(source_dsn, tmp_path, names, "ducklake",
+                         snapshot={"tables_at_once": 6, "max_connections": 2})
+    seen: list[int] = []
+    reads: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            while not done.is_set():
+                n_reads, n_snapshot = conn.execute(
+                    "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s),"
+                    " (SELECT count(*) FROM pg_replication_slots WHERE database = %s AND slot_name LIKE %s"
+                    " AND active)", (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()  # type: ignore[misc]
+                seen.append(n_reads + n_snapshot)
+                reads.append(n_reads)
+                done.wait(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        pipeline = Pipeline(config, spark=spark)
+        run_caught_up(pipeline)
+    finally:
+        done.set()
+        sampler.join()
+    assert max(reads) >= 1, "the sampler never saw a chunk read"
+    assert max(seen) <= 2, f"the copy held {max(seen)} source connections with max_connections 2"
+    for name in names[:3]:
+        assert_same(pipeline, source_dsn, name)
