@@ -75,6 +75,14 @@ def _at_once(spark: Any, work: Callable[[TableSchema], None], tables: tuple[Tabl
             done.result()
 
 
+def _applier(spark: Any, lake: DuckLakeTarget, paths: list[str], offset: int) -> Callable[[TableSchema], None]:
+    """Applies ``paths`` as one batch ending at ``offset`` to the table it is called with."""
+    def work(table: TableSchema) -> None:
+        batch = read_change_batch(spark, paths, table, None)
+        lake.apply_batch(table, batch.changes, batch.truncate_before, offset)
+    return work
+
+
 def _changes(intents: list[tuple[str, int, int, int, bool]]) -> tuple[list[tuple[Any, ...]], dict[int, str]]:
     """Turn intents into changes valid for a keyed table (as PostgreSQL would emit them) and the
     table they leave: (op, lsn, seq, values, old_key) rows, and the reference dict."""
@@ -137,24 +145,18 @@ def test_any_batches_any_replays_give_the_reference(intents: list[tuple[str, int
     for table in tables:
         lake.ensure_table(table)
 
-    def apply(paths: list[str], offset: int) -> Callable[[TableSchema], None]:
-        def work(table: TableSchema) -> None:
-            batch = read_change_batch(spark, paths, table, None)
-            lake.apply_batch(table, batch.changes, batch.truncate_before, offset)
-        return work
-
     # Apply batches from the cursor; a crash after the target commit leaves the cursor where it
     # was, so the next batch starts there again (possibly cut differently).
     cursor, crashes = 0, 0
     while cursor < len(files):
         end = min(len(files), cursor + data.draw(st.integers(1, 3), label="batch files"))
-        _at_once(spark, apply(files[cursor:end], end), tables)
+        _at_once(spark, _applier(spark, lake, files[cursor:end], end), tables)
         if crashes < 3 and data.draw(st.booleans(), label="crash before the cursor moves"):
             crashes += 1
             continue
         cursor = end
     # And the last batch once more, as a restart right at the end would.
-    _at_once(spark, apply(files[-1:], len(files)), tables)
+    _at_once(spark, _applier(spark, lake, files[-1:], len(files)), tables)
     for table in tables:
         actual = {int(r["id"]): r["v"] for r in lake.read_table(table).select("id", "v").collect()}
         assert actual == expected, table.name
@@ -224,16 +226,10 @@ def test_keyless_batches_give_the_reference_multiset(intents: list[tuple[str, in
     for table in tables:
         lake.ensure_table(table)
 
-    def apply(paths: list[str], offset: int) -> Callable[[TableSchema], None]:
-        def work(table: TableSchema) -> None:
-            batch = read_change_batch(spark, paths, table, None)
-            lake.apply_batch(table, batch.changes, batch.truncate_before, offset)
-        return work
-
     cursor = 0
     while cursor < len(files):
         end = min(len(files), cursor + data.draw(st.integers(1, 3), label="batch files"))
-        _at_once(spark, apply(files[cursor:end], end), tables)
+        _at_once(spark, _applier(spark, lake, files[cursor:end], end), tables)
         cursor = end
     for table in tables:
         actual = Counter((r["a"], r["b"]) for r in lake.read_table(table).select("a", "b").collect())
