@@ -205,7 +205,10 @@ class Pipeline:
                 if time.monotonic() >= next_gc:
                     collect_applied(state, self.target, self.staging, self.apply_pass.cursors)
                     next_gc = time.monotonic() + self.config.staging.gc_seconds
-                if until_caught_up and not self.apply_pass.in_flight:  # a batch in flight has not advanced
+                if until_caught_up:
+                    # A batch in flight has not moved its table's cursor, so the check stays true to
+                    # what is applied; not waiting for none to be in flight keeps a run under constant
+                    # writes from never ending (there is always a next batch).
                     done, failed = caught_up(state, self.target, self.capture.captured_lsn, start_lsn,
                                              self.apply_pass.cursors)
                     if failed:
@@ -214,6 +217,7 @@ class Pipeline:
                         return 1
                     if done:
                         event(log, "run.caught_up", captured_lsn=self.source.format_position(self.capture.captured_lsn))
+                        self._settle(state)  # the batches in flight end and count
                         return 0
                 if not thread.is_alive():
                     if isinstance(self.capture.failure, TerminalError):
