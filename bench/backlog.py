@@ -41,6 +41,7 @@ from harness import (
     load_average,
     parse_ts,
     pyplot,
+    save_figure,
     write_config,
 )
 
@@ -131,10 +132,7 @@ def plot(runs: list[dict[str, Any]], reference: float, dlt: dict[str, Any], png:
     ax.set_xlabel("mean changes per apply batch (apply.max_batch_files as the knob)")
     ax.set_ylabel("changes/s, end to end")
     ax.set_title(f"draining a backlog of {runs[0]['changes']:,} changes", fontsize=10)
-    ax.grid(alpha=.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save_figure(fig, png, ax)
 
 
 def main() -> int:

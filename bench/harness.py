@@ -328,6 +328,16 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, png: str | Path, *axes: Any, legend: bool = True) -> None:
+    """Grid (and legend) on ``axes``, then the figure written as a PNG: every bench's plots look alike."""
+    for ax in axes:
+        ax.grid(alpha=.3)
+        if legend:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def compare_with_source(config: Path, dsn: str, checks: dict[str, str]) -> dict[str, Any]:
     """Per table (``schema.table``), ``SELECT <expressions>`` on the source and on the target read by
     DuckDB (iceberg_scan of the current metadata file, or the DuckLake attached): equal or not.

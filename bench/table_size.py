@@ -36,6 +36,7 @@ from harness import (
     insert_lsn,
     load_average,
     pyplot,
+    save_figure,
     wait_for,
     write_config,
 )
@@ -131,10 +132,7 @@ def plot(results: list[dict[str, Any]], png: Path) -> None:
     ax.set_xlabel("rows in the target table")
     ax.set_ylabel(f"seconds for a {results[0]['burst']:,}-change burst")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save_figure(fig, png, ax)
 
 
 def main() -> int:
