@@ -16,10 +16,9 @@ import pytest
 
 from headrace.pipeline import Pipeline
 from headrace.targets.ducklake.config import DuckLakeConfig
-from headrace.targets.faulty.target import FaultyTarget
 from tests.e2e.helpers import assert_same, make_config, running, source_rows, target_rows, wait_until
 from tests.targets.test_ducklake_target import plain_duckdb
-from tests.targets.test_faulty import change, faulty, row, streaming, tables
+from tests.targets.test_faulty import change, faulty, row, running_faulty, streaming, tables
 
 
 def test_a_held_batch_leaves_the_other_tables_applying(source_dsn: str, tmp_path: Path, spark: Any) -> None:
@@ -29,32 +28,24 @@ def test_a_held_batch_leaves_the_other_tables_applying(source_dsn: str, tmp_path
     config = make_config(source_dsn, tmp_path, ["public.slow", "public.fast"],
                          faulty(tmp_path, {"fail_on": "apply_batch", "table": "public.slow", "error": "hold"}),
                          apply={"concurrency": 4})
-    pipeline = Pipeline(config, spark=spark)
-    state = Pipeline(config).setup()
-    try:
-        with running(pipeline):
-            wait_until(lambda: streaming(state), 180, "the tables never reached STREAMING")
-            target = pipeline.target
-            assert isinstance(target, FaultyTarget)
-            slow = row(state, "public.slow")
-            change(source_dsn, "slow")
-            wait_until(lambda: ("apply_batch", "public.slow") in target.injected, 120,
-                       "public.slow's batch never reached the target")
-            with psycopg.connect(source_dsn, autocommit=True) as conn:
-                for i in range(3):  # three rounds, each applied while public.slow's batch is held
-                    conn.execute(f"INSERT INTO fast VALUES ({500 + i}, 'during the hold');"
-                                 f" UPDATE fast SET v = 'round {i}' WHERE id = {i + 1}")
-                    wait_until(lambda i=i: assert_same(pipeline, source_dsn, "public.fast") == 21 + i, 120,
-                               f"public.fast's round {i} was not applied while public.slow's batch was held")
-            assert pipeline.apply_pass.applying(slow.oid), "public.slow's batch ended early"
-            schema, _ = source_rows(source_dsn, "public.slow")
-            assert ("changed" not in {v for _id, v in target_rows(pipeline, schema)}), "the held batch committed"
-            target.release()
-            wait_until(lambda: assert_same(pipeline, source_dsn, "public.slow") == 21, 120,
-                       "public.slow did not apply after the release")
-            assert not pipeline.apply_pass.applying(slow.oid)
-    finally:
-        state.close()
+    with running_faulty(config, spark) as (pipeline, state, target):
+        slow = row(state, "public.slow")
+        change(source_dsn, "slow")
+        wait_until(lambda: ("apply_batch", "public.slow") in target.injected, 120,
+                   "public.slow's batch never reached the target")
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            for i in range(3):  # three rounds, each applied while public.slow's batch is held
+                conn.execute(f"INSERT INTO fast VALUES ({500 + i}, 'during the hold');"
+                             f" UPDATE fast SET v = 'round {i}' WHERE id = {i + 1}")
+                wait_until(lambda i=i: assert_same(pipeline, source_dsn, "public.fast") == 21 + i, 120,
+                           f"public.fast's round {i} was not applied while public.slow's batch was held")
+        assert pipeline.apply_pass.applying(slow.oid), "public.slow's batch ended early"
+        schema, _ = source_rows(source_dsn, "public.slow")
+        assert ("changed" not in {v for _id, v in target_rows(pipeline, schema)}), "the held batch committed"
+        target.release()
+        wait_until(lambda: assert_same(pipeline, source_dsn, "public.slow") == 21, 120,
+                   "public.slow did not apply after the release")
+        assert not pipeline.apply_pass.applying(slow.oid)
 
 
 NAMES = [f"c{i}" for i in range(6)]

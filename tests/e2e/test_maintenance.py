@@ -18,7 +18,6 @@ from headrace.run.maintenance import maintain_table
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
-from headrace.targets.faulty.target import FaultyTarget
 from headrace.targets.registry import open_target
 from tests.e2e.helpers import (
     Target,
@@ -33,7 +32,7 @@ from tests.e2e.helpers import (
 )
 from tests.e2e.test_catalogs import jdbc_target
 from tests.e2e.test_pipeline import run_caught_up
-from tests.targets.test_faulty import change, faulty, row, streaming, tables
+from tests.targets.test_faulty import change, faulty, row, running_faulty, tables
 
 TARGETS = ["iceberg", "ducklake"]
 KEEP_LAST = 2
@@ -160,24 +159,16 @@ def test_a_long_pass_leaves_the_other_tables_applying(source_dsn: str, tmp_path:
     config = make_config(source_dsn, tmp_path, ["public.slow", "public.fast"],
                          faulty(tmp_path, {"fail_on": "maintain", "table": "public.slow", "error": "hold"}),
                          maintenance={**MAINTENANCE, "every_minutes": 0.001, "after_batches": 1})
-    pipeline = Pipeline(config, spark=spark)
-    state = Pipeline(config).setup()
-    try:
-        with running(pipeline):
-            wait_until(lambda: streaming(state), 180, "the tables never reached STREAMING")
-            target = pipeline.target
-            assert isinstance(target, FaultyTarget)
-            change(source_dsn, "slow")  # one batch makes public.slow due
-            wait_until(lambda: ("maintain", "public.slow") in target.injected, 120, "public.slow's pass never began")
-            with psycopg.connect(source_dsn, autocommit=True) as conn:
-                conn.execute("INSERT INTO fast VALUES (500, 'during the pass'); INSERT INTO slow VALUES (500, 'waits')")
-            wait_until(lambda: assert_same(pipeline, source_dsn, "public.fast") == 21, 120,
-                       "public.fast did not apply during public.slow's pass")
-            assert pipeline.maintenance.busy(row(state, "public.slow").oid), "the pass ended early"
-            schema, _ = source_rows(source_dsn, "public.slow")
-            assert len(target_rows(pipeline, schema)) == 21, "public.slow applied during its own pass"
-            target.release()
-            wait_until(lambda: assert_same(pipeline, source_dsn, "public.slow") == 22, 120,
-                       "public.slow did not apply after its pass")
-    finally:
-        state.close()
+    with running_faulty(config, spark) as (pipeline, state, target):
+        change(source_dsn, "slow")  # one batch makes public.slow due
+        wait_until(lambda: ("maintain", "public.slow") in target.injected, 120, "public.slow's pass never began")
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO fast VALUES (500, 'during the pass'); INSERT INTO slow VALUES (500, 'waits')")
+        wait_until(lambda: assert_same(pipeline, source_dsn, "public.fast") == 21, 120,
+                   "public.fast did not apply during public.slow's pass")
+        assert pipeline.maintenance.busy(row(state, "public.slow").oid), "the pass ended early"
+        schema, _ = source_rows(source_dsn, "public.slow")
+        assert len(target_rows(pipeline, schema)) == 21, "public.slow applied during its own pass"
+        target.release()
+        wait_until(lambda: assert_same(pipeline, source_dsn, "public.slow") == 22, 120,
+                   "public.slow did not apply after its pass")

@@ -8,6 +8,8 @@ on the state table, never on a fixed delay.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from headrace.config import PipelineConfig
 from headrace.core.backoff import Backoff
 from headrace.pipeline import Pipeline
 from headrace.state import lifecycle
@@ -66,6 +69,22 @@ def streaming(state: StateStore) -> bool:
     return all(r.state is TableState.STREAMING for r in state.tables())
 
 
+@contextmanager
+def running_faulty(config: PipelineConfig, spark: Any) -> Iterator[tuple[Pipeline, StateStore, FaultyTarget]]:
+    """``config``'s pipeline running (its target the faulty one) once every table is STREAMING: the
+    pipeline, a state store of its own for the test to read, and the faulty target to arm or release."""
+    pipeline = Pipeline(config, spark=spark)
+    state = Pipeline(config).setup()
+    try:
+        with running(pipeline):
+            wait_until(lambda: streaming(state), 180, "the tables never reached STREAMING")
+            target = pipeline.target
+            assert isinstance(target, FaultyTarget)
+            yield pipeline, state, target
+    finally:
+        state.close()
+
+
 def test_a_terminal_failure_stops_its_table_while_the_other_streams(source_dsn: str, tmp_path: Path,
                                                                     spark: Any) -> None:
     tables(source_dsn, "good", "bad")
@@ -96,79 +115,63 @@ def test_a_transient_failure_is_retried_until_the_table_converges(source_dsn: st
                                                                   spark: Any) -> None:
     tables(source_dsn, "t")
     config = make_config(source_dsn, tmp_path, ["public.t"], faulty(tmp_path))
-    pipeline = Pipeline(config, spark=spark)
-    state = Pipeline(config).setup()
-    try:
-        with running(pipeline):
-            wait_until(lambda: streaming(state), 180, "public.t never reached STREAMING")
-            target = pipeline.target
-            assert isinstance(target, FaultyTarget)
-            # Armed while the pipeline runs: the next two batches of public.t fail, the third goes through.
-            target.inject(Fault(fail_on="apply_batch", table="public.t", error="transient", times=2))
-            change(source_dsn, "t")
-            errors: set[str] = set()
+    with running_faulty(config, spark) as (pipeline, state, target):
+        # Armed while the pipeline runs: the next two batches of public.t fail, the third goes through.
+        target.inject(Fault(fail_on="apply_batch", table="public.t", error="transient", times=2))
+        change(source_dsn, "t")
+        errors: set[str] = set()
 
-            def healed() -> bool:
-                current = row(state, "public.t")
-                if current.error:
-                    errors.add(current.error)
-                return current.state is TableState.STREAMING and len(target.injected) == 2
+        def healed() -> bool:
+            current = row(state, "public.t")
+            if current.error:
+                errors.add(current.error)
+            return current.state is TableState.STREAMING and len(target.injected) == 2
 
-            wait_until(healed, 120, "public.t did not recover from two transient failures", every=0.05)
-            assert assert_same(pipeline, source_dsn, "public.t") == 21
-            assert row(state, "public.t").error is None and row(state, "public.t").error_count == 0
-            assert target.injected == [("apply_batch", "public.t")] * 2
-            assert errors and all("TransientError" in e for e in errors), errors
-    finally:
-        state.close()
+        wait_until(healed, 120, "public.t did not recover from two transient failures", every=0.05)
+        assert assert_same(pipeline, source_dsn, "public.t") == 21
+        assert row(state, "public.t").error is None and row(state, "public.t").error_count == 0
+        assert target.injected == [("apply_batch", "public.t")] * 2
+        assert errors and all("TransientError" in e for e in errors), errors
 
 
 def test_a_table_failing_transiently_backs_off_while_the_others_stream_then_converges(
         source_dsn: str, tmp_path: Path, spark: Any) -> None:
     tables(source_dsn, "good", "bad")
     config = make_config(source_dsn, tmp_path, ["public.good", "public.bad"], faulty(tmp_path))
-    pipeline = Pipeline(config, spark=spark)
-    state = Pipeline(config).setup()
-    try:
-        with running(pipeline):
-            wait_until(lambda: streaming(state), 180, "the tables never reached STREAMING")
-            target = pipeline.target
-            assert isinstance(target, FaultyTarget)
-            # public.bad's target fails every batch until the fault is cleared (an outage of its storage).
-            target.inject(Fault(fail_on="apply_batch", table="public.bad", error="transient", times=None))
-            change(source_dsn, "good", "bad")
-            bad_changes_end = wal_insert_lsn(source_dsn)
-            seen: dict[int, tuple[datetime, datetime]] = {}  # attempt -> (first seen, its retry_at)
+    with running_faulty(config, spark) as (pipeline, state, target):
+        # public.bad's target fails every batch until the fault is cleared (an outage of its storage).
+        target.inject(Fault(fail_on="apply_batch", table="public.bad", error="transient", times=None))
+        change(source_dsn, "good", "bad")
+        bad_changes_end = wal_insert_lsn(source_dsn)
+        seen: dict[int, tuple[datetime, datetime]] = {}  # attempt -> (first seen, its retry_at)
 
-            def failed_twice() -> bool:
-                bad = row(state, "public.bad")
-                if bad.state is TableState.ERRORED and bad.retry_at is not None and bad.error_count not in seen:
-                    seen[bad.error_count] = (datetime.now(bad.retry_at.tzinfo), bad.retry_at)
-                return 2 in seen
-
-            wait_until(failed_twice, 120, "public.bad did not fail twice", every=0.05)
+        def failed_twice() -> bool:
             bad = row(state, "public.bad")
-            assert (bad.error_kind, bad.resume_state) == ("transient", TableState.STREAMING)
-            assert bad.error is not None and "TransientError" in bad.error and "public.bad" in bad.error, bad.error
-            # Retried only once due, each wait twice the last (see tests/e2e/test_isolation.py).
-            for attempt, (at, retry_at) in seen.items():
-                assert (retry_at - at).total_seconds() <= BACKOFF_BASE_SECONDS * 2 ** (attempt - 1) + 0.1
-            assert seen[2][0] >= seen[1][1]
-            assert (seen[2][1] - seen[1][1]).total_seconds() >= 2 * BACKOFF_BASE_SECONDS - 0.1
-            # Meanwhile the other table streams, and the slot moves past the failing table's changes.
-            wait_until(lambda: assert_same(pipeline, source_dsn, "public.good") == 21, 120,
-                       "public.good stopped streaming while public.bad was failing")
-            wait_until(lambda: slot_position(source_dsn, config.slot_name)[1] >= bad_changes_end, 120,
-                       "the slot did not advance past the failing table's changes")
-            assert row(state, "public.bad").state is TableState.ERRORED
-            # The cause goes away: the next retry applies everything staged meanwhile.
-            target.clear()
-            wait_until(lambda: row(state, "public.bad").state is TableState.STREAMING, 120,
-                       "public.bad did not recover")
-            assert row(state, "public.bad").error is None
-            assert assert_same(pipeline, source_dsn, "public.bad") == 21
-    finally:
-        state.close()
+            if bad.state is TableState.ERRORED and bad.retry_at is not None and bad.error_count not in seen:
+                seen[bad.error_count] = (datetime.now(bad.retry_at.tzinfo), bad.retry_at)
+            return 2 in seen
+
+        wait_until(failed_twice, 120, "public.bad did not fail twice", every=0.05)
+        bad = row(state, "public.bad")
+        assert (bad.error_kind, bad.resume_state) == ("transient", TableState.STREAMING)
+        assert bad.error is not None and "TransientError" in bad.error and "public.bad" in bad.error, bad.error
+        # Retried only once due, each wait twice the last (see tests/e2e/test_isolation.py).
+        for attempt, (at, retry_at) in seen.items():
+            assert (retry_at - at).total_seconds() <= BACKOFF_BASE_SECONDS * 2 ** (attempt - 1) + 0.1
+        assert seen[2][0] >= seen[1][1]
+        assert (seen[2][1] - seen[1][1]).total_seconds() >= 2 * BACKOFF_BASE_SECONDS - 0.1
+        # Meanwhile the other table streams, and the slot moves past the failing table's changes.
+        wait_until(lambda: assert_same(pipeline, source_dsn, "public.good") == 21, 120,
+                   "public.good stopped streaming while public.bad was failing")
+        wait_until(lambda: slot_position(source_dsn, config.slot_name)[1] >= bad_changes_end, 120,
+                   "the slot did not advance past the failing table's changes")
+        assert row(state, "public.bad").state is TableState.ERRORED
+        # The cause goes away: the next retry applies everything staged meanwhile.
+        target.clear()
+        wait_until(lambda: row(state, "public.bad").state is TableState.STREAMING, 120,
+                   "public.bad did not recover")
+        assert row(state, "public.bad").error is None
+        assert assert_same(pipeline, source_dsn, "public.bad") == 21
 
 
 def test_an_unknown_error_waits_for_the_operator_after_the_retry_budget(
