@@ -41,6 +41,7 @@ from tests.e2e.helpers import (
     wait_until,
 )
 from tests.e2e.test_pipeline import run_caught_up
+from tests.targets.test_ducklake_target import plain_duckdb
 
 _names = itertools.count()
 
@@ -103,16 +104,7 @@ def _same(pipeline: Pipeline, root: str, database: str) -> int:
 
 def _plain_duckdb_ids(pipeline: Pipeline) -> list[int]:
     """The DuckLake table's ids read by a DuckDB that knows nothing of headrace."""
-    import duckdb
-
-    from headrace.targets.ducklake import extension
-
-    settings = pipeline.config.target.settings
-    con = duckdb.connect()
-    for ext in ("ducklake", "sqlite_scanner"):
-        con.execute(f"LOAD '{extension.extension_path(ext)}'")
-    location = extension.parse_catalog(settings.catalog).location
-    con.execute(f"ATTACH 'ducklake:{location}' AS lake (DATA_PATH '{settings.data_path}', READ_ONLY)")
+    con = plain_duckdb(pipeline.config.target.settings)
     (schema,) = [r[0] for r in con.execute("SELECT DISTINCT table_schema FROM information_schema.tables"
                                            " WHERE table_catalog = 'lake' AND table_name = 'items'").fetchall()]
     ids = sorted(r[0] for r in con.execute(f'SELECT id FROM lake."{schema}".items').fetchall())

@@ -17,6 +17,7 @@ from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
 from tests.e2e.helpers import assert_same, make_config
 from tests.e2e.test_pipeline import run_caught_up
+from tests.targets.test_ducklake_target import plain_duckdb
 
 KEYED = 20
 KEYLESS = 8
@@ -45,16 +46,7 @@ def _tables(dsn: str) -> list[str]:
 
 def _plain_duckdb_counts(pipeline: Pipeline) -> dict[str, int]:
     """Rows per table, read by a DuckDB that knows nothing of headrace."""
-    import duckdb
-
-    from headrace.targets.ducklake import extension
-
-    settings = pipeline.config.target.settings
-    con = duckdb.connect()
-    for ext in ("ducklake", "sqlite_scanner"):
-        con.execute(f"LOAD '{extension.extension_path(ext)}'")
-    location = extension.parse_catalog(settings.catalog).location
-    con.execute(f"ATTACH 'ducklake:{location}' AS lake (DATA_PATH '{settings.data_path}', READ_ONLY)")
+    con = plain_duckdb(pipeline.config.target.settings)
     tables = con.execute("SELECT table_schema, table_name FROM information_schema.tables"
                          " WHERE table_catalog = 'lake' AND table_schema = 'public'").fetchall()
     counts = {name: con.execute(f"SELECT count(*) FROM lake.{quote_ident(schema)}.{quote_ident(name)}")
