@@ -109,13 +109,7 @@ class IcebergTarget(Target):
     def ensure_table(self, table: TableSchema) -> str:
         """Create the namespace and the table (format version 2) if missing; return the name."""
         name = self.table_name(table)
-        namespace = self._namespace(table)
-        with self._namespaces_lock:
-            # Once per namespace and run, and one thread at a time: copies run side by side, and
-            # two concurrent CREATE NAMESPACE IF NOT EXISTS can both try to create it.
-            if namespace not in self._namespaces:
-                self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
-                self._namespaces.add(namespace)
+        self._ensure_namespace(self._namespace(table))
         columns = [f"{quote_spark(c.name)} {spark_type(c.type).simpleString()}" for c in table.columns]
         columns += [f"{HR_LSN} bigint", f"{HR_SEQ} bigint", f"{HR_COMMIT_TS} timestamp"]
         properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
@@ -124,6 +118,14 @@ class IcebergTarget(Target):
             f"TBLPROPERTIES ({properties})"
         )
         return name
+
+    def _ensure_namespace(self, namespace: str) -> None:
+        """Create ``namespace`` if missing: once per namespace and run, and one thread at a time
+        (copies run side by side, and two concurrent CREATE NAMESPACE IF NOT EXISTS can both try)."""
+        with self._namespaces_lock:
+            if namespace not in self._namespaces:
+                self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+                self._namespaces.add(namespace)
 
     def _shape_matches(self, table: TableSchema, name: str) -> bool:
         """The Iceberg table has exactly the columns and types ``table`` maps to."""
@@ -289,8 +291,8 @@ class IcebergTarget(Target):
                 f"{old.qualified_name} was renamed to {new.qualified_name}, but Iceberg's Hadoop catalog cannot"
                 " rename tables: set schema_changes.rename_table: keep and restart"
             )
-        name, namespace = self.table_name(new), self._namespace(new)
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+        name = self.table_name(new)
+        self._ensure_namespace(self._namespace(new))
         if self._exists(self.table_name(old)) and not self._exists(name):
             # Spark resolves RENAME TO within the source's catalog: the new name has no catalog part.
             short = f"{quote_spark(path_segment(self.settings.namespace or new.target_schema))}." \
