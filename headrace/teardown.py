@@ -11,6 +11,13 @@ left.
 schema always stays (its offset sequence must keep counting up, past any cursor a target kept). The
 next ``headrace run`` creates a new slot and copies every table again; each copy replaces its target
 table's rows.
+
+A MySQL/MariaDB pipeline has nothing on the source (no slot, no publication: a replica's position
+is its own, kept in state): ``drop`` removes its state rows, staged files and, with ``targets``,
+target tables, without connecting to the source; ``reset`` forgets the binlog position, so the next
+run reads the binlog from the server's position then and copies every table again. A running
+pipeline is recognised by the lock its binlog reader holds in the state database
+(``source.mysql.names.running_pid``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from headrace.config import PipelineConfig
+from headrace.config import PipelineConfig, source_kind
 from headrace.core.errors import SourceError
 from headrace.core.interfaces import Target
 from headrace.core.names import TableName
@@ -43,6 +50,7 @@ class Leftovers:
     tables: list[TableSchema] = field(default_factory=list)  # tracked tables (their targets)
     staged_files: int = 0
     staging_dir: str | None = None  # the staging store's folder (a path or URI)
+    source_kind: str = "postgresql"  # "mysql": no slot or publication; slot_pid is the state lock's holder
 
     @property
     def nothing(self) -> bool:
@@ -80,13 +88,20 @@ def _staging_dir(config: PipelineConfig) -> StagingStore:
 def survey(config: PipelineConfig) -> Leftovers:
     """What ``drop`` would remove now."""
     dsn = config.source.resolved_dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        slot = conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                            (config.slot_name,)).fetchone()
-        pub = conn.execute("SELECT pubname FROM pg_publication WHERE pubname = %s",
-                           (config.publication_name,)).fetchone()
-    rows, tables = 0, []
+    kind = source_kind(dsn)
+    slot = pub = None
+    if kind == "postgresql":
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            slot = conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                (config.slot_name,)).fetchone()
+            pub = conn.execute("SELECT pubname FROM pg_publication WHERE pubname = %s",
+                               (config.publication_name,)).fetchone()
+    rows, tables, reader_pid = 0, [], None
     with psycopg.connect(config.source.state_dsn or dsn, autocommit=True) as conn:
+        if kind == "mysql":
+            from headrace.source.mysql.names import running_pid
+
+            reader_pid = running_pid(conn, config.name)
         for name in _state_tables(conn):
             query = sql.SQL("SELECT count(*) FROM _headrace.{} WHERE pipeline = %s").format(sql.Identifier(name))
             rows += int(conn.execute(query, (config.name,)).fetchone()[0])  # type: ignore[index]
@@ -98,13 +113,22 @@ def survey(config: PipelineConfig) -> Leftovers:
             state.close()
     staging = _staging_dir(config)
     staged = sum(1 for f in staging.files() if f.endswith(".parquet"))
-    return Leftovers(slot=slot[0] if slot else None, slot_pid=slot[1] if slot else None,
+    return Leftovers(slot=slot[0] if slot else None, slot_pid=slot[1] if slot else reader_pid,
                      publication=pub[0] if pub else None, state_rows=rows, tables=tables,
-                     staged_files=staged, staging_dir=staging.root if staging.exists_root() else None)
+                     staged_files=staged, staging_dir=staging.root if staging.exists_root() else None,
+                     source_kind=kind)
 
 
 def refuse_if_running(config: PipelineConfig, found: Leftovers, command: str) -> None:
-    """A ``headrace run`` streams from the slot: removing things under it would break it mid-write."""
+    """A ``headrace run`` streams from the slot (MySQL: holds its lock in state): removing things under it
+    would break it mid-write."""
+    if found.slot_pid is not None and found.source_kind == "mysql":
+        raise SourceError(
+            f"pipeline {config.name} is running: its binlog reader holds the pipeline's lock in the state "
+            f"database (backend pid {found.slot_pid} there). Stop the `headrace run` process first (Ctrl-C, or "
+            f"SIGTERM to its pid; `systemctl stop` / `kubectl scale --replicas=0` for a service), then run "
+            f"`headrace {command}` again"
+        )
     if found.slot_pid is not None:
         raise SourceError(
             f"pipeline {config.name} is running: its replication slot {found.slot} is in use (walsender pid "
@@ -134,14 +158,21 @@ def drop_pipeline(config: PipelineConfig, targets: bool,
         finally:
             target.close()  # a DuckLake is attached once per process: the cursor clean-up below attaches it
     dsn = config.source.resolved_dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if found.slot:
-            # A slot can become active between survey and here; dropping then fails with a clear error.
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (found.slot,))
-            done.append(f"replication slot {found.slot}")
-        if found.publication:
-            conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(found.publication)))
-            done.append(f"publication {found.publication}")
+    if found.slot or found.publication:  # PostgreSQL only: a MySQL pipeline leaves nothing on the source
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if found.slot:
+                # A slot can become active between survey and here; dropping then fails with a clear error.
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (found.slot,))
+                done.append(f"replication slot {found.slot}")
+            if found.publication:
+                conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(found.publication)))
+                done.append(f"publication {found.publication}")
+    return done + _drop_rest(config, found, dsn, keep_schema)
+
+
+def _drop_rest(config: PipelineConfig, found: Leftovers, dsn: str, keep_schema: bool) -> list[str]:
+    """The state rows, the target's cursors and the staged files (what every source leaves)."""
+    done: list[str] = []
     if found.state_rows:
         _forget_target_cursors(config)  # before the state rows: a crash in between is finished next time
         done += _drop_state(config.source.state_dsn or dsn, config.name, keep_schema)

@@ -52,15 +52,21 @@ def cmd_drop(args: argparse.Namespace) -> int:
 
 @_reachable
 def cmd_reset(args: argparse.Namespace) -> int:
-    """Forget the pipeline's position so the next run copies every table again under a new slot."""
+    """Forget the pipeline's position so the next run copies every table again (PostgreSQL: under a new
+    slot; MySQL: from the binlog's position then)."""
     from headrace.teardown import confirm, drop_pipeline, refuse_if_running, survey
 
     config = load_config(args.config)
     found = survey(config)
     refuse_if_running(config, found, "reset")
-    print(f"pipeline {config.name}: resetting. The slot, publication, state rows and staged files go; the "
-          f"{len(found.tables)} target tables stay, and the next `headrace run` copies every table again "
-          "under a new slot (each copy replaces its target table's rows)")
+    if found.source_kind == "mysql":
+        print(f"pipeline {config.name}: resetting. The binlog position, state rows and staged files go; the "
+              f"{len(found.tables)} target tables stay, and the next `headrace run` reads the binlog from the "
+              "server's position then and copies every table again (each copy replaces its target table's rows)")
+    else:
+        print(f"pipeline {config.name}: resetting. The slot, publication, state rows and staged files go; the "
+              f"{len(found.tables)} target tables stay, and the next `headrace run` copies every table again "
+              "under a new slot (each copy replaces its target table's rows)")
     if not confirm(f"reset pipeline {config.name}?", args.yes, sys.stdin, sys.stdout):
         print("nothing reset")
         return 1
@@ -81,14 +87,14 @@ def _opener(config: Any) -> Any:
 
 def add_commands(sub: Any) -> None:
     """Register ``drop`` and ``reset`` on the CLI's subparsers."""
-    drop = sub.add_parser("drop", help="remove the pipeline: slot, publication, state rows, staged files"
-                          " (--targets: its target tables too)")
+    drop = sub.add_parser("drop", help="remove the pipeline: slot and publication (PostgreSQL), state rows,"
+                          " staged files (--targets: its target tables too)")
     drop.add_argument("-c", "--config", required=True, help="pipeline YAML file")
     drop.add_argument("--targets", action="store_true", help="drop the target tables too")
     drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     drop.set_defaults(func=cmd_drop)
-    reset = sub.add_parser("reset", help="recover from a lost slot: forget the position; the next run copies"
-                           " every table again under a new slot")
+    reset = sub.add_parser("reset", help="recover from a lost slot or purged binlog: forget the position; the"
+                           " next run copies every table again from the source's position then")
     reset.add_argument("-c", "--config", required=True, help="pipeline YAML file")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     reset.set_defaults(func=cmd_reset)

@@ -15,8 +15,10 @@ pgoutput says nothing about CREATE or DROP TABLE, so the run loop asks the catal
   a copy under a snapshot exported afterwards, so no change before or after is lost); one that
   cannot be replicated is noted as refused, with the reason, and assessed again at the next pass.
 
-The catalog reads are the source's ``catalog_watch`` capability (PostgreSQL); a source without one
-(MySQL) skips the poll: its stream carries what the watch would find.
+The catalog reads are the source's ``catalog_watch`` capability. MySQL's (``source/mysql/watch.py``)
+reports no table gone (its binlog stream stops dropped tables itself) and lists new tables the same
+way; a table dropped and created again there keeps its id, so it comes as ``extra["recreated"]`` and
+is copied again in place.
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ class TableWatch:
                       lsn=self.source.format_position(lsn))
         if self.dropping or self._retired:
             self._heartbeat()
+        for oid, name in poll.extra.get("recreated", {}).items():
+            self._recreated_in_place(state, oid, name, lsn)
         for row in rows:
             if row.oid in leaves:
                 self._partitions_changed(state, row, leaves[row.oid], lsn)
@@ -230,6 +234,20 @@ class TableWatch:
         self.observer.ddl_applied("recreate_table")
         event(log, "table.recreated", table=row.qualified_name, old_oid=row.oid, oid=new_oid,
               resync=schema is not None)
+
+    def _recreated_in_place(self, state: StateStore, oid: int, name: str, lsn: int) -> None:
+        """A table dropped and created again that keeps its id (MySQL: the id is its name's hash; the
+        stream saw the DROP and the CREATE): copied again into the same target table with
+        ``recreated_table: resync``; with ``refuse`` it stays ERRORED with the stream's message."""
+        row = state.table(oid)
+        if (row is None or self.config.schema_changes.recreated_table == "refuse" or row.state.needs_copy
+                or row.state is TableState.PAUSED):
+            return
+        self.settle(state, oid)
+        self.tracking.resync(state, str(oid))  # the copy replaces the target's rows; older changes are skipped
+        state.record_ddl(oid, name, "recreate_table", "dropped and created again: copying the new table", lsn)
+        self.observer.ddl_applied("recreate_table")
+        event(log, "table.recreated", table=name, old_oid=oid, oid=oid, resync=True)
 
     def _partitions_changed(self, state: StateStore, row: TableRow, leaves: dict[int, bool], lsn: int) -> None:
         """Resync a partitioned table whose rows changed without changes in the stream.

@@ -138,6 +138,9 @@ class BinlogStream:
         self._begun = False  # Begin sent for the open transaction (only once it touches a tracked table)
         self._standalone = False  # the open transaction is one statement (DDL) without XID
         self._catalog: Any = None  # a connection for column defaults, opened at the first Relation
+        # Tracked tables renamed, (id, new name, position of the statement), for the adapter to keep in
+        # state: a table without rows since the stream started has no Relation to send (``names.py``).
+        self.renames: list[tuple[int, tuple[str, str], int]] = []
         # oid -> (shape, its columns' text converters), rebuilt when the shape object changes.
         self._converters: dict[int, tuple[TableSchema, list[Callable[[Any], str | None]]]] = {}
 
@@ -295,6 +298,7 @@ class BinlogStream:
                 out.append((self._begin(out), Truncate((oid,))))
             return
         for oid, (database, table) in self.identities.apply(parse(query, default_db), at):
+            self.renames.append((oid, (database, table), at))
             shape = self._schemas.get(oid)
             if shape is not None:
                 self._schemas[oid] = replace(shape, schema=database, name=table)

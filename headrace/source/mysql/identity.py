@@ -50,7 +50,11 @@ class Identities:
         self._unsure: set[int] = set()
         self.renamed: dict[Name, int] = {}
         self.dropped: dict[int, int] = {}
+        self.dropped_names: dict[int, Name] = {}  # id -> the name it had when dropped
         self.created: dict[Name, int] = {}
+        # id -> (position, schema) of a copy of that table: DDL of the table before that position is older
+        # than the copy, which already shows its outcome (``copied``).
+        self._copies: dict[int, tuple[int, TableSchema]] = {}
         for oid, schema in self._known().items():
             self._adopt(oid, schema)
 
@@ -86,6 +90,23 @@ class Identities:
         if name in self._vacated or oid in self.dropped or self.renamed.get(name, oid) != oid:
             return None  # the name a tracked table left; a dropped table until it is tracked again
         return oid
+
+    def copied(self, oid: int, schema: TableSchema, position: int) -> None:
+        """Table ``oid`` is being copied as ``schema`` (read from the catalog after binlog ``position``):
+        a table the binlog dropped is tracked again (its rows flow from now, before the copy's chunks
+        take their snapshots, so no row falls between), and a DROP or CREATE of it the stream reads
+        later but that sits before ``position`` is already behind the copy: the stream then takes
+        ``schema`` instead of stopping the table."""
+        self._copies[oid] = (position, schema)
+        if oid in self.dropped:
+            self._readopt(oid, schema)
+
+    def _readopt(self, oid: int, schema: TableSchema) -> None:
+        self._adopt(oid, schema)
+        known = self._known().get(oid)
+        if known is not None:
+            self._adopted[oid] = known  # else oid_of would take state's (the dropped table's) schema back
+        self.dropped_names.pop(oid, None)
 
     def name_of(self, oid: int) -> Name | None:
         """The current name of tracked table ``oid`` (after renames), None if dropped or never seen."""
@@ -148,8 +169,11 @@ class Identities:
             renamed.append((oid, new))
         for name in ddl.dropped_tables + ddl.replaced_tables:
             oid = self.oid_of(*name)
-            if oid is not None:
+            if oid is not None and position < self._copies.get(oid, (-1,))[0]:
+                self._readopt(oid, self._copies[oid][1])  # older than its copy: the copy has the new table
+            elif oid is not None:
                 self.dropped[oid] = position
+                self.dropped_names[oid] = name
                 self.renamed.pop(name, None)
                 self._vacated.add(name)
         for name in ddl.created_tables + ddl.replaced_tables:

@@ -3,8 +3,9 @@
 Positions are binlog (file number << 32 | offset) ints (``position.py``). State stays in PostgreSQL
 (``source.state_dsn``). What PostgreSQL has and MySQL does not, the run skips: no publication (the
 binlog client filters the tracked tables itself), no slot (the server keeps binlog files for
-``binlog_expire_logs_seconds``; a purged position is refused at start-up), no catalog watch
-(DDL arrives in the binlog: the next TABLE_MAP of a changed table is a Relation).
+``binlog_expire_logs_seconds``; a purged position is refused at start-up). DDL arrives in the
+binlog (the next TABLE_MAP of a changed table is a Relation; drops and renames are followed by the
+stream); the catalog watch (``watch.py``) only finds new tables and copies recreated ones again.
 
 The copy: each chunk (a primary-key range) is read under its own ``START TRANSACTION WITH
 CONSISTENT SNAPSHOT`` and carries that snapshot's binlog position on every row (``copy.py``); the
@@ -22,20 +23,26 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 import pymysql
 
-from headrace.core.changes import Begin, Commit, Event, Relation
+from headrace.core.changes import Relation
 from headrace.core.errors import SourceError, TableNotFound, TransientError
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
 from headrace.core.settings import redacted_dsn
-from headrace.source.base import ChangeStream, ChunkRead, CopySnapshot, Route, Source
+from headrace.source.base import CatalogWatch, ChangeStream, ChunkRead, CopySnapshot, Route, Source
 from headrace.source.mysql import catalog, check
 from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn
-from headrace.source.mysql.identity import dropped_message
+from headrace.source.mysql.names import TableNames
 from headrace.source.mysql.position import format_position, to_int
+from headrace.source.mysql.stream import (
+    NewestSchemas,
+    PositionStream,
+    recorded_table_names,
+    renamed_tables,
+    staged_schemas,
+)
 
 if TYPE_CHECKING:
     from headrace.state.store import StateStore
@@ -59,6 +66,7 @@ class MySqlSource(Source):
 
     _staged: dict[int, TableSchema] = {}  # noqa: RUF012 -- replaced, never mutated (staged_schemas)
     _renamed: dict[int, TableName] = {}  # noqa: RUF012 -- replaced, never mutated (configured_names)
+    _stream: PositionStream | None = None  # the running capture's stream (open_stream)
 
     @property
     def server_id(self) -> int:
@@ -111,8 +119,16 @@ class MySqlSource(Source):
         return list(self.config.source.schemas) or None
 
     def list_tables(self, conn: Conn, schemas: list[str] | None) -> dict[int, str]:
+        """Tables of ``schemas`` (every database when None) by id: a tracked table renamed keeps the id
+        of its first name (the stream's, else state's), so discovery does not take it for a new one."""
         databases = schemas or _all_databases(conn)
-        return {catalog.table_id(t.schema, t.name): str(t) for t in catalog.list_tables(conn, databases)}
+        stream = self._stream
+        if stream is None:  # before capture runs (start-up): state's names
+            self._renamed = renamed_tables(self.config.source.state_dsn, self.config.name)
+        renamed = ({TableName(*name): oid for name, oid in stream.inner.renamed.items()} if stream is not None
+                   else {name: oid for oid, name in self._renamed.items()})
+        return {renamed.get(t, catalog.table_id(t.schema, t.name)): str(t)
+                for t in catalog.list_tables(conn, databases)}
 
     def table_problems(self, conn: Conn, name: str) -> list[str]:
         return check.table_problems(conn, TableName.parse(name))  # keyless tables are fine: full-row identity
@@ -124,6 +140,10 @@ class MySqlSource(Source):
         (``renamed_tables``) for ``read_table_schema`` and ``current_names`` too."""
         self._renamed = renamed_tables(self.config.source.state_dsn, self.config.name)
         return [self._renamed.get(catalog.table_id(n.schema, n.name), n) for n in names]
+
+    def _watched(self, conn: Conn) -> list[str]:
+        """The databases a pipeline's tables can be in: the config's, or every one for ``all_tables``."""
+        return _all_databases(conn) if self.config.source.all_tables else self.databases()
 
     def _name(self, conn: Conn, table: str | TableName | int) -> TableName:
         if isinstance(table, TableName):
@@ -163,20 +183,26 @@ class MySqlSource(Source):
 
     def current_names(self, conn: Conn, oids: list[int]) -> list[TableName]:
         """Tables' names now: a renamed table keeps the id of its first name (``identity.Identities``),
-        so the running stream's name for an id comes first, the catalog's ``table_id`` of a name after."""
-        listed = catalog.list_tables(conn, _all_databases(conn))
-        found = {catalog.table_id(t.schema, t.name): t for t in listed}
-        stream: PositionStream | None = getattr(self, "_stream", None)
-        names: list[TableName] = []
+        so the running stream's name for an id comes first, then state's, then the ``table_id`` of a
+        table of the watched databases. Lists only the databases those names are in."""
+        stream = self._stream
+        wanted: dict[int, TableName | None] = {}
         for oid in oids:
             if stream is not None and oid in stream.inner.dropped:
                 continue
             current = stream.inner.identities.name_of(oid) if stream is not None else None
-            name = TableName(current[0], current[1]) if current is not None else None
-            name = name or self._renamed.get(oid) or found.get(oid)  # no stream yet: state's names
-            if name is not None and name in listed:
-                names.append(name)
-        return names
+            wanted[oid] = TableName(*current) if current is not None else self._renamed.get(oid)
+        databases = {n.schema for n in wanted.values() if n is not None}
+        if any(n is None for n in wanted.values()):
+            databases.update(self._watched(conn))
+        listed = catalog.list_tables(conn, sorted(databases))
+        found = {catalog.table_id(t.schema, t.name): t for t in listed}
+        if any(known is None and oid not in found for oid, known in wanted.items()):
+            listed = catalog.list_tables(conn, _all_databases(conn))  # e.g. added through the API from elsewhere
+            found = {catalog.table_id(t.schema, t.name): t for t in listed}
+        present = set(listed)
+        names = [name for oid, known in wanted.items() if (name := known or found.get(oid)) is not None]
+        return [n for n in names if n in present]
 
     # -- capture --------------------------------------------------------------------------------------
     def prepare_capture(self, conn: Conn, tables: list[TableName]) -> int:
@@ -200,15 +226,23 @@ class MySqlSource(Source):
     def open_stream(self, start: int, known: Callable[[], dict[int, TableSchema]]) -> ChangeStream:
         from headrace.source.mysql.binlog import BinlogStream
 
-        newest = NewestSchemas(known, self._staged)
+        names = TableNames(self.config.source.state_dsn, self.config.name) if self.config.source.state_dsn else None
+        if names is not None:
+            names.open()  # holds the running lock that `headrace drop` / `reset` look for
+        newest = NewestSchemas(known, self._staged, recorded_table_names(self.config.source.state_dsn, self.config.name))
 
         def tracked(database: str, table: str) -> bool:
             # state's tables (newest has the same ids): no rebuild of the newest schemas per TABLE_MAP
             return catalog.table_id(database, table) in known()
 
-        inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest)
-        self._stream = PositionStream(inner, start, newest)
-        return self._stream
+        try:
+            inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest)
+        except BaseException:
+            if names is not None:
+                names.close()  # capture opens the stream again: no connection (and lock) left per attempt
+            raise
+        stream = self._stream = PositionStream(inner, start, newest, names)
+        return stream
 
     def relation_schema(self, conn: Conn, stream: ChangeStream, ev: Relation, known: TableSchema) -> TableSchema:
         assert isinstance(stream, PositionStream)
@@ -239,8 +273,33 @@ class MySqlSource(Source):
         yield CopySnapshot(position, None)
 
     def schema_at(self, conn: Conn, oid: int, snapshot: CopySnapshot) -> TableSchema | None:
-        names = self.current_names(conn, [oid])
-        return catalog.read_table_schema(conn, names[0].schema, names[0].name) if names else None
+        """Table ``oid`` now (each chunk reads its own later snapshot). A table the binlog dropped and
+        that exists again under its name is tracked again by the running stream here, under its lock:
+        from now on its rows are staged, and the chunks' snapshots are taken later (no row between)."""
+        stream = self._stream
+        with stream.lock if stream is not None else contextlib.nullcontext():
+            names = self.current_names(conn, [oid])
+            if not names and stream is not None and oid in stream.inner.identities.dropped_names:
+                names = [TableName(*stream.inner.identities.dropped_names[oid])]  # created again, maybe
+            try:
+                schema = (replace(catalog.read_table_schema(conn, names[0].schema, names[0].name), oid=oid)
+                          if names else None)
+            except SourceError:
+                schema = None  # dropped, and not there (yet)
+            if schema is not None and stream is not None:
+                stream.inner.identities.copied(oid, schema, snapshot.position)
+                stream.record_name(oid, schema.table_name, snapshot.position)
+        return schema
+
+    def recreated(self) -> dict[int, str]:
+        """Tracked tables the running stream saw dropped and then created again under the same name
+        (id -> that name), for the catalog watch to copy again (``schema_changes.recreated_table``)."""
+        stream = self._stream
+        if stream is None:
+            return {}
+        identities = stream.inner.identities
+        return {oid: str(TableName(*name)) for oid, name in list(identities.dropped_names.items())
+                if name in identities.created and oid in identities.dropped}
 
     def plan_chunks(self, conn: Conn, table: TableSchema) -> list[tuple[int, int]]:
         if not table.key:
@@ -254,113 +313,10 @@ class MySqlSource(Source):
     def text_columns_watch(self, conn: Conn, tracked: list[int]) -> set[int]:
         return set()  # columns_as_text is PostgreSQL's
 
+    def catalog_watch(self) -> CatalogWatch | None:
+        from headrace.source.mysql.watch import MySqlCatalogWatch
 
-class PositionStream:
-    """The binlog stream, plus an empty transaction whenever the binlog moved past transactions that
-    touch no tracked table (or DDL): capture registers that position, as a PostgreSQL heartbeat's
-    commit lets it, so an idle pipeline is caught up and a restart does not read them again."""
-
-    def __init__(self, inner: Any, start: int, known: Callable[[], dict[int, TableSchema]] = dict) -> None:
-        self.inner = inner
-        self._known = known  # state's schemas: a dropped table's name when the stream never saw its rows
-        self._sent = start  # the end of the last transaction handed to capture
-        self._open = False  # a Begin was handed over without its Commit yet
-        self._reported: dict[int, str] = {}  # tables dropped -> message (``new_table_errors``)
-
-    def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event]]:
-        events: list[tuple[int, Event]] = self.inner.read(max_messages, timeout)
-        for _pos, ev in events:
-            if isinstance(ev, Begin):
-                self._open = True
-            elif isinstance(ev, Commit):
-                self._open = False
-                self._sent = max(self._sent, ev.end_lsn)
-        moved = int(self.inner.position)
-        if not self._open and moved > self._sent:
-            events += [(moved, Begin(moved, 0, 0)), (moved, Commit(moved, moved, 0))]
-            self._sent = moved
-        return events
-
-    def acknowledge(self, pos: int) -> None:
-        self.inner.acknowledge(pos)
-
-    def new_table_errors(self) -> dict[int, str]:
-        """Tracked tables the binlog dropped since the last call (id -> the message naming the fix), for
-        capture to hand to the run loop, which errors each (``run.table_watch``)."""
-        for oid in [o for o in self._reported if o not in self.inner.dropped]:
-            del self._reported[oid]  # tracked again (resync): a later drop is news again
-        new: dict[int, str] = {}
-        for oid, at in self.inner.dropped.items():
-            if oid in self._reported:
-                continue
-            shape = self.inner._schemas.get(oid) or self._known().get(oid)
-            name = (shape.schema, shape.name) if shape is not None else None
-            created = self.inner.created.get(name) if name is not None else None
-            label = str(TableName(*name)) if name is not None else f"with id {oid}"
-            new[oid] = self._reported[oid] = dropped_message(
-                label, format_position(at), format_position(created) if created is not None else None)
-        return new
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class NewestSchemas:
-    """State's schemas for the stream (``BinlogStream(known=...)``), each replaced by the table's last
-    staged schema when that is newer (staged, not applied yet): column ids given to a renamed or added
-    column survive a restart. The same objects come back until state gives a table a new schema
-    (tracked or copied again), which the stream then adopts."""
-
-    def __init__(self, known: Callable[[], dict[int, TableSchema]], staged: dict[int, TableSchema]) -> None:
-        self._known = known
-        self._staged = staged
-        self._given: dict[int, tuple[TableSchema, TableSchema]] = {}  # oid -> (state's, the one handed out)
-
-    def __call__(self) -> dict[int, TableSchema]:
-        out: dict[int, TableSchema] = {}
-        for oid, schema in self._known().items():
-            given = self._given.get(oid)
-            if given is None or given[0] is not schema:
-                # first sight: the staged one if there is one; a schema tracked again: state's
-                newest = self._staged.get(oid, schema) if given is None else schema
-                given = self._given[oid] = (schema, newest)
-            out[oid] = given[1]
-        return out
-
-
-def staged_schemas(state: StateStore) -> dict[int, TableSchema]:
-    """Each table's schema in its newest staged log entry not applied yet (id -> schema)."""
-    index = state.log_index
-    out: dict[int, TableSchema] = {}
-    for oid, tail in index.tails().items():
-        if tail > index.cursor(oid):
-            entries = index.entries_through(oid, tail, 1)
-            if entries:
-                out[oid] = entries[-1].schema
-    return out
-
-
-def renamed_tables(state_dsn: str | None, pipeline: str) -> dict[int, TableName]:
-    """Tables the pipeline tracks whose name now is not the one their id was made from (renamed since
-    first tracked): id -> name now, from each table's newest schema (staged, else state's). Empty
-    before the first run, or when state cannot be read (then the start-up check says so)."""
-    from headrace.state.store import StateStore
-
-    if not state_dsn:
-        return {}
-    try:
-        state = StateStore(state_dsn, pipeline)
-        try:
-            if not state.installed():
-                return {}
-            staged = staged_schemas(state)
-            newest = {row.oid: staged.get(row.oid, row.schema) for row in state.tables()}
-        finally:
-            state.close()
-    except psycopg.Error:
-        return {}
-    return {oid: TableName(s.schema, s.name) for oid, s in newest.items()
-            if catalog.table_id(s.schema, s.name) != oid}
+        return MySqlCatalogWatch(self)
 
 
 def _all_databases(conn: Conn) -> list[str]:

@@ -220,3 +220,39 @@ def test_drop_and_create_of_a_tracked_table(mariadb_server: Any, mysql_db: tuple
         stream.close()
         assert [e.new for e in events if isinstance(e, Insert)] == [("3", "after resync")]
         assert shapes == [known[oid]] and not stream.dropped and not stream.created
+
+
+def test_a_copy_tracks_a_recreated_table_again(mariadb_server: Any, mysql_db: tuple[str, str]) -> None:
+    """``Identities.copied``: a copy of the recreated table tracks it again whether the stream read the
+    DROP before the copy (its rows flow from then on) or reads it after (older than the copy: ignored)."""
+    database, dsn = mysql_db
+    root = connect(mariadb_server.root_dsn + database)
+    oid = table_id(database, "t")
+    with contextlib.closing(root), root.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        start = snapshot_position(root)
+        known = {oid: read_table_schema(root, database, "t")}
+        cur.execute("DROP TABLE t")
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
+        cur.execute("INSERT INTO t VALUES (2, 'before the copy')")
+        copied_at = snapshot_position(root)
+        new = read_table_schema(root, database, "t")
+
+        # The stream is behind: the copy happens before it reads the DROP, which is then older than the copy.
+        behind = BinlogStream(dsn, SERVER_ID, start, {(database, "t")}, known=lambda: known)
+        behind.identities.copied(oid, new, copied_at)
+        events, shapes = _read(behind, 1)
+        behind.close()
+        assert [e.new for e in events if isinstance(e, Insert)] == [("2", "before the copy")]
+        assert not behind.dropped and shapes[-1].column_names == ("id", "v")
+
+        # The stream read the DROP first: the table waits for its copy, then its rows flow again.
+        ahead = BinlogStream(dsn, SERVER_ID + 1, start, {(database, "t")}, known=lambda: known)
+        _drain(ahead, copied_at)
+        assert list(ahead.dropped) == [oid] and ahead.identities.dropped_names[oid] == (database, "t")
+        ahead.identities.copied(oid, new, copied_at)
+        cur.execute("INSERT INTO t VALUES (3, 'after the copy')")
+        events, shapes = _read(ahead, 1)
+        ahead.close()
+        assert [e.new for e in events if isinstance(e, Insert)] == [("3", "after the copy")]
+        assert not ahead.dropped and _ids(shapes[-1]) == _ids(new)
