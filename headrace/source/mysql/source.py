@@ -35,6 +35,7 @@ from headrace.source.mysql import catalog, check
 from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.identity import dropped_message
+from headrace.source.mysql.newest import NewestSchemas, staged_in_state, staged_schemas
 from headrace.source.mysql.position import format_position, to_int
 
 if TYPE_CHECKING:
@@ -57,12 +58,18 @@ class MySqlSource(Source):
     label = "MariaDB/MySQL"
     transient_errors = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
 
-    _staged: dict[int, TableSchema] = {}  # noqa: RUF012 -- replaced, never mutated (staged_schemas)
     _renamed: dict[int, TableName] = {}  # noqa: RUF012 -- replaced, never mutated (configured_names)
+    _generation = 0  # changes of the captured table set (capture_tables), for the stream's NewestSchemas
 
     @property
     def server_id(self) -> int:
         return self.config.source.server_id or default_server_id(self.config.name)
+
+    @property
+    def replica_tag(self) -> str:
+        """The host name the binlog client registers under (SHOW SLAVE HOSTS): tells this pipeline's own
+        registrations (a connection a killed run left) from another replica's under the same id."""
+        return f"headrace:{self.config.name}"[:60]
 
     # -- connections and checks --------------------------------------------------------------------
     def connect(self) -> AbstractContextManager[Any]:
@@ -82,7 +89,9 @@ class MySqlSource(Source):
                 names = self.configured_names(self.config.source.table_names)
                 if self.config.source.discovers:
                     names = [TableName.parse(n) for n in self.list_tables(conn, self._schemas()).values()]
-                return check.check_server(conn, names)
+                return [*check.check_server(conn, names),
+                        *check.replica_id_problems(conn, self.server_id, self.replica_tag,
+                                                   derived=not self.config.source.server_id)]
         except (pymysql.err.Error, SourceError, TransientError) as exc:
             return [f"cannot connect to the source {redacted_dsn(self.dsn)}: {str(exc).strip()}"]
 
@@ -90,17 +99,20 @@ class MySqlSource(Source):
         return _identity(conn)
 
     def check_same_source(self, conn: Conn, state: StateStore) -> None:
+        from headrace.source.mysql.binlog import same_server
+
         meta = state.meta()
         if meta is None:
             return
-        now = _identity(conn)
-        if now != meta["system_identifier"]:
+        now, recorded = _identity(conn), str(meta["system_identifier"])
+        if not same_server(recorded, now):
             raise SourceError(
-                f"the source is now another MariaDB/MySQL server ({now}; pipeline {state.pipeline} was set up on"
-                f" {meta['system_identifier']}): its binlog positions mean nothing there. Point source.dsn back at"
-                " the original server, or start over with a new pipeline name")
+                f"the source {redacted_dsn(self.dsn)} is another MariaDB/MySQL server than the one pipeline"
+                f" {state.pipeline} was set up on (now {now}; recorded {recorded}): its binlog positions mean"
+                " nothing here. Point source.dsn back at the original server, or copy every table again from"
+                " this one: `headrace reset -c <pipeline file> --yes`, then run (MariaDB's server_uid changes"
+                " with the host, the data directory or the port)")
         self.check_capture(conn, state)
-        self._staged = staged_schemas(state)  # for the stream capture opens next (open_stream)
 
     def probe(self) -> None:
         with self.connect() as conn, conn.cursor() as cur:
@@ -182,6 +194,11 @@ class MySqlSource(Source):
     def prepare_capture(self, conn: Conn, tables: list[TableName]) -> int:
         return self.current_position(conn)  # a new pipeline streams from now; its copies start after
 
+    def capture_tables(self, conn: Conn, tables: list[TableName]) -> None:
+        # Called after capture learns a table added (or removed) and before its copy's snapshot: the
+        # stream rebuilds its map of tracked tables at its next TABLE_MAP (NewestSchemas).
+        self._generation += 1
+
     def check_capture(self, conn: Conn, state: StateStore) -> None:
         meta = state.meta()
         if meta is None:
@@ -200,13 +217,14 @@ class MySqlSource(Source):
     def open_stream(self, start: int, known: Callable[[], dict[int, TableSchema]]) -> ChangeStream:
         from headrace.source.mysql.binlog import BinlogStream
 
-        newest = NewestSchemas(known, self._staged)
+        # Column ids given by schema changes staged but not applied yet, read here (not by a check).
+        newest = NewestSchemas(known, staged_in_state(self.config.source.state_dsn, self.config.name),
+                               lambda: self._generation)
 
         def tracked(database: str, table: str) -> bool:
-            # state's tables (newest has the same ids): no rebuild of the newest schemas per TABLE_MAP
-            return catalog.table_id(database, table) in known()
+            return catalog.table_id(database, table) in newest()  # state's ids; rebuilt only when they change
 
-        inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest)
+        inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest, tag=self.replica_tag)
         self._stream = PositionStream(inner, start, newest)
         return self._stream
 
@@ -303,41 +321,6 @@ class PositionStream:
 
     def close(self) -> None:
         self.inner.close()
-
-
-class NewestSchemas:
-    """State's schemas for the stream (``BinlogStream(known=...)``), each replaced by the table's last
-    staged schema when that is newer (staged, not applied yet): column ids given to a renamed or added
-    column survive a restart. The same objects come back until state gives a table a new schema
-    (tracked or copied again), which the stream then adopts."""
-
-    def __init__(self, known: Callable[[], dict[int, TableSchema]], staged: dict[int, TableSchema]) -> None:
-        self._known = known
-        self._staged = staged
-        self._given: dict[int, tuple[TableSchema, TableSchema]] = {}  # oid -> (state's, the one handed out)
-
-    def __call__(self) -> dict[int, TableSchema]:
-        out: dict[int, TableSchema] = {}
-        for oid, schema in self._known().items():
-            given = self._given.get(oid)
-            if given is None or given[0] is not schema:
-                # first sight: the staged one if there is one; a schema tracked again: state's
-                newest = self._staged.get(oid, schema) if given is None else schema
-                given = self._given[oid] = (schema, newest)
-            out[oid] = given[1]
-        return out
-
-
-def staged_schemas(state: StateStore) -> dict[int, TableSchema]:
-    """Each table's schema in its newest staged log entry not applied yet (id -> schema)."""
-    index = state.log_index
-    out: dict[int, TableSchema] = {}
-    for oid, tail in index.tails().items():
-        if tail > index.cursor(oid):
-            entries = index.entries_through(oid, tail, 1)
-            if entries:
-                out[oid] = entries[-1].schema
-    return out
 
 
 def renamed_tables(state_dsn: str | None, pipeline: str) -> dict[int, TableName]:
