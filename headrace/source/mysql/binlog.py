@@ -59,9 +59,10 @@ from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.ddl import parse
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
-from headrace.source.mysql.types import binlog_text, text_converter
+from headrace.source.mysql.types import binlog_converters, binlog_text
 
 TableFilter = Callable[[str, str], bool]
+Converter = Callable[[Any], str | None]
 _FL_STANDALONE = 1  # MariaDB GTID event flag: a statement outside a transaction (DDL)
 _LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purged or does not exist
 _UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
@@ -166,8 +167,8 @@ class BinlogStream:
         self._standalone = False  # the open transaction is one statement (DDL) without XID
         self._catalog: Any = None  # a connection for column defaults and MariaDB types, opened when needed
         self._fixed: dict[tuple[int, str, str], dict[str, str]] = {}  # (binlog table id, name) -> UUID/INET columns (_declared)
-        # oid -> (shape, its columns' text converters), rebuilt when the shape object changes.
-        self._converters: dict[int, tuple[TableSchema, list[Callable[[Any], str | None]]]] = {}
+        # oid -> (shape, *types.binlog_converters(its columns)), rebuilt when the shape object changes.
+        self._converters: dict[int, tuple[TableSchema, list[str], list[Converter | None], list[Converter]]] = {}
 
     def schema(self, oid: int) -> TableSchema:
         """The shape of table ``oid`` as its latest TABLE_MAP described it (for the last Relation)."""
@@ -300,19 +301,22 @@ class BinlogStream:
         start = self._begin(out)
         self._relation(oid, start, out)
         shape = self._schemas[oid]
-        columns = list(zip(shape.columns, event.columns, strict=True))
         converters = self._converters.get(oid)
         if converters is None or converters[0] is not shape:
-            converters = self._converters[oid] = (shape, [text_converter(c) for c in shape.columns])
-        convert = converters[1]
+            converters = self._converters[oid] = (shape, *binlog_converters(shape.columns))
+        _shape, names, fast, convert = converters
+        plan = list(zip(names, fast, convert, shape.columns, event.columns, strict=True))
         keyed = bool(shape.key)
+        in_key = [name in shape.key for name in names]
 
         def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
-            return tuple(binlog_text(values[c.name], none.get(c.name), lib, c, f)
-                         for (c, lib), f in zip(columns, convert, strict=True))
+            # Most values take their column's converter directly; NULL-looking ones (zero dates, the
+            # empty SET are None too) and the types binlog_text must see first go through it.
+            return tuple(f(v) if f is not None and (v := values[n]) is not None
+                         else binlog_text(values[n], none.get(n), lib, c, g) for n, f, g, c, lib in plan)
 
         def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
-            return tuple(v if c.name in shape.key else None for v, (c, _lib) in zip(row, columns, strict=True))
+            return tuple(v if k else None for v, k in zip(row, in_key, strict=True))
 
         for row in event.rows:
             if isinstance(event, WriteRowsEvent):

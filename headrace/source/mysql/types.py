@@ -23,7 +23,7 @@ import decimal
 import functools
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from pymysqlreplication.constants import FIELD_TYPE
@@ -288,13 +288,36 @@ def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[
 
 def text_converter(column: Column) -> Callable[[Any], str | None]:
     """``to_text`` for one column, with the type dispatch done once (the copy and the stream call
-    it for every value): integers and character strings take a short path."""
+    it for every value): integers, character strings, decimals, doubles and DATETIMEs take a short
+    path; anything unusual for the type (a zero date's text, an int) still goes through ``to_text``."""
     base = _base(column.type)
     if base in _INTEGERS:
         return lambda value: None if value is None else str(value)
     if base in ("char", "varchar", "enum", *_TEXTS):
         return lambda value: value if value is None or type(value) is str else to_text(value, column)
+    if base == "decimal" and column.type.kind is TypeKind.DECIMAL:
+        spec = f".{_args(column.type)[1]}f"
+        return lambda value: format(value, spec) if type(value) is decimal.Decimal else to_text(value, column)
+    if base == "double":
+        return lambda value: repr(value) if type(value) is float else to_text(value, column)
+    if base == "datetime":
+        return lambda value: value.isoformat(sep=" ") if type(value) is dt.datetime and value.tzinfo is None \
+            else to_text(value, column)
     return lambda value: to_text(value, column)
+
+
+# Types whose binlog values ``binlog_text`` must see even when not None: a SET arrives as a Python set,
+# a UUID/INET all of whose bytes are zero as ''.
+_BINLOG_SPECIAL = frozenset({"set", *FIXED_BINARY_TYPES})
+
+
+def binlog_converters(columns: Sequence[Column]) -> tuple[list[str], list[Callable[[Any], str | None] | None],
+                                                          list[Callable[[Any], str | None]]]:
+    """For the stream, per column: its name, the converter a value that is not None can take directly
+    (None: every value goes through ``binlog_text``), and its ``text_converter``."""
+    convert = [text_converter(c) for c in columns]
+    fast = [None if _base(c.type) in _BINLOG_SPECIAL else f for c, f in zip(columns, convert, strict=True)]
+    return [c.name for c in columns], fast, convert
 
 
 # Why mysql-replication gave None for a value that is not NULL (its ``none_sources``).
