@@ -320,3 +320,23 @@ def test_mysql_uuid_and_inet_columns_reach_the_target(mariadb_server: Any, shop:
              "UPDATE addr SET v6 = '1:0:2:3:4:5:6:7', u = '017f22e2-79b0-7cc3-98c4-dc0c0c07398f' WHERE id = 1",
              "UPDATE addr SET v4 = '255.255.255.255' WHERE id = 2")
         wait_until(same, 120, "UUID/INET changes to stream", every=1)
+
+
+def test_mysql_refuses_another_server(mariadb_server: Any, shop: tuple[str, str], state_dsn: str, tmp_path: Path,
+                                      spark: Any) -> None:
+    """The DSN now names another MariaDB (configured alike: server_id 1, domain 0, same database and
+    table): start-up refuses, naming both identities and the fix."""
+    from headrace.source.mysql.throwaway import ThrowawayMariaDB
+
+    database, root = shop
+    _run(root, CREATE, "INSERT INTO items (id, name) VALUES (1, 'a')")
+    raw = raw_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.items"], "ducklake",
+                     source={"state_dsn": state_dsn}, name="moved")
+    run_caught_up(Pipeline(parse_config(raw), spark=spark))
+    with ThrowawayMariaDB(str(tmp_path)) as other:
+        other.create_database(database)
+        _run(other.root_dsn + database, CREATE)
+        moved = parse_config({**raw, "source": {**raw["source"], "dsn": other.dsn_for(database)}})
+        with pytest.raises(SourceError, match="is another MariaDB/MySQL server") as refused:
+            run_caught_up(Pipeline(moved, spark=spark), timeout=120)
+    assert "server_uid=" in str(refused.value) and "headrace reset -c <pipeline file> --yes" in str(refused.value)
