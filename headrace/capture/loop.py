@@ -49,7 +49,9 @@ class Capture:
         self.dsn = dsn
         self.source = source or open_source(config, dsn)
         self.state_dsn = state_dsn
-        self.known = dict(schemas)  # oid -> schema as tracked in state (keys come from here)
+        # oid -> schema as tracked in state (keys come from here). Replaced, never changed in place: the
+        # stream may keep the dict it was handed and tell a new one by identity (MySQL's NewestSchemas).
+        self.known = dict(schemas)
         self.staging = StagingStore.for_pipeline(config.staging.path, config.name)
         self.captured_lsn = 0  # end LSN of the last transaction registered in the log
         self.received_lsn = 0
@@ -80,7 +82,7 @@ class Capture:
     def track(self, schema: TableSchema) -> None:
         """Start capturing a table added while running."""
         with self._lock:
-            self.known[schema.oid] = schema
+            self.known = {**self.known, schema.oid: schema}
 
     def run(self, stop: threading.Event) -> None:
         """Capture until ``stop`` is set, reconnecting after transient failures, however long they last.
@@ -147,7 +149,7 @@ class Capture:
 
     def _known(self) -> dict[int, TableSchema]:
         with self._lock:
-            return dict(self.known)
+            return self.known  # never changed in place (``track``): safe to hand out
 
     def _stream(self, stop: threading.Event, index: LogIndex, source: Any, stream: ChangeStream) -> None:
         self.connected = True

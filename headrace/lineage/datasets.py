@@ -22,7 +22,7 @@ from openlineage.client.generated import schema_dataset as sd
 from psycopg.conninfo import conninfo_to_dict
 
 from headrace.config import PipelineConfig, source_kind
-from headrace.core.schema import TableSchema
+from headrace.core.schema import ColumnType, TableSchema
 
 _KEPT = re.compile(r"^column (.+) dropped \(kept in the target")
 _RENAMED = re.compile(r"^column (.+) renamed to (.+)$")
@@ -91,9 +91,26 @@ def column_history(ddl: list[dict[str, Any]]) -> ColumnHistory:
     return ColumnHistory(renamed, kept)
 
 
-def schema_facet(table: TableSchema, kept: list[str] = (), target: bool = False) -> sd.SchemaDatasetFacet:  # type: ignore[assignment]
-    """The columns with their PostgreSQL types (the target's kept dropped columns too)."""
-    fields = [sd.SchemaDatasetFacetFields(name=c.name, type=c.type.pg_type, ordinal_position=i)
+def column_type_name(ct: ColumnType, target_kind: str | None = None) -> str:
+    """A column's type as a dataset holds it: the source's own spelling (``ColumnType.pg_type`` is
+    PostgreSQL's for a PostgreSQL table and MySQL's, e.g. ``bigint unsigned``, for a MySQL one), or with
+    ``target_kind`` the type the target table has (Iceberg's as Spark spells it, DuckDB's for DuckLake)."""
+    if target_kind == "iceberg":
+        from headrace.core.spark_types import spark_type
+
+        return str(spark_type(ct).simpleString())
+    if target_kind == "ducklake":
+        from headrace.targets.ducklake.types import duck_type
+
+        return duck_type(ct)
+    return ct.pg_type
+
+
+def schema_facet(table: TableSchema, kept: list[str] = (), target: bool = False,  # type: ignore[assignment]
+                 target_kind: str | None = None) -> sd.SchemaDatasetFacet:
+    """The columns with their types (``column_type_name``: the source's spelling, the target's with
+    ``target_kind``), and the target's kept dropped columns with ``target``."""
+    fields = [sd.SchemaDatasetFacetFields(name=c.name, type=column_type_name(c.type, target_kind), ordinal_position=i)
               for i, c in enumerate(table.columns, 1)]
     if target:
         fields += [sd.SchemaDatasetFacetFields(name=k, description="dropped in the source, kept in the target",

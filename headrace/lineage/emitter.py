@@ -32,7 +32,7 @@ from openlineage.client.generated import output_statistics_output_dataset as out
 from openlineage.client.generated.base import RunFacet
 from openlineage.client.uuid import generate_new_uuid
 
-from headrace.config import PipelineConfig
+from headrace.config import PipelineConfig, source_kind
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
 from headrace.lineage.config import LineageConfig
@@ -170,6 +170,14 @@ class Lineage:
         self._emit(state, row.schema, "apply", summary.from_lsn, summary.to_lsn, summary.rows, summary.batches,
                    BATCH_APPLY)
 
+    def _position(self, pos: int) -> str:
+        """A position as the source writes it: an LSN (``0/16B3748``), a binlog ``000003:1234``."""
+        if source_kind(self.dsn) == "mysql":
+            from headrace.source.mysql.position import format_position
+
+            return format_position(pos)
+        return format_lsn(pos)
+
     def _emit(self, state: StateStore, table: TableSchema, kind: str, from_lsn: int | None, to_lsn: int,
               rows: int, batches: int, job_type: jt.JobTypeJobFacet) -> None:
         assert self.client is not None
@@ -182,8 +190,8 @@ class Lineage:
                 eventType=RunState.COMPLETE,
                 eventTime=datetime.now(timezone.utc).isoformat(),
                 run=Run(runId=str(generate_new_uuid()), facets={"headrace_positions": HeadracePositionsRunFacet(
-                    kind=kind, fromLsn=format_lsn(from_lsn) if from_lsn is not None else None,
-                    toLsn=format_lsn(to_lsn), batches=batches)}),
+                    kind=kind, fromLsn=self._position(from_lsn) if from_lsn is not None else None,
+                    toLsn=self._position(to_lsn), batches=batches)}),
                 job=Job(namespace=self.config.lineage.namespace, name=f"{self.config.name}.{table.qualified_name}",
                         facets={"jobType": job_type}),
                 producer=PRODUCER,
@@ -191,7 +199,7 @@ class Lineage:
                                      inputFacets={"inputStatistics": ins.InputStatisticsInputDatasetFacet(
                                          rowCount=rows)})],
                 outputs=[OutputDataset(target.namespace, target.name, facets={
-                    "schema": schema_facet(table, history.kept, target=True),
+                    "schema": schema_facet(table, history.kept, target=True, target_kind=self.config.target.kind),
                     "columnLineage": column_lineage_facet(source, table, history)},
                     outputFacets={"outputStatistics": outs.OutputStatisticsOutputDatasetFacet(rowCount=rows)})],
             )

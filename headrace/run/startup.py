@@ -45,7 +45,11 @@ def setup(config: PipelineConfig, source: Source, state_dsn: str, watch: TableWa
     with source.connect() as conn:
         sysid = source.identity(conn)
         meta = state.meta()
-        if meta and meta["system_identifier"] != sysid:
+        if meta and meta["system_identifier"] != sysid and source.kind == "mysql":
+            # MariaDB's identity has several fields, compared by the source (a state recorded before one
+            # was added still matches), which refuses another server naming both and the fix.
+            source.check_same_source(conn, state)
+        elif meta and meta["system_identifier"] != sysid:
             what = "cluster (system identifier" if source.kind == "postgresql" else "server (server UUID"
             raise SourceError(
                 f"pipeline {config.name} was set up on another {source.label} {what} "

@@ -285,3 +285,58 @@ def test_mysql_kill_9_under_load_then_converge(mariadb_server: Any, shop: tuple[
         assert _same(local, root, database) > 300
     finally:
         local.target.close()
+
+
+def test_mysql_uuid_and_inet_columns_reach_the_target(mariadb_server: Any, shop: tuple[str, str], state_dsn: str,
+                                                      tmp_path: Path, spark: Any, target: str) -> None:
+    """MariaDB's UUID, INET4 and INET6, copied and streamed: the target holds what CAST(col AS CHAR) says."""
+    database, root = shop
+    _run(root, "CREATE TABLE addr (id INT PRIMARY KEY, u UUID, v4 INET4, v6 INET6)",
+         "INSERT INTO addr VALUES (1, '6ccd780c-baba-1026-9564-5b8c656024db', '10.0.0.1', '::ffff:1.2.3.4'),"
+         " (2, NULL, NULL, NULL), (3, '00000000-0000-0000-0000-000000000000', '0.0.0.0', '::')")
+    config = make_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.addr"], target,
+                         source={"state_dsn": state_dsn})
+    with contextlib.closing(connect(root)) as conn:
+        schema = read_table_schema(conn, database, "addr")
+
+    def expected() -> list[tuple[Any, ...]]:
+        with contextlib.closing(connect(root)) as conn, conn.cursor() as cur:
+            cur.execute("SELECT id, CAST(u AS CHAR), CAST(v4 AS CHAR), CAST(v6 AS CHAR) FROM addr ORDER BY id")
+            return [tuple(r) for r in cur.fetchall()]
+
+    def same() -> bool:
+        try:
+            found = pipeline.target.read_table(schema).select("id", "u", "v4", "v6").collect()
+        except Exception as exc:  # the copy has not created the table yet
+            raise AssertionError(f"target not readable yet: {exc}") from exc
+        rows = sorted((r[0], *(None if v is None else str(v) for v in r[1:])) for r in found)
+        assert rows == expected()
+        return True
+
+    pipeline = Pipeline(config, spark=spark)
+    with running(pipeline):
+        wait_until(same, 120, "the copy of UUID/INET columns", every=1)
+        _run(root, "INSERT INTO addr VALUES (4, UUID(), '192.168.1.1', '2001:db8::1')",
+             "UPDATE addr SET v6 = '1:0:2:3:4:5:6:7', u = '017f22e2-79b0-7cc3-98c4-dc0c0c07398f' WHERE id = 1",
+             "UPDATE addr SET v4 = '255.255.255.255' WHERE id = 2")
+        wait_until(same, 120, "UUID/INET changes to stream", every=1)
+
+
+def test_mysql_refuses_another_server(mariadb_server: Any, shop: tuple[str, str], state_dsn: str, tmp_path: Path,
+                                      spark: Any) -> None:
+    """The DSN now names another MariaDB (configured alike: server_id 1, domain 0, same database and
+    table): start-up refuses, naming both identities and the fix."""
+    from headrace.source.mysql.throwaway import ThrowawayMariaDB
+
+    database, root = shop
+    _run(root, CREATE, "INSERT INTO items (id, name) VALUES (1, 'a')")
+    raw = raw_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.items"], "ducklake",
+                     source={"state_dsn": state_dsn}, name="moved")
+    run_caught_up(Pipeline(parse_config(raw), spark=spark))
+    with ThrowawayMariaDB(str(tmp_path)) as other:
+        other.create_database(database)
+        _run(other.root_dsn + database, CREATE)
+        moved = parse_config({**raw, "source": {**raw["source"], "dsn": other.dsn_for(database)}})
+        with pytest.raises(SourceError, match="is another MariaDB/MySQL server") as refused:
+            run_caught_up(Pipeline(moved, spark=spark), timeout=120)
+    assert "server_uid=" in str(refused.value) and "headrace reset -c <pipeline file> --yes" in str(refused.value)

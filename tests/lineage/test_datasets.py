@@ -43,3 +43,19 @@ def test_column_history_follows_renames_of_renamed_and_kept_columns() -> None:
     history = column_history(events)
     assert history.renamed_from == {"heading": "name"}
     assert history.kept == ["note"]
+
+
+def test_schema_facets_name_the_source_type_and_the_target_type() -> None:
+    """A MySQL table's source dataset lists MySQL's types; the target dataset the target's own."""
+    from headrace.lineage.datasets import schema_facet
+    from headrace.source.mysql.types import column_type
+
+    table = TableSchema(oid=2, schema="shop", name="orders", key=("id",), columns=(
+        Column("id", column_type("bigint", "bigint(20) unsigned", 20, 0, None, None), 1),
+        Column("u", column_type("uuid", "uuid", None, None, None, None), 2),
+        Column("at", column_type("datetime", "datetime(6)", None, None, 6, None), 3)))
+    types = {kind: [f.type for f in schema_facet(table, [], kind is not None, kind).fields]
+             for kind in (None, "iceberg", "ducklake")}
+    assert types == {None: ["bigint unsigned", "uuid", "datetime(6)"],
+                     "iceberg": ["decimal(20,0)", "string", "timestamp_ntz"],
+                     "ducklake": ["DECIMAL(20,0)", "UUID", "TIMESTAMP"]}

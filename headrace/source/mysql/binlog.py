@@ -24,6 +24,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
@@ -48,14 +49,20 @@ from headrace.core.changes import (
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
 from headrace.core.settings import redacted_dsn
-from headrace.source.mysql.catalog import column_defaults, schema_from_table_map, with_fills
+from headrace.source.mysql.catalog import (
+    column_defaults,
+    fixed_binary_types,
+    schema_from_table_map,
+    with_fills,
+)
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.ddl import parse
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
-from headrace.source.mysql.types import binlog_text, text_converter
+from headrace.source.mysql.types import binlog_converters, binlog_text
 
 TableFilter = Callable[[str, str], bool]
+Converter = Callable[[Any], str | None]
 _FL_STANDALONE = 1  # MariaDB GTID event flag: a statement outside a transaction (DDL)
 _LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purged or does not exist
 _UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
@@ -66,16 +73,36 @@ _EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, Table
 
 
 def server_identity(conn: Any) -> str:
-    """A stable name for the server: MySQL's ``server_uuid``; MariaDB has none, so its ``server_id``
-    and ``gtid_domain_id`` (weaker: two servers configured alike look the same)."""
+    """A stable name for the server: MySQL's ``server_uuid``. MariaDB has none: its ``server_uid`` (a hash
+    of the host's hardware address, the data directory and the port: the same across restarts, another
+    for every other server, measured in tests/source/mysql/test_identity.py) with ``server_id`` and
+    ``gtid_domain_id``, as ``mariadb:server_uid=...,server_id=N,gtid_domain_id=N``."""
     with conn.cursor() as cur:
         try:
             cur.execute("SELECT @@server_uuid")
             return str(cur.fetchone()[0])
         except pymysql.err.OperationalError:
-            cur.execute("SELECT @@server_id, @@gtid_domain_id")
-            server_id, domain = cur.fetchone()
-            return f"mariadb:server_id={server_id},gtid_domain_id={domain}"
+            pass
+        cur.execute("SELECT @@server_id, @@gtid_domain_id")
+        server_id, domain = cur.fetchone()
+        cur.execute("SHOW GLOBAL VARIABLES LIKE 'server_uid'")  # MariaDB 10.3+
+        row = cur.fetchone()
+        uid = f"server_uid={row[1]}," if row else ""
+        return f"mariadb:{uid}server_id={server_id},gtid_domain_id={domain}"
+
+
+def identity_fields(identity: str) -> dict[str, str]:
+    """``server_identity``'s fields (``{"server_uuid": ...}`` for MySQL's plain UUID)."""
+    if not identity.startswith("mariadb:"):
+        return {"server_uuid": identity}
+    return dict(part.split("=", 1) for part in identity.removeprefix("mariadb:").split(",") if "=" in part)
+
+
+def same_server(recorded: str, now: str) -> bool:
+    """Whether identity ``now`` is the server ``recorded`` names: the fields both have agree (a state
+    recorded before ``server_uid`` was part of the identity compares on the rest)."""
+    a, b = identity_fields(recorded), identity_fields(now)
+    return bool(a.keys() & b.keys()) and all(a[k] == b[k] for k in a.keys() & b.keys())
 
 
 def _truncated_table(query: str, default_db: str) -> tuple[str, str] | None:
@@ -91,7 +118,8 @@ class BinlogStream:
     """The binlog from position ``start`` (``position.to_int``), for the tables ``tables`` selects.
 
     ``tables`` is a set of ``(database, table)`` or a callable answering whether one is tracked
-    (tables added while running). ``server_id`` must be unique among the server's replicas.
+    (tables added while running). ``server_id`` must be unique among the server's replicas; ``tag``
+    is the host name the client registers under (``SHOW SLAVE HOSTS``), telling its id apart.
     ``known`` is the schemas state has (``{oid: TableSchema}``, or a callable returning them, which
     must return the same objects until a table is tracked again): the stream continues from their
     names (a table renamed earlier) and column ids (``attnum``); see ``identity.Identities``.
@@ -103,7 +131,7 @@ class BinlogStream:
 
     def __init__(self, dsn: str, server_id: int, start: int,
                  tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
-                 known: Known | Mapping[int, TableSchema] | None = None) -> None:
+                 known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
@@ -129,7 +157,7 @@ class BinlogStream:
         self._reader = BinLogStreamReader(
             connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
             log_file=file, log_pos=offset, blocking=True, slave_heartbeat=heartbeat, is_mariadb=False,
-            only_events=_EVENTS, enable_logging=False)
+            only_events=_EVENTS, enable_logging=False, report_slave=tag)
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
         self._sent: dict[int, TableSchema] = {}  # oid -> shape last sent as a Relation
@@ -137,12 +165,13 @@ class BinlogStream:
         self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
         self._begun = False  # Begin sent for the open transaction (only once it touches a tracked table)
         self._standalone = False  # the open transaction is one statement (DDL) without XID
-        self._catalog: Any = None  # a connection for column defaults, opened at the first Relation
+        self._catalog: Any = None  # a connection for column defaults and MariaDB types, opened when needed
         # Tracked tables renamed, (id, new name, position of the statement), for the adapter to keep in
         # state: a table without rows since the stream started has no Relation to send (``names.py``).
         self.renames: list[tuple[int, tuple[str, str], int]] = []
-        # oid -> (shape, its columns' text converters), rebuilt when the shape object changes.
-        self._converters: dict[int, tuple[TableSchema, list[Callable[[Any], str | None]]]] = {}
+        self._fixed: dict[tuple[int, str, str], dict[str, str]] = {}  # (binlog table id, name) -> UUID/INET columns (_declared)
+        # oid -> (shape, *types.binlog_converters(its columns)), rebuilt when the shape object changes.
+        self._converters: dict[int, tuple[TableSchema, list[str], list[Converter | None], list[Converter]]] = {}
 
     def schema(self, oid: int) -> TableSchema:
         """The shape of table ``oid`` as its latest TABLE_MAP described it (for the last Relation)."""
@@ -201,7 +230,8 @@ class BinlogStream:
             oid = self.identities.oid_of(event.schema, event.table)
             if oid is not None:
                 self._maps[event.table_id] = oid
-                self._schemas[oid] = self.identities.label(oid, schema_from_table_map(event))
+                shape = schema_from_table_map(event, self._declared(event))
+                self._schemas[oid] = self.identities.label(oid, shape)
             else:
                 self._maps.pop(event.table_id, None)
             return
@@ -225,6 +255,24 @@ class BinlogStream:
                     return
         # XID (InnoDB commit), COMMIT/ROLLBACK query (other engines), or the end of a standalone statement.
         self._commit(end, out)
+
+    def _declared(self, event: Any) -> dict[str, str]:
+        """The catalog's UUID/INET4/INET6 columns of the table a TABLE_MAP describes, when it has columns
+        that could be one (BINARY(4) or BINARY(16)): read once per binlog table id, which the server
+        renews whenever the table's definition changes (an ALTER), so it is read again after one.
+        The catalog is the table as it is now: a stream far behind a later ALTER between BINARY(16)
+        and UUID of the same column would read the event with the newer type (docs/mysql.md)."""
+        candidates = [c for c in event.columns if c.type == FIELD_TYPE.STRING and c.max_length in (4, 16)
+                      and (c.collation_name or "binary") == "binary"]
+        if not candidates:
+            return {}
+        key = (event.table_id, event.schema, event.table)  # ids restart with the server: the name too
+        declared = self._fixed.get(key)
+        if declared is None:
+            if self._catalog is None:
+                self._catalog = connect(self._dsn)
+            declared = self._fixed[key] = fixed_binary_types(self._catalog, event.schema, event.table)
+        return declared
 
     def _open(self, start: int, event: Any, xid: int, standalone: bool) -> None:
         """A transaction starts at ``start`` (its GTID event, or its first statement without one)."""
@@ -256,19 +304,22 @@ class BinlogStream:
         start = self._begin(out)
         self._relation(oid, start, out)
         shape = self._schemas[oid]
-        columns = list(zip(shape.columns, event.columns, strict=True))
         converters = self._converters.get(oid)
         if converters is None or converters[0] is not shape:
-            converters = self._converters[oid] = (shape, [text_converter(c) for c in shape.columns])
-        convert = converters[1]
+            converters = self._converters[oid] = (shape, *binlog_converters(shape.columns))
+        _shape, names, fast, convert = converters
+        plan = list(zip(names, fast, convert, shape.columns, event.columns, strict=True))
         keyed = bool(shape.key)
+        in_key = [name in shape.key for name in names]
 
         def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
-            return tuple(binlog_text(values[c.name], none.get(c.name), lib, c, f)
-                         for (c, lib), f in zip(columns, convert, strict=True))
+            # Most values take their column's converter directly; NULL-looking ones (zero dates, the
+            # empty SET are None too) and the types binlog_text must see first go through it.
+            return tuple(f(v) if f is not None and (v := values[n]) is not None
+                         else binlog_text(values[n], none.get(n), lib, c, g) for n, f, g, c, lib in plan)
 
         def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
-            return tuple(v if c.name in shape.key else None for v, (c, _lib) in zip(row, columns, strict=True))
+            return tuple(v if k else None for v, k in zip(row, in_key, strict=True))
 
         for row in event.rows:
             if isinstance(event, WriteRowsEvent):

@@ -10,7 +10,7 @@ stream (``identity.py``), not by the catalog (docs/mysql.md, Schema changes).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -108,13 +108,23 @@ def column_defaults(conn: Conn, database: str, table: str) -> dict[str, tuple[st
         return {name: (default, str(extra or "")) for name, default, extra in cur.fetchall()}
 
 
-def schema_from_table_map(event: Any) -> TableSchema:
+def fixed_binary_types(conn: Conn, database: str, table: str) -> dict[str, str]:
+    """Column name -> ``uuid``/``inet4``/``inet6`` for ``database.table``'s columns of MariaDB's types
+    that a TABLE_MAP shows as BINARY(n) (``types.FIXED_BINARY_TYPES``), as the catalog has them now."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s"
+                    " AND table_name = %s AND data_type IN ('uuid', 'inet4', 'inet6')", (database, table))
+        return {str(name): str(data_type).lower() for name, data_type in cur.fetchall()}
+
+
+def schema_from_table_map(event: Any, declared: Mapping[str, str] | None = None) -> TableSchema:
     """The schema a binlog TABLE_MAP event (``pymysqlreplication.row_event.TableMapEvent``) describes.
 
     Needs ``binlog_row_metadata=FULL`` on the server: column names, signedness, charsets and the
     primary key come from the event's optional metadata, never from the catalog, which may already
     describe a newer shape than the event's rows. Equals ``read_table_schema`` for the same shape
-    (column ids are positions; the stream relabels them, ``identity.Identities.label``).
+    (column ids are positions; the stream relabels them, ``identity.Identities.label``). ``declared``
+    is ``fixed_binary_types`` of the table: its UUID/INET columns, which the event shows as BINARY(n).
     """
     meta = event.optional_metadata
     names = list(meta.column_name_list)
@@ -124,7 +134,7 @@ def schema_from_table_map(event: Any) -> TableSchema:
                           " and in my.cnf)")
     nullable = bytes(event.null_bitmask)
     columns = tuple(
-        Column(names[i], binlog_column_type(col), 0, -1, bool(nullable[i // 8] & (1 << (i % 8))), i + 1)
+        Column(names[i], binlog_column_type(col, (declared or {}).get(names[i])), 0, -1, bool(nullable[i // 8] & (1 << (i % 8))), i + 1)
         for i, col in enumerate(event.columns)
     )
     positions = list(meta.simple_primary_key_list) or [p for p, _prefix in _prefixed(meta)]

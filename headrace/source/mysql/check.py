@@ -18,9 +18,8 @@ from headrace.core.names import TableName
 Conn = Any  # a pymysql connection
 # Shorter retention than this means a day's outage of headrace loses the binlog it needs.
 MIN_RETENTION_S = 24 * 3600
-# MariaDB types whose binlog form (fixed binary) cannot be told from BINARY(n) in a TABLE_MAP.
-UNSUPPORTED_TYPES = {"uuid": "CHAR(36)", "inet6": "VARCHAR(39)", "inet4": "VARCHAR(15)"}
 _NO_SELECT = (1142, 1143)  # ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR
+_SPECIFIC_ACCESS_DENIED = 1227  # ER_SPECIFIC_ACCESS_DENIED_ERROR (SHOW SLAVE HOSTS without the privilege)
 
 
 def _variables(conn: Conn, names: Sequence[str]) -> dict[str, str]:
@@ -105,15 +104,35 @@ def table_problems(conn: Conn, table: TableName) -> list[str]:
             if not exc.args or exc.args[0] not in _NO_SELECT:
                 raise
             problems.append(f"no SELECT privilege on {table}: run GRANT SELECT ON {quoted} TO <headrace account>")
-        cur.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s"
-                    " AND table_name = %s ORDER BY ordinal_position", (table.schema, table.name))
-        for name, data_type in cur.fetchall():
-            replacement = UNSUPPORTED_TYPES.get(str(data_type).lower())
-            if replacement:
-                problems.append(
-                    f"column {name} of {table} has type {data_type}, which the binlog does not describe (it reads as"
-                    f" BINARY): run ALTER TABLE {quoted} MODIFY `{name}` {replacement} or leave the table out")
     return problems
+
+
+def replica_id_problems(conn: Conn, server_id: int, tag: str, derived: bool) -> list[str]:
+    """Why the binlog client's ``server_id`` would clash: it is the server's own, or another replica
+    registered under it (``SHOW SLAVE HOSTS``; a registration reported as ``tag`` is this pipeline's
+    own, e.g. a connection left by a killed run). MariaDB drops the older of two dump connections with one
+    id, so two clients with the same id would take turns failing. ``derived``: the id comes from the
+    pipeline name (no ``source.server_id``). Without the privilege SHOW SLAVE HOSTS needs (REPLICATION
+    MASTER ADMIN on MariaDB 10.5+, REPLICATION SLAVE on MySQL) only the server's own id is checked."""
+    origin = "derived from the pipeline name" if derived else "source.server_id"
+    fix = ("set `server_id: <a number no server or replica of this source uses>` under source: in the pipeline"
+           " file")
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@server_id")
+        if int(cur.fetchone()[0]) == server_id:
+            return [f"the binlog client's server_id {server_id} ({origin}) is the source server's own server_id: {fix}"]
+        try:
+            cur.execute("SHOW SLAVE HOSTS")
+            hosts = cur.fetchall()
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] == _SPECIFIC_ACCESS_DENIED:
+                return []
+            raise
+    others = [str(row[1]) for row in hosts if int(row[0]) == server_id and str(row[1]) != tag]
+    if others:
+        return [f"the binlog client's server_id {server_id} ({origin}) is already used by replica {others[0]!r}"
+                f" (SHOW SLAVE HOSTS): the two connections would drop each other; {fix}"]
+    return []
 
 
 def check_server(conn: Conn, tables: Sequence[TableName]) -> list[str]:

@@ -35,14 +35,9 @@ from headrace.source.mysql import catalog, check
 from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.names import TableNames
+from headrace.source.mysql.newest import NewestSchemas, staged_in_state
 from headrace.source.mysql.position import format_position, to_int
-from headrace.source.mysql.stream import (
-    NewestSchemas,
-    PositionStream,
-    recorded_table_names,
-    renamed_tables,
-    staged_schemas,
-)
+from headrace.source.mysql.stream import PositionStream, recorded_table_names, renamed_tables
 
 if TYPE_CHECKING:
     from headrace.state.store import StateStore
@@ -64,13 +59,18 @@ class MySqlSource(Source):
     label = "MariaDB/MySQL"
     transient_errors = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
 
-    _staged: dict[int, TableSchema] = {}  # noqa: RUF012 -- replaced, never mutated (staged_schemas)
     _renamed: dict[int, TableName] = {}  # noqa: RUF012 -- replaced, never mutated (configured_names)
     _stream: PositionStream | None = None  # the running capture's stream (open_stream)
 
     @property
     def server_id(self) -> int:
         return self.config.source.server_id or default_server_id(self.config.name)
+
+    @property
+    def replica_tag(self) -> str:
+        """The host name the binlog client registers under (SHOW SLAVE HOSTS): tells this pipeline's own
+        registrations (a connection a killed run left) from another replica's under the same id."""
+        return f"headrace:{self.config.name}"[:60]
 
     # -- connections and checks --------------------------------------------------------------------
     def connect(self) -> AbstractContextManager[Any]:
@@ -90,7 +90,9 @@ class MySqlSource(Source):
                 names = self.configured_names(self.config.source.table_names)
                 if self.config.source.discovers:
                     names = [TableName.parse(n) for n in self.list_tables(conn, self._schemas()).values()]
-                return check.check_server(conn, names)
+                return [*check.check_server(conn, names),
+                        *check.replica_id_problems(conn, self.server_id, self.replica_tag,
+                                                   derived=not self.config.source.server_id)]
         except (pymysql.err.Error, SourceError, TransientError) as exc:
             return [f"cannot connect to the source {redacted_dsn(self.dsn)}: {str(exc).strip()}"]
 
@@ -98,17 +100,20 @@ class MySqlSource(Source):
         return _identity(conn)
 
     def check_same_source(self, conn: Conn, state: StateStore) -> None:
+        from headrace.source.mysql.binlog import same_server
+
         meta = state.meta()
         if meta is None:
             return
-        now = _identity(conn)
-        if now != meta["system_identifier"]:
+        now, recorded = _identity(conn), str(meta["system_identifier"])
+        if not same_server(recorded, now):
             raise SourceError(
-                f"the source is now another MariaDB/MySQL server ({now}; pipeline {state.pipeline} was set up on"
-                f" {meta['system_identifier']}): its binlog positions mean nothing there. Point source.dsn back at"
-                " the original server, or start over with a new pipeline name")
+                f"the source {redacted_dsn(self.dsn)} is another MariaDB/MySQL server than the one pipeline"
+                f" {state.pipeline} was set up on (now {now}; recorded {recorded}): its binlog positions mean"
+                " nothing here. Point source.dsn back at the original server, or copy every table again from"
+                " this one: `headrace reset -c <pipeline file> --yes`, then run (MariaDB's server_uid changes"
+                " with the host, the data directory or the port)")
         self.check_capture(conn, state)
-        self._staged = staged_schemas(state)  # for the stream capture opens next (open_stream)
 
     def probe(self) -> None:
         with self.connect() as conn, conn.cursor() as cur:
@@ -229,14 +234,15 @@ class MySqlSource(Source):
         names = TableNames(self.config.source.state_dsn, self.config.name) if self.config.source.state_dsn else None
         if names is not None:
             names.open()  # holds the running lock that `headrace drop` / `reset` look for
-        newest = NewestSchemas(known, self._staged, recorded_table_names(self.config.source.state_dsn, self.config.name))
+        # Column ids given by schema changes staged but not applied yet, read here (not by a check).
+        state_dsn, pipeline = self.config.source.state_dsn, self.config.name
+        newest = NewestSchemas(known, staged_in_state(state_dsn, pipeline), recorded_table_names(state_dsn, pipeline))
 
         def tracked(database: str, table: str) -> bool:
-            # state's tables (newest has the same ids): no rebuild of the newest schemas per TABLE_MAP
-            return catalog.table_id(database, table) in known()
+            return catalog.table_id(database, table) in newest()  # state's ids; rebuilt only when they change
 
         try:
-            inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest)
+            inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest, tag=self.replica_tag)
         except BaseException:
             if names is not None:
                 names.close()  # capture opens the stream again: no connection (and lock) left per attempt

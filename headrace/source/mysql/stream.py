@@ -2,17 +2,15 @@
 
 ``PositionStream`` wraps ``BinlogStream``: it turns binlog progress past untracked transactions into
 empty transactions capture can register, words the errors of tracked tables the binlog dropped, and
-keeps tables' names in state when they are renamed (``names.py``). ``NewestSchemas`` hands the
-stream each table's newest schema (staged, or state's, under the name recorded last);
-``renamed_tables`` gives start-up the names tracked tables have now.
+keeps tables' names in state when they are renamed (``names.py``). ``renamed_tables`` gives start-up
+the names tracked tables have now; ``newest.py`` the schemas the stream starts from.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
@@ -22,10 +20,8 @@ from headrace.core.schema import TableSchema
 from headrace.source.mysql import catalog
 from headrace.source.mysql.identity import dropped_message
 from headrace.source.mysql.names import TableNames, recorded_names
+from headrace.source.mysql.newest import staged_schemas
 from headrace.source.mysql.position import format_position
-
-if TYPE_CHECKING:
-    from headrace.state.store import StateStore
 
 
 class PositionStream:
@@ -99,46 +95,6 @@ class PositionStream:
         self.inner.close()
         if self._names is not None:
             self._names.close()
-
-
-class NewestSchemas:
-    """State's schemas for the stream (``BinlogStream(known=...)``), each replaced by the table's last
-    staged schema when that is newer (staged, not applied yet): column ids given to a renamed or added
-    column survive a restart. The same objects come back until state gives a table a new schema
-    (tracked or copied again), which the stream then adopts."""
-
-    def __init__(self, known: Callable[[], dict[int, TableSchema]], staged: dict[int, TableSchema],
-                 names: dict[int, TableName] | None = None) -> None:
-        self._known = known
-        self._staged = staged
-        self._names = names or {}  # the names recorded in state (names.py): newer than any schema's
-        self._given: dict[int, tuple[TableSchema, TableSchema]] = {}  # oid -> (state's, the one handed out)
-
-    def __call__(self) -> dict[int, TableSchema]:
-        out: dict[int, TableSchema] = {}
-        for oid, schema in self._known().items():
-            given = self._given.get(oid)
-            if given is None or given[0] is not schema:
-                # first sight: the staged one if there is one; a schema tracked again: state's
-                newest = self._staged.get(oid, schema) if given is None else schema
-                name = self._names.get(oid) if given is None else None
-                if name is not None and name != newest.table_name:  # renamed, and no row staged since
-                    newest = replace(newest, schema=name.schema, name=name.name)
-                given = self._given[oid] = (schema, newest)
-            out[oid] = given[1]
-        return out
-
-
-def staged_schemas(state: StateStore) -> dict[int, TableSchema]:
-    """Each table's schema in its newest staged log entry not applied yet (id -> schema)."""
-    index = state.log_index
-    out: dict[int, TableSchema] = {}
-    for oid, tail in index.tails().items():
-        if tail > index.cursor(oid):
-            entries = index.entries_through(oid, tail, 1)
-            if entries:
-                out[oid] = entries[-1].schema
-    return out
 
 
 def renamed_tables(state_dsn: str | None, pipeline: str) -> dict[int, TableName]:

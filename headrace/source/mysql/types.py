@@ -23,13 +23,14 @@ import decimal
 import functools
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from pymysqlreplication.constants import FIELD_TYPE
 
 from headrace.core.errors import SourceError
 from headrace.core.schema import Column, ColumnType, TypeKind
+from headrace.source.mysql.fixed_binary import FIXED_BINARY_TYPES, fixed_binary_text
 
 # Iceberg (and most lakehouse formats) cap decimals at 38 digits; wider ones are kept as exact text,
 # as for PostgreSQL's numeric (source.postgres.types).
@@ -72,8 +73,10 @@ def _spelled(base: str, unsigned: bool = False, *args: int) -> ColumnType:
             return ColumnType(_K.STRING, spelling)
         return ColumnType(_K.DECIMAL, spelling, precision, scale)
     # TIME is a duration (-838:59:59..838:59:59), which no time-of-day type (TypeKind.TIME) holds.
+    # MariaDB's UUID maps as PostgreSQL's uuid does; INET4/INET6 are kept as the server's text.
     simple = {"float": _K.FLOAT, "double": _K.DOUBLE, "year": _K.INT, "date": _K.DATE, "time": _K.STRING,
-              "datetime": _K.TIMESTAMP, "timestamp": _K.TIMESTAMPTZ, "json": _K.JSON, "geometry": _K.BINARY}
+              "datetime": _K.TIMESTAMP, "timestamp": _K.TIMESTAMPTZ, "json": _K.JSON, "geometry": _K.BINARY,
+              "uuid": _K.UUID, "inet4": _K.STRING, "inet6": _K.STRING}
     if base in simple:
         return ColumnType(simple[base], spelling)
     if base == "bit":
@@ -107,10 +110,15 @@ def column_type(data_type: str, column_type_text: str, numeric_precision: int | 
     return _spelled(base, unsigned)
 
 
-def binlog_column_type(column: Any) -> ColumnType:
+def binlog_column_type(column: Any, declared: str | None = None) -> ColumnType:
     """The logical type of a column of a binlog TABLE_MAP (a ``pymysqlreplication.column.Column``),
-    spelled as ``column_type`` spells the same column from the catalog."""
+    spelled as ``column_type`` spells the same column from the catalog. ``declared`` is the
+    catalog's type for a column MariaDB declares as UUID, INET4 or INET6, which a TABLE_MAP shows as
+    BINARY(n): taken when the sizes agree."""
     code = column.type
+    if declared is not None and code == FIELD_TYPE.STRING and (column.collation_name or "binary") == "binary" \
+            and column.max_length == FIXED_BINARY_TYPES.get(declared):
+        return _spelled(declared)
     unsigned = bool(column.unsigned)
     ints = {FIELD_TYPE.TINY: "tinyint", FIELD_TYPE.SHORT: "smallint", FIELD_TYPE.INT24: "mediumint",
             FIELD_TYPE.LONG: "int", FIELD_TYPE.LONGLONG: "bigint"}
@@ -199,6 +207,8 @@ def to_text(value: Any, column: Column) -> str | None:
             return value.isoformat()  # type: ignore[no-any-return]
         text = value.replace(tzinfo=None).isoformat(sep=" ")
         return f"{text}+00" if base == "timestamp" else text  # type: ignore[no-any-return]
+    if base in FIXED_BINARY_TYPES:
+        return value if isinstance(value, str) else fixed_binary_text(base, bytes(value))
     if base == "bit":
         n = _args(ct)[0]
         number = int.from_bytes(value, "big") if isinstance(value, bytes) else int(value, 2)
@@ -247,6 +257,8 @@ def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[
         # NOT NULL without a default: MySQL fills the type's implicit default.
         if base in ("date", "datetime"):
             return True, ZERO_DATE_TEXT
+        if base in FIXED_BINARY_TYPES:
+            return True, fixed_binary_text(base, b"")  # all zero bytes: 00000000-..., 0.0.0.0, ::
         if column.type.kind is TypeKind.STRING and base not in ("time", "bit"):
             return True, ""
         if column.type.kind is TypeKind.BINARY and base != "geometry":
@@ -256,6 +268,8 @@ def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[
         return False, None
     if len(default) >= 2 and default[0] == default[-1] == "'":
         literal = default[1:-1].replace("''", "'")
+        if base in FIXED_BINARY_TYPES:
+            return False, None  # the server's spelling of the literal may differ from the user's
         if column.type.kind is TypeKind.STRING and base not in ("time", "bit"):
             return True, literal
         if base in ("date", "datetime", "timestamp"):
@@ -274,13 +288,36 @@ def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[
 
 def text_converter(column: Column) -> Callable[[Any], str | None]:
     """``to_text`` for one column, with the type dispatch done once (the copy and the stream call
-    it for every value): integers and character strings take a short path."""
+    it for every value): integers, character strings, decimals, doubles and DATETIMEs take a short
+    path; anything unusual for the type (a zero date's text, an int) still goes through ``to_text``."""
     base = _base(column.type)
     if base in _INTEGERS:
         return lambda value: None if value is None else str(value)
     if base in ("char", "varchar", "enum", *_TEXTS):
         return lambda value: value if value is None or type(value) is str else to_text(value, column)
+    if base == "decimal" and column.type.kind is TypeKind.DECIMAL:
+        spec = f".{_args(column.type)[1]}f"
+        return lambda value: format(value, spec) if type(value) is decimal.Decimal else to_text(value, column)
+    if base == "double":
+        return lambda value: repr(value) if type(value) is float else to_text(value, column)
+    if base == "datetime":
+        return lambda value: value.isoformat(sep=" ") if type(value) is dt.datetime and value.tzinfo is None \
+            else to_text(value, column)
     return lambda value: to_text(value, column)
+
+
+# Types whose binlog values ``binlog_text`` must see even when not None: a SET arrives as a Python set,
+# a UUID/INET all of whose bytes are zero as ''.
+_BINLOG_SPECIAL = frozenset({"set", *FIXED_BINARY_TYPES})
+
+
+def binlog_converters(columns: Sequence[Column]) -> tuple[list[str], list[Callable[[Any], str | None] | None],
+                                                          list[Callable[[Any], str | None]]]:
+    """For the stream, per column: its name, the converter a value that is not None can take directly
+    (None: every value goes through ``binlog_text``), and its ``text_converter``."""
+    convert = [text_converter(c) for c in columns]
+    fast = [None if _base(c.type) in _BINLOG_SPECIAL else f for c, f in zip(columns, convert, strict=True)]
+    return [c.name for c in columns], fast, convert
 
 
 # Why mysql-replication gave None for a value that is not NULL (its ``none_sources``).
@@ -308,6 +345,8 @@ def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column:
                               " 'FULL' (and binlog_row_value_options = '' on MySQL), add it to my.cnf, and run"
                               " `headrace resync` for the table")
         return None
+    if isinstance(value, str) and _base(column.type) in FIXED_BINARY_TYPES:
+        value = value.encode()  # mysql-replication gives the empty image (all bytes zero) as ''
     if isinstance(value, set | frozenset):
         order = list(binlog_column.set_values or [])
         value = ",".join(sorted(value, key=order.index))

@@ -173,3 +173,39 @@ def test_each_chunk_plus_binlog_after_its_position_gives_the_final_rows(mariadb_
                 state[change.new[0]] = change.new[1]  # type: ignore[assignment]
         assert state == {k: v for k, v in final.items() if in_range(k)}, (low, high)
     assert start <= copied[0][0]["_pos"] < copied[1][0]["_pos"] < copied[2][0]["_pos"]
+
+
+def test_newest_schemas_are_rebuilt_only_when_the_tracked_set_changes(
+        mariadb_server: Any, mysql_db: tuple[str, str]) -> None:
+    """A TABLE_MAP costs a lookup, not a copy of every table's schema: the map is built again only when
+    capture hands over another dict of tracked tables (``CaptureLoop.track`` replaces it)."""
+    from headrace.source.mysql.newest import NewestSchemas
+
+    database, dsn = mysql_db
+    with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
+        cur.execute("CREATE TABLE a (id INT PRIMARY KEY)")
+        cur.execute("CREATE TABLE b (id INT PRIMARY KEY)")
+        tracked = {table_id(database, "a"): read_table_schema(root, database, "a")}
+        start = snapshot_position(root)
+        for i in range(20):
+            cur.execute(f"INSERT INTO a VALUES ({i})")
+            cur.execute(f"INSERT INTO b VALUES ({i})")
+    newest = NewestSchemas(lambda: tracked, {})
+    maps: set[int] = set()  # the maps handed out, by identity
+
+    def lookup() -> dict[int, Any]:
+        got = newest()
+        maps.add(id(got))
+        return got
+
+    stream = BinlogStream(dsn, SERVER_ID + 7, start, lambda d, t: table_id(d, t) in lookup(), known=lookup)
+    try:
+        events = _read_commits(stream, 20)
+        assert sum(isinstance(e, Insert) for e in events) == 20 and len(maps) == 1  # 40 TABLE_MAPs, one map
+        with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
+            tracked = {**tracked, table_id(database, "b"): read_table_schema(root, database, "b")}  # b tracked now
+            cur.execute("INSERT INTO b VALUES (100)")
+        (insert,) = [e for e in _read_commits(stream, 1) if isinstance(e, Insert)]
+        assert insert.relation_oid == table_id(database, "b") and len(maps) == 2
+    finally:
+        stream.close()

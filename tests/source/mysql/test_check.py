@@ -17,15 +17,15 @@ def test_ready_server_and_table_problems(mariadb_server: ThrowawayMariaDB, mysql
     with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
         cur.execute("CREATE TABLE keyed (id INT PRIMARY KEY)")
         cur.execute("CREATE TABLE keyless (v TEXT)")
-        cur.execute("CREATE TABLE odd (id INT PRIMARY KEY, u UUID)")
+        cur.execute("CREATE TABLE odd (id INT PRIMARY KEY, u UUID, i INET6)")  # MariaDB's own types: fine
         cur.execute("CREATE VIEW v AS SELECT * FROM keyed")
     with contextlib.closing(connect(dsn)) as conn:
         assert list_tables(conn, [database]) == [TableName(database, n) for n in ("keyed", "keyless", "odd")]
-        assert check_server(conn, [TableName(database, "keyed"), TableName(database, "keyless")]) == []
-        problems = check_server(conn, [TableName(database, n) for n in ("odd", "v", "gone")])
-    assert len(problems) == 3
-    assert "column u" in problems[0] and "MODIFY `u` CHAR(36)" in problems[0]
-    assert "is not a table (VIEW)" in problems[1] and f"{database}.gone does not exist" in problems[2]
+        ready = [TableName(database, n) for n in ("keyed", "keyless", "odd")]
+        assert check_server(conn, ready) == []
+        problems = check_server(conn, [TableName(database, n) for n in ("v", "gone")])
+    assert len(problems) == 2
+    assert "is not a table (VIEW)" in problems[0] and f"{database}.gone does not exist" in problems[1]
 
 
 def test_misconfigured_server_and_account(tmp_path: Any) -> None:

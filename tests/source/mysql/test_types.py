@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from headrace.core.changes import Insert
+from headrace.core.changes import Insert, Update
 from headrace.core.schema import ColumnType, TypeKind
 from headrace.source.mysql import types
 from headrace.source.mysql.binlog import BinlogStream
@@ -151,3 +151,76 @@ def test_added_column_fills(mariadb_server: Any, mysql_db: tuple[str, str]) -> N
     assert fills == {"id": "0", "s": "it's", "n": "0", "d": "1.50", "z": "-infinity",
                      "t": "2020-01-02 03:04:05+00", "c": None, "g": None, "nul": None}
     assert schema.extra["unknown_fill"] == "c,g"
+
+
+UUIDS = ["6ccd780c-baba-1026-9564-5b8c656024db",  # version 1 (time-based), the one MariaDB may reorder
+         "123e4567-e89b-42d3-a456-426614174000", "00000000-0000-0000-0000-000000000000",
+         "ffffffff-ffff-ffff-ffff-ffffffffffff", "017f22e2-79b0-7cc3-98c4-dc0c0c07398f",
+         "6ccd780c-baba-1026-1564-5b8c65602400"]
+INET4S = ["0.0.0.0", "1.2.3.4", "255.255.255.255", "10.0.0.0"]
+INET6S = ["::", "::1", "::ffff:1.2.3.4", "::1.2.3.4", "::0.0.0.2", "2001:db8::1", "2001:db8:0:0:1:0:0:1",
+          "fe80::1:0:0:0", "1:0:0:2:0:0:0:3", "1:2:3:4:5:6:7:8", "::ffff:0.0.0.0", "0:0:0:0:0:1:0:0", "1::",
+          "::ffff:0:1.2.3.4", "64:ff9b::1.2.3.4", "1:0:2:3:4:5:6:7", "0:0:0:0:0:ffff:ffff:ffff"]
+
+
+def test_mariadb_uuid_and_inet_types(mariadb_server: Any, mysql_db: tuple[str, str]) -> None:
+    """UUID, INET4 and INET6 (a TABLE_MAP shows them as BINARY(n)): the catalog's and the binlog's schemas
+    agree, and the copy, the binlog (inserts, an update, a column added later) and ``CAST(col AS CHAR)``
+    give the same text for every value; NULL stays NULL."""
+    database, dsn = mysql_db
+    count = max(len(UUIDS), len(INET4S), len(INET6S))
+    with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
+        cur.execute("CREATE TABLE fb (id INT PRIMARY KEY, u UUID, i4 INET4, i6 INET6, b16 BINARY(16),"
+                    " nn UUID NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000')")
+        cur.execute("SHOW MASTER STATUS")
+        start = to_int(*cur.fetchone()[:2])
+        for k in range(count + 1):  # the last row: all NULL
+            u, i4, i6 = (values[k] if k < len(values) else None for values in (UUIDS, INET4S, INET6S))
+            cur.execute("INSERT INTO fb (id, u, i4, i6, b16) VALUES (%s, %s, %s, %s, %s)",
+                        (k, u, i4, i6, b"\x01" if k < count else None))
+        cur.execute("UPDATE fb SET u = '11111111-2222-3333-4444-000000000000', i6 = '::ffff:9.8.7.6' WHERE id = 0")
+        cur.execute("ALTER TABLE fb ADD COLUMN later INET6 NOT NULL")  # old rows hold '::'
+        cur.execute("INSERT INTO fb (id, later) VALUES (100, 'a::b')")
+        cur.execute("SELECT id, CAST(u AS CHAR), CAST(i4 AS CHAR), CAST(i6 AS CHAR), CONCAT('\\\\x', LOWER(HEX(b16))),"
+                    " CAST(nn AS CHAR), CAST(later AS CHAR) FROM fb ORDER BY id")
+        server = [tuple(None if v is None else str(v) for v in row) for row in cur.fetchall()]
+    with contextlib.closing(connect(dsn)) as conn:
+        schema = read_table_schema(conn, database, "fb")
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {', '.join(types.select_expression(c) for c in schema.columns)} FROM fb ORDER BY id")
+            copied = [tuple(types.to_text(v, c) for v, c in zip(row, schema.columns, strict=True)) for row in cur]
+    kinds = {c.name: (c.type.kind, c.type.pg_type) for c in schema.columns}
+    assert kinds["u"] == (TypeKind.UUID, "uuid") and kinds["i4"] == (TypeKind.STRING, "inet4")
+    assert kinds["i6"] == (TypeKind.STRING, "inet6") and kinds["b16"] == (TypeKind.BINARY, "binary(16)")
+    assert copied == server
+    assert schema.column("later").missing == "::" and schema.column("nn").missing is None  # a literal default
+
+    stream = BinlogStream(dsn, 902, start, {(database, "fb")})
+    changes: list[Any] = []
+    try:
+        while len(changes) < count + 3:
+            changes += [e for _pos, e in stream.read(100, 1.0) if isinstance(e, Insert | Update)]
+        assert stream.schema(schema.oid) == schema  # the TABLE_MAP after the ALTER, read as the catalog
+    finally:
+        stream.close()
+    streamed = {int(e.new[0]): e.new for e in changes if isinstance(e, Insert)}
+    assert len(streamed[0]) == 6 and streamed[100][6] == "a::b"
+    for row in server[1:count + 1]:  # rows the update left alone: as inserted, in the table's old shape
+        assert streamed[int(row[0])] == row[:6]
+    (update,) = [e for e in changes if isinstance(e, Update)]
+    assert update.new[1] == "11111111-2222-3333-4444-000000000000" and update.new[3] == "::ffff:9.8.7.6"
+    assert streamed[0][1:4] == (UUIDS[0], INET4S[0], INET6S[0])
+    assert streamed[100] == server[-1]
+
+
+def test_inet6_text_matches_the_server_spelling() -> None:
+    """``fixed_binary_text`` by itself, for the spellings the server test above pins."""
+    import ipaddress
+
+    for text in INET6S:
+        packed = ipaddress.IPv6Address(text).packed
+        assert types.fixed_binary_text("inet6", packed.rstrip(b"\0")) == types.fixed_binary_text("inet6", packed)
+    assert types.fixed_binary_text("inet6", ipaddress.IPv6Address("1:0:2:3:4:5:6:7").packed) == "1::2:3:4:5:6:7"
+    assert types.fixed_binary_text("inet6", ipaddress.IPv6Address("::ffff:1.2.3.4").packed) == "::ffff:1.2.3.4"
+    assert types.fixed_binary_text("uuid", b"") == "00000000-0000-0000-0000-000000000000"
+    assert types.fixed_binary_text("inet4", b"\x0a") == "10.0.0.0"
