@@ -33,7 +33,13 @@ from headrace.core.spark_types import ValueRules
 from headrace.log.codec import STAGING_SCHEMA, read_staging_file
 from headrace.log.facts import FileFacts, total
 from headrace.materialize.batch import ChangeBatch
-from headrace.materialize.driver_casts import arrow_type, cast_sql, literal, register_functions
+from headrace.materialize.driver_casts import (
+    FALLBACK_MARKER,
+    arrow_type,
+    cast_sql,
+    literal,
+    register_functions,
+)
 
 _MAP = "'\"MAP(VARCHAR, VARCHAR)\"'"  # json_transform's target: the row's column -> text map
 _FLOATING = frozenset({TypeKind.FLOAT, TypeKind.DOUBLE})
@@ -97,7 +103,9 @@ def read_driver_batch(paths: Sequence[str], table: TableSchema, skip_through: Po
         result = con.execute(batch_sql(table, skip_through, truncate, rules, known.unchanged)).arrow()
         changes = result if isinstance(result, pa.Table) else result.read_all()
     except duckdb.Error as exc:
-        raise DriverFallback(str(exc).splitlines()[0][:300]) from exc
+        message = str(exc)
+        at = message.find(FALLBACK_MARKER)  # the casts' own reason, else DuckDB's whole message
+        raise DriverFallback(" ".join(message[max(at, 0):].split())[:300]) from exc
     finally:
         con.unregister("hr_staged")
     return ChangeBatch(changes=changes.cast(batch_schema(table)), truncate_before=truncate, rows_in=known.rows,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import duckdb
 import pyarrow as pa
+from duckdb.func import FunctionNullHandling
 
 from headrace.core.schema import ColumnType, TypeKind
 from headrace.core.spark_types import DATETIME_KINDS, ValueRules, parse_array_literal
@@ -113,7 +114,7 @@ def _fallback(text: str, column: str, ct: ColumnType) -> str:
     return f"error({literal(f'{FALLBACK_MARKER}: column {column} ({ct.pg_type}) value ')} || left({text}, 80))"
 
 
-def _parse_or_none(text: str) -> list[str | None] | None:
+def _parse_or_none(text: str | None) -> list[str | None] | None:
     try:
         return parse_array_literal(text)
     except ValueError:
@@ -122,7 +123,9 @@ def _parse_or_none(text: str) -> list[str | None] | None:
 
 def register_functions(con: duckdb.DuckDBPyConnection) -> None:
     """Make ``PARSE_ARRAY`` (PostgreSQL array text to VARCHAR[], NULL when no list holds it) known to ``con``."""
-    con.create_function(PARSE_ARRAY, _parse_or_none, ["VARCHAR"], "VARCHAR[]", side_effects=False)
+    # "special": the function may return NULL (DuckDB's default refuses a NULL result).
+    con.create_function(PARSE_ARRAY, _parse_or_none, ["VARCHAR"], "VARCHAR[]", null_handling=FunctionNullHandling.SPECIAL,
+                        side_effects=False)
 
 
 def has_datetime(ct: ColumnType) -> bool:

@@ -233,3 +233,16 @@ def test_a_value_spark_refuses_sends_the_batch_to_spark_which_names_it(spark: An
         read_driver_batch([path], TABLE, None, rules, [facts])
     with pytest.raises(Exception, match="public.r column at: value 'infinity' cannot be stored"):
         to_arrow(read_change_batch(spark, [path], TABLE, None, rules, facts=[facts]).changes)
+
+
+def test_an_array_no_list_holds_falls_back_naming_column_and_value(tmp_path: Path) -> None:
+    ints = ColumnType(K.LIST, "integer[]", element=INT)
+    grid = TableSchema(oid=10, schema="public", name="grid", columns=(Column("id", INT, 23), Column("cells", ints, 1007)),
+                       key=("id",))
+    path, facts = _stage(tmp_path / "a.parquet", grid.column_names,
+                         [("I", 1, 1, ("1", "{1,NULL,3}"), None), ("I", 1, 2, ("2", "{{1,2},{3,4}}"), None)])
+    with pytest.raises(DriverFallback, match=r"^headrace-driver-fallback: column cells \(integer\[\]\) value \{\{1,2"):
+        read_driver_batch([path], grid, None, ValueRules(), [facts])
+    path, facts = _stage(tmp_path / "b.parquet", grid.column_names, [("I", 1, 1, ("1", "{1,NULL,3}"), None)])
+    assert read_driver_batch([path], grid, None, ValueRules(), [facts]).changes.column("cells").to_pylist() == \
+        [[1, None, 3]]
