@@ -126,8 +126,9 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     name = f"fresh_{kind}_{idle}"
     work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
     create_tables(server.dsn, args.tables, idle)
+    apply = {} if args.driver_batch_rows is None else {"driver_batch_rows": args.driver_batch_rows}
     config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind,
-                          staging={"flush_seconds": args.flush_seconds})
+                          staging={"flush_seconds": args.flush_seconds}, apply=apply)
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     try:
@@ -201,6 +202,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
     ap.add_argument("--flush-seconds", type=float, default=1.0, help="staging.flush_seconds")
+    ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (DuckLake; 0: every batch"
+                    " through Spark); default: headrace's")
     ap.add_argument("--pgbench-minutes", type=float, help="pgbench mode: run pgbench this long instead")
     ap.add_argument("--pgbench-scale", type=int, default=10)
     ap.add_argument("--pgbench-clients", type=int, default=4)

@@ -52,6 +52,9 @@ class PipelineMetrics:
         self.batch_seconds = Histogram(
             "headrace_apply_batch_duration_seconds", "Time to apply one batch to the target", ["table"],
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)
+        self.batches = Counter("headrace_apply_batches", "Apply batches by where they were read and cast: spark,"
+                               " or driver (DuckDB on the driver, no Spark job; apply.driver_batch_rows)",
+                               ["table", "path"], registry=r)
         self.errors = Counter("headrace_errors", "Table failures, by kind (transient, terminal, unknown)",
                               ["table", "kind"], registry=r)
         self.ddl = Counter("headrace_ddl_events", "Schema changes applied to target tables, by kind",
@@ -79,6 +82,7 @@ class PipelineMetrics:
             for op, n in ops.items():
                 self.applied.labels(row.qualified_name, op).inc(n)
             self.batch_seconds.labels(row.qualified_name).observe(applied.seconds)
+            self.batches.labels(row.qualified_name, applied.path).inc()
             if last_ts is not None:
                 prev = self.last_commit.get(row.qualified_name)
                 self.last_commit[row.qualified_name] = max(prev, last_ts) if prev else last_ts

@@ -16,6 +16,7 @@ from headrace.core.position import Position
 from headrace.core.schema import SchemaChange, TableSchema
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 
@@ -42,6 +43,8 @@ class Target(ABC):
     # True when the target stores infinite dates and timestamps (DuckDB's largest int32 day and
     # int64 microsecond, which the row shape's Spark values carry through unchanged).
     keeps_infinity: bool = False
+    # True when the target implements ``apply_arrow_batch`` (batches built on the driver, no Spark).
+    applies_arrow: bool = False
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:
@@ -72,6 +75,13 @@ class Target(ABC):
         ``log_offset`` is the staged-log offset this batch reaches: a target that can commit it
         with the data (``stores_cursor``) does so, and returns it from ``read_cursor``.
         """
+
+    def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
+                          log_offset: int) -> None:
+        """``apply_batch`` for a batch already on the driver as a pyarrow Table: the rows and columns
+        Spark's ``toArrow`` of the DataFrame would give (``headrace.materialize.driver_batch``);
+        keyed tables only. Only targets with ``applies_arrow`` implement it."""
+        raise NotImplementedError(f"target {self.name} applies batches through Spark only")
 
     @abstractmethod
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:

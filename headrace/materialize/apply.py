@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from headrace.config import SchemaChangesConfig, ValuesConfig
+import pyarrow as pa
+
+from headrace.config import DEFAULT_DRIVER_BATCH_ROWS, SchemaChangesConfig, ValuesConfig
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.position import Position, format_lsn
@@ -21,6 +23,7 @@ from headrace.core.spark_types import ValueRules, value_rules
 from headrace.log.index import LogEntry
 from headrace.logs import event
 from headrace.materialize.batch import ChangeBatch, read_change_batch
+from headrace.materialize.driver_batch import DriverFallback, driver_refusal, read_driver_batch
 from headrace.materialize.evolve import evolve_table
 from headrace.state.store import StateStore, TableRow
 
@@ -44,6 +47,7 @@ class Applied:
     ddl: tuple[str, ...] = ()  # schema change kinds applied to the target before this batch
     # (column, reason) -> values the casts changed (``values.infinity: clamp``)
     values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
+    path: str = "spark"  # where the batch was read and cast: "spark", or "driver" (DuckDB, no Spark job)
 
 
 class CursorCache:
@@ -121,14 +125,17 @@ class PlannedBatch:
     rules: ValueRules
     ddl: tuple[str, ...]
     started: float  # time.monotonic() when planned
+    driver_rows: int = DEFAULT_DRIVER_BATCH_ROWS  # apply.driver_batch_rows
 
 
 def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
                policy: SchemaChangesConfig | None = None, values: ValuesConfig | None = None,
-               cursors: CursorCache | None = None) -> PlannedBatch | None:
+               cursors: CursorCache | None = None,
+               driver_rows: int = DEFAULT_DRIVER_BATCH_ROWS) -> PlannedBatch | None:
     """The table's next batch, or None when it is caught up with the staged log. Touches the state
     store and runs the schema change DDL, so it runs where the state store's connection lives (the
-    run loop's thread); ``execute_batch`` may then run on another thread."""
+    run loop's thread); ``execute_batch`` may then run on another thread. ``driver_rows`` is
+    ``apply.driver_batch_rows`` (``execute_batch`` chooses the path)."""
     cursor = current_cursor(state, target, row, cursors)
     tail = state.log_index.last_offset(row.oid)
     entries = next_batch(state, row, cursor, max_files)
@@ -148,16 +155,32 @@ def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
                                    entries[0].min_lsn)
         target.ensure_table(schema)
     rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
-    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started)
+    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, driver_rows)
 
 
 def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) -> ChangeBatch:
-    """Read, cast and deduplicate the planned files (Spark) and commit them to the target. Touches
-    neither the state store nor the cursor cache: safe on a worker thread, one batch per table."""
+    """Read, cast and deduplicate the planned files and commit them to the target. Touches neither
+    the state store nor the cursor cache: safe on a worker thread, one batch per table.
+
+    A small batch for a target that takes Arrow batches (``Target.applies_arrow``) is built by
+    DuckDB on the driver (``headrace.materialize.driver_batch``, no Spark job); every other batch,
+    and one whose values the driver cannot cast exactly as Spark does, by Spark.
+    """
     schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries
-    batch = read_change_batch(spark, [e.path for e in entries], schema, skip, rules,
-                              facts=[e.facts for e in entries])
-    target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
+    paths, facts = [e.path for e in entries], [e.facts for e in entries]
+    batch = None
+    refusal = driver_refusal(schema, facts, planned.driver_rows) if target.applies_arrow else "target"
+    if refusal is None:
+        try:
+            batch = read_driver_batch(paths, schema, skip, rules, facts)
+        except DriverFallback as exc:
+            event(log, "apply.driver_fallback", table=planned.row.qualified_name, reason=str(exc))
+    if batch is None:
+        batch = read_change_batch(spark, paths, schema, skip, rules, facts=facts)
+    if isinstance(batch.changes, pa.Table):
+        target.apply_arrow_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
+    else:
+        target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     return batch
 
 
@@ -174,22 +197,23 @@ def finish_batch(state: StateStore, target: Target, planned: PlannedBatch, batch
         cursors.put(target, row, max(planned.cursor, last.offset))
     applied = Applied(row.qualified_name, len(planned.entries), batch.rows_in, last.offset, last.max_lsn,
                       time.monotonic() - planned.started, drained=last.offset >= planned.tail, ddl=tuple(ddl),
-                      values_changed=batch.values_changed)
+                      values_changed=batch.values_changed, path=batch.path)
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
-          seconds=round(applied.seconds, 3))
+          seconds=round(applied.seconds, 3), path=applied.path)
     return applied
 
 
 def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
                max_files: int, policy: SchemaChangesConfig | None = None,
-               values: ValuesConfig | None = None, cursors: CursorCache | None = None) -> Applied | None:
+               values: ValuesConfig | None = None, cursors: CursorCache | None = None,
+               driver_rows: int = DEFAULT_DRIVER_BATCH_ROWS) -> Applied | None:
     """Apply the table's next batch on this thread (plan, execute, finish); None when the table is
     caught up with the staged log.
 
     With ``cursors``, the caller must ``forget`` the table when this raises (the target may have
     committed the batch or not)."""
-    planned = plan_batch(state, target, row, max_files, policy, values, cursors)
+    planned = plan_batch(state, target, row, max_files, policy, values, cursors, driver_rows)
     if planned is None:
         return None
     return finish_batch(state, target, planned, execute_batch(spark, target, planned), cursors)

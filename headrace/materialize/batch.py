@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 
@@ -38,11 +40,13 @@ class ChangeBatch:
 
     # Keyed tables: at most one row per key, Target row shape plus _hr_op and _hr_unchanged.
     # Keyless tables: one row per row image added (I) or removed (D); see the module docstring.
-    changes: DataFrame
+    # An Arrow table when built on the driver (``headrace.materialize.driver_batch``).
+    changes: DataFrame | pa.Table
     truncate_before: Position | None  # the latest TRUNCATE in the batch, if any
     rows_in: int  # staged rows read (before skipping and deduplication)
     # (column, reason) -> values the casts changed under ``values.infinity: clamp`` (staged changes)
     values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
+    path: Literal["spark", "driver"] = "spark"  # where it was read, cast and deduplicated
 
 
 def _after(lsn: Column, seq: Column, pos: Position) -> Column:

@@ -126,7 +126,8 @@ class ApplyPass:
                     continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
                     planned = plan_batch(state, target, row, self.config.apply.max_batch_files,
-                                         self.config.schema_changes, self.config.values, self.cursors)
+                                         self.config.schema_changes, self.config.values, self.cursors,
+                                         self.config.apply.driver_batch_rows)
                 except Exception as exc:
                     self._failed(state, row, exc)
                     continue

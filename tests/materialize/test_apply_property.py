@@ -1,9 +1,10 @@
 """Property: any valid change sequence, cut into any staged files and batches, applied with crashes
 that replay batches from the last cursor any number of times, gives the reference model's table.
 
-Real staging files, real ``read_change_batch`` (Spark), real DuckLake ``apply_batch``; one lake for
-the whole test, a fresh table per example. Each example applies its batches to two tables at once,
-from two threads each in its own Spark scheduler pool, as the run does with ``apply.concurrency``.
+Real staging files, real ``read_change_batch`` (Spark) and ``read_driver_batch`` (DuckDB on the
+driver), real DuckLake ``apply_batch``; one lake for the whole test, a fresh table per example. Each
+example applies its batches to two tables at once, from two threads each in its own Spark scheduler
+pool, as the run does with ``apply.concurrency``.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.core.spark_types import ValueRules
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
+from headrace.log.facts import FileFacts
 from headrace.materialize.batch import read_change_batch
+from headrace.materialize.driver_batch import driver_refusal, read_driver_batch
 from headrace.spark import use_pool
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
@@ -38,6 +43,7 @@ settings.register_profile("nightly", settings.get_profile("ci"), max_examples=20
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 KEYS = (1, 2, 3, 4)
+_FACTS: dict[str, FileFacts] = {}  # staged path -> its facts, as capture registers them
 _tables = itertools.count(1)
 
 # One intent per change: (kind, key, other key, value, starts a new transaction)
@@ -75,9 +81,18 @@ def _at_once(spark: Any, work: Callable[[TableSchema], None], tables: tuple[Tabl
             done.result()
 
 
-def _applier(spark: Any, lake: DuckLakeTarget, paths: list[str], offset: int) -> Callable[[TableSchema], None]:
-    """Applies ``paths`` as one batch ending at ``offset`` to the table it is called with."""
+def _applier(spark: Any, lake: DuckLakeTarget, paths: list[str], offset: int,
+             driver: frozenset[int] = frozenset()) -> Callable[[TableSchema], None]:
+    """Applies ``paths`` as one batch ending at ``offset`` to the table it is called with: tables in
+    ``driver`` (oids) by batches built on the driver (``driver_batch``), the others through Spark."""
     def work(table: TableSchema) -> None:
+        if table.oid in driver:
+            facts = [_FACTS[p] for p in paths]
+            assert driver_refusal(table, facts, 1000) is None
+            built = read_driver_batch(paths, table, None, ValueRules(), facts)
+            assert isinstance(built.changes, pa.Table)
+            lake.apply_arrow_batch(table, built.changes, built.truncate_before, offset)
+            return
         batch = read_change_batch(spark, paths, table, None)
         lake.apply_batch(table, batch.changes, batch.truncate_before, offset)
     return work
@@ -124,6 +139,7 @@ def _stage(path: Path, changes: list[tuple[Any, ...]]) -> str:
             data = None
         buf.append(op, lsn, seq, 1_700_000_000_000_000 + lsn, lsn, data, None, old_key)
     write_staging_file(path, buf)
+    _FACTS[str(path)] = buf.facts
     return str(path)
 
 
@@ -141,7 +157,9 @@ def test_any_batches_any_replays_give_the_reference(intents: list[tuple[str, int
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     changes, expected = _changes(intents)
     files = _cut_into_files(data, changes, tmp_path_factory.mktemp("prop_files"), _stage)
+    # The second table's batches are built on the driver (apply.driver_batch_rows), the first's by Spark.
     tables = (_schema(), _schema())
+    driver = frozenset({tables[1].oid})
     for table in tables:
         lake.ensure_table(table)
 
@@ -150,13 +168,13 @@ def test_any_batches_any_replays_give_the_reference(intents: list[tuple[str, int
     cursor, crashes = 0, 0
     while cursor < len(files):
         end = min(len(files), cursor + data.draw(st.integers(1, 3), label="batch files"))
-        _at_once(spark, _applier(spark, lake, files[cursor:end], end), tables)
+        _at_once(spark, _applier(spark, lake, files[cursor:end], end, driver), tables)
         if crashes < 3 and data.draw(st.booleans(), label="crash before the cursor moves"):
             crashes += 1
             continue
         cursor = end
     # And the last batch once more, as a restart right at the end would.
-    _at_once(spark, _applier(spark, lake, files[-1:], len(files)), tables)
+    _at_once(spark, _applier(spark, lake, files[-1:], len(files), driver), tables)
     for table in tables:
         actual = {int(r["id"]): r["v"] for r in lake.read_table(table).select("id", "v").collect()}
         assert actual == expected, table.name

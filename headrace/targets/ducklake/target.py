@@ -40,6 +40,7 @@ class DuckLakeTarget(Target):
 
     name = "ducklake"
     keeps_infinity = True  # DuckDB has infinite dates and timestamps
+    applies_arrow = True  # batches apply in DuckDB: one built on the driver needs no Spark at all
     stores_cursor = True
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
@@ -125,7 +126,8 @@ class DuckLakeTarget(Target):
         truncate_before: Position | None,
         log_offset: int,
     ) -> None:
-        """Collect the (bounded) batch as Arrow and apply it in one DuckDB transaction.
+        """Collect the (bounded) batch as Arrow and apply it in one DuckDB transaction
+        (``apply_arrow_batch``).
 
         Steps: optional truncate; join the batch to the target rows of its keys, which yields the
         old values of unchanged TOAST columns and which changes are stale (target already at or
@@ -137,7 +139,13 @@ class DuckLakeTarget(Target):
             # No key: apply the batch as a multiset delta. Exactly once, because the cursor commits
             # in the same transaction (a batch is never applied twice).
             changes = net_row_changes(changes, table)
-        batch = files.to_arrow(changes)
+        self.apply_arrow_batch(table, files.to_arrow(changes), truncate_before, log_offset)
+
+    def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
+                          log_offset: int) -> None:
+        """Apply a batch on the driver (Spark's, collected; or built there, ``driver_batch``) in one
+        DuckDB transaction; see ``apply_batch``."""
+        batch = changes
         target = self._qualified(table)
         key = self._key(table)
         with self._lock:

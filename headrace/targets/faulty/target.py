@@ -22,6 +22,7 @@ from headrace.core.schema import SchemaChange, TableSchema
 from headrace.targets.faulty.config import Fault
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 
@@ -48,6 +49,7 @@ class FaultyTarget(Target):
         self.inner = inner
         self.keeps_infinity = inner.keeps_infinity
         self.stores_cursor = inner.stores_cursor
+        self.applies_arrow = inner.applies_arrow
         self._lock = threading.Lock()  # the run loop, the copy thread and a test call in concurrently
         self._armed = [_Armed(f, f.times) for f in faults]
         self.injected: list[tuple[str, str]] = []  # (call, table) of every failure injected so far
@@ -107,6 +109,12 @@ class FaultyTarget(Target):
         """The inner target's, unless a fault fails it (before the inner target sees the batch)."""
         self._maybe_fail("apply_batch", table)
         self.inner.apply_batch(table, changes, truncate_before, log_offset)
+
+    def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
+                          log_offset: int) -> None:
+        """The inner target's, unless a fault fails it (a fault on ``apply_batch`` fails both)."""
+        self._maybe_fail("apply_batch", table)
+        self.inner.apply_arrow_batch(table, changes, truncate_before, log_offset)
 
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
         """The inner target's, unless a fault fails it."""

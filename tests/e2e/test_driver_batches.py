@@ -1,0 +1,74 @@
+"""End to end on DuckLake: small batches are built on the driver (no Spark job), a batch with a value
+only Spark casts goes through Spark, and the lake equals the source, read back by a DuckDB that
+knows nothing of headrace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from headrace.pipeline import Pipeline
+from headrace.targets.ducklake.config import DuckLakeConfig
+from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.test_pipeline import run_caught_up
+from tests.targets.test_ducklake_target import plain_duckdb
+
+BIG = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g)"  # 12.8 kB: TOASTed
+
+
+def _batches(pipeline: Pipeline, path: str) -> float:
+    return float(pipeline.metrics.batches.labels("public.kinds", path)._value.get())
+
+
+def test_small_batches_skip_spark_and_the_lake_equals_the_source(source_dsn: str, tmp_path: Path,
+                                                                 spark: Any) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kinds (id int PRIMARY KEY, n numeric(10,2), f float8, t text, d date,"
+                     " ts timestamptz, b bytea, a int[], u uuid, j jsonb, big text);"
+                     "ALTER TABLE kinds ALTER COLUMN big SET STORAGE EXTERNAL;"
+                     "INSERT INTO kinds SELECT g, g / 3.0, g * 0.1, 'r' || g, DATE '2000-01-01' + g,"
+                     " TIMESTAMPTZ '2020-01-01 00:00+00' + g * INTERVAL '1 second', '\\x01', ARRAY[g, NULL],"
+                     " gen_random_uuid(), '{\"k\": 1}', NULL FROM generate_series(1, 20) g")
+    config = make_config(source_dsn, tmp_path, ["public.kinds"], "ducklake", apply={"driver_batch_rows": 25})
+    pipeline = Pipeline(config, spark=spark)
+    run_caught_up(pipeline)
+    rounds = [
+        # inserts with awkward but ordinary values, updates, a delete
+        "INSERT INTO kinds VALUES (100, -0.01, 'NaN', 'h\u00e9 \u2603 , \"q\"', '0001-01-01',"
+        " '9999-12-31 23:59:59.999999+00', '\\x', '{}', '00000000-0000-0000-0000-000000000000', 'null', NULL);"
+        "UPDATE kinds SET t = NULL, f = '-Infinity' WHERE id = 1; DELETE FROM kinds WHERE id = 2",
+        # a TOASTed value, then an update that leaves it unchanged, and a key move
+        f"UPDATE kinds SET big = {BIG} WHERE id = 3; UPDATE kinds SET t = 'later' WHERE id = 3;"
+        "UPDATE kinds SET id = 500 WHERE id = 4",
+        # a value the driver leaves to Spark (a BC date, which the check below cannot read): this
+        # batch goes through Spark
+        "UPDATE kinds SET d = '0044-03-15 BC' WHERE id = 6",
+        # a truncate, then rows again
+        "UPDATE kinds SET d = NULL WHERE id = 6; TRUNCATE kinds; INSERT INTO kinds VALUES (1, 1.5, 2.5, 'after', '2024-02-29', '2024-02-29 12:00+00',"
+        " '\\x00ff', '{1,2,3}', NULL, '[1, \"x\"]', 'small')",
+        # more staged rows than apply.driver_batch_rows: Spark
+        f"INSERT INTO kinds SELECT g, g, g, 'again', NULL, NULL, NULL, NULL, NULL, NULL, {BIG}"
+        " FROM generate_series(2, 30) g; UPDATE kinds SET n = 7 WHERE id = 2",
+    ]
+    for sql in rounds:
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            conn.execute(sql)
+        run_caught_up(pipeline)
+        if "BC" not in sql:
+            assert_same(pipeline, source_dsn, "public.kinds")
+    assert _batches(pipeline, "driver") >= 3 and _batches(pipeline, "spark") >= 2
+    settings = config.target.settings
+    assert isinstance(settings, DuckLakeConfig)
+    pipeline.target.close()  # one process attaches a DuckDB file once
+    con = plain_duckdb(settings)
+    try:
+        got = con.execute("SELECT id, n::varchar, t, a, j::varchar, length(big) FROM lake.public.kinds"
+                          " ORDER BY id").fetchall()
+    finally:
+        con.close()
+    with psycopg.connect(source_dsn) as conn:
+        expected = conn.execute("SELECT id, n::text, t, a, j::text, length(big) FROM kinds ORDER BY id").fetchall()
+    assert [(r[0], r[1], r[2], r[3], r[5]) for r in got] == [(r[0], r[1], r[2], r[3], r[5]) for r in expected]
+    assert [r[4] for r in got] == ['[1, "x"]'] + [None] * 29  # jsonb's text, kept as PostgreSQL printed it
