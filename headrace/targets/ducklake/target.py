@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 L = extension.LAKE_ALIAS
 CURSOR_TABLE = f"{L}._headrace.cursor"  # its own schema: cannot collide with replicated tables
+SNAPSHOT_ROWS = "hr_snapshot_rows"  # what DuckDB calls a driver-side copy's Arrow rows
 
 
 class DuckLakeTarget(Target):
@@ -98,14 +99,7 @@ class DuckLakeTarget(Target):
                 for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()
             ]
             with self._transaction(table):
-                if replace and not self._shape_matches(table):
-                    # A copy in a new shape (resync after a schema change the table could not follow):
-                    # the table is recreated in the same transaction as its new contents.
-                    self._con.execute(f"DROP TABLE {self._qualified(table)}")
-                    self._con.execute(plan.create_sql(self._qualified(table), table))
-                elif replace:
-                    # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
-                    self._con.execute(f"DELETE FROM {self._qualified(table)}")
+                self._clear_for_copy(table, replace)
                 if written and direct:
                     self._con.execute(
                         "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",
@@ -117,6 +111,39 @@ class DuckLakeTarget(Target):
         if not direct:
             files.remove(folder)
         return int(count)
+
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
+        """``write_snapshot`` for rows already on the driver in the row shape (Arrow): DuckDB inserts
+        them in one DuckLake transaction, with no Spark job and no files of our own.
+
+        The same transaction as ``write_snapshot``'s (a new shape recreates the table, ``replace``
+        drops a previous copy, the count is read inside it) and the same casts as its
+        ``INSERT ... SELECT`` from Spark's files (``plan.insert_from_relation_sql``): UUID, JSON and
+        TIME from their text, every other type as it comes. Returns the rows the table then holds.
+        """
+        self.ensure_table(table)
+        with self._lock:
+            self._con.register(SNAPSHOT_ROWS, rows)
+            try:
+                with self._transaction(table):
+                    self._clear_for_copy(table, replace)
+                    if rows.num_rows:
+                        self._con.execute(plan.insert_from_relation_sql(self._qualified(table), table, SNAPSHOT_ROWS))
+                    count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
+            finally:
+                self._con.unregister(SNAPSHOT_ROWS)
+        return int(count)
+
+    def _clear_for_copy(self, table: TableSchema, replace: bool) -> None:
+        """Inside a copy's transaction (lock held): with ``replace``, drop what an earlier copy left."""
+        if replace and not self._shape_matches(table):
+            # A copy in a new shape (resync after a schema change the table could not follow):
+            # the table is recreated in the same transaction as its new contents.
+            self._con.execute(f"DROP TABLE {self._qualified(table)}")
+            self._con.execute(plan.create_sql(self._qualified(table), table))
+        elif replace:
+            # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
+            self._con.execute(f"DELETE FROM {self._qualified(table)}")
 
     def apply_batch(
         self,
