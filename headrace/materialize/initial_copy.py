@@ -189,8 +189,11 @@ class InitialCopy:
                 state.set_schema(schema)
             table_lsn = snapshot_lsn
         state.copy_started(row.oid, table_lsn)
-        self.target.ensure_table(schema)
         todo = [c for c in chunks if not c.done]
+        if resume or len(todo) != 1:
+            # A resume's merge needs the table. A one-chunk table's write creates it (write_snapshot
+            # ensures it; written on the driver, in the same commit as its rows).
+            self.target.ensure_table(schema)
         done_rows = sum(c.rows or 0 for c in chunks if c.done)
         event(log, "snapshot.start", table=name, chunks=len(chunks), chunks_todo=len(todo), resume=resume,
               snapshot_lsn=self.source.format_position(snapshot_lsn))

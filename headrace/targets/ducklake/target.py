@@ -116,20 +116,29 @@ class DuckLakeTarget(Target):
         """``write_snapshot`` for rows already on the driver in the row shape (Arrow): DuckDB inserts
         them in one DuckLake transaction, with no Spark job and no files of our own.
 
-        The same transaction as ``write_snapshot``'s (a new shape recreates the table, ``replace``
-        drops a previous copy, the count is read inside it) and the same casts as its
-        ``INSERT ... SELECT`` from Spark's files (``plan.insert_from_relation_sql``): UUID, JSON and
-        TIME from their text, every other type as it comes. Returns the rows the table then holds.
+        One commit creates the table when missing (``ensure_table``'s checks first) and holds the
+        same steps as ``write_snapshot``'s (a new shape recreates the table, ``replace`` drops a
+        previous copy, the count is read inside it), with the same casts as its ``INSERT ... SELECT``
+        from Spark's files (``plan.insert_from_relation_sql``): UUID, JSON and TIME from their text,
+        every other type as it comes. Every DuckLake commit makes the next statement reload the
+        lake's catalog, so one commit a table instead of three matters with hundreds of tables.
+        Returns the rows the table then holds.
         """
-        self.ensure_table(table)
+        naming.refuse_case_twins(table)
+        target = self._qualified(table)
         with self._lock:
+            exists = naming.refuse_table_twin(self._con, L, self._schema(table), table)
             self._con.register(SNAPSHOT_ROWS, rows)
             try:
                 with self._transaction(table):
-                    self._clear_for_copy(table, replace)
+                    if exists:
+                        self._clear_for_copy(table, replace)
+                    else:
+                        self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
+                        self._con.execute(plan.create_sql(target, table))
                     if rows.num_rows:
-                        self._con.execute(plan.insert_from_relation_sql(self._qualified(table), table, SNAPSHOT_ROWS))
-                    count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
+                        self._con.execute(plan.insert_from_relation_sql(target, table, SNAPSHOT_ROWS))
+                    count = self._scalar(f"SELECT count(*) FROM {target}")
             finally:
                 self._con.unregister(SNAPSHOT_ROWS)
         return int(count)

@@ -22,6 +22,7 @@ from headrace.core.schema import SchemaChange, TableSchema
 from headrace.targets.faulty.config import Fault
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 
@@ -101,6 +102,14 @@ class FaultyTarget(Target):
         """The inner target's, unless a fault fails it."""
         self._maybe_fail("write_snapshot", table)
         return self.inner.write_snapshot(table, rows, position, replace)
+
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
+        """The inner target's, unless a fault on ``write_snapshot`` fails it (the same step to a user);
+        None, and no fault spent, when the inner target has no such path."""
+        if type(self.inner).write_snapshot_arrow is Target.write_snapshot_arrow:
+            return None
+        self._maybe_fail("write_snapshot", table)
+        return self.inner.write_snapshot_arrow(table, rows, replace)
 
     def apply_batch(self, table: TableSchema, changes: DataFrame, truncate_before: Position | None,
                     log_offset: int) -> None:
