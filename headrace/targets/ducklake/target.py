@@ -26,6 +26,7 @@ from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import text_value_frame
 from headrace.targets.ducklake import extension, files, maintenance, naming, plan
 from headrace.targets.ducklake.config import DuckLakeConfig
+from headrace.targets.ducklake.copies import CopyQueue, CopyWrite, commit_group
 from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly, spark_type
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class DuckLakeTarget(Target):
         # One DuckDB connection, used by one apply at a time: DuckLake would turn concurrent
         # commits of the cursor table into conflicts anyway.
         self._lock = threading.Lock()
+        self._copies = CopyQueue()  # copies written on the driver, waiting for a commit
         self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}._headrace")
         self._con.execute(
             f"CREATE TABLE IF NOT EXISTS {CURSOR_TABLE} (pipeline VARCHAR, table_oid BIGINT, "
@@ -114,34 +116,42 @@ class DuckLakeTarget(Target):
 
     def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
         """``write_snapshot`` for rows already on the driver in the row shape (Arrow): DuckDB inserts
-        them in one DuckLake transaction, with no Spark job and no files of our own.
+        them, with no Spark job and no files of our own, in one DuckLake commit with the other
+        copies waiting for one (``copies``: a group commit), a table still all or nothing.
 
-        One commit creates the table when missing (``ensure_table``'s checks first) and holds the
+        The commit creates the table when missing (``ensure_table``'s checks first) and holds the
         same steps as ``write_snapshot``'s (a new shape recreates the table, ``replace`` drops a
         previous copy, the count is read inside it), with the same casts as its ``INSERT ... SELECT``
         from Spark's files (``plan.insert_from_relation_sql``): UUID, JSON and TIME from their text,
-        every other type as it comes. Every DuckLake commit makes the next statement reload the
-        lake's catalog, so one commit a table instead of three matters with hundreds of tables.
-        Returns the rows the table then holds.
+        every other type as it comes. Returns the rows the table then holds.
         """
         naming.refuse_case_twins(table)
-        target = self._qualified(table)
+        write = CopyWrite(table, rows, replace)
+        self._copies.add(write)
         with self._lock:
-            exists = naming.refuse_table_twin(self._con, L, self._schema(table), table)
-            self._con.register(SNAPSHOT_ROWS, rows)
-            try:
-                with self._transaction(table):
-                    if exists:
-                        self._clear_for_copy(table, replace)
-                    else:
-                        self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
-                        self._con.execute(plan.create_sql(target, table))
-                    if rows.num_rows:
-                        self._con.execute(plan.insert_from_relation_sql(target, table, SNAPSHOT_ROWS))
-                    count = self._scalar(f"SELECT count(*) FROM {target}")
-            finally:
-                self._con.unregister(SNAPSHOT_ROWS)
-        return int(count)
+            if not write.done:  # else a thread that took the lock first committed it with its own
+                commit_group(self._copies.take(write), self._commit_copies)
+        return write.result()
+
+    def _commit_copies(self, group: list[CopyWrite]) -> list[int]:
+        """Write each copy of ``group`` in one transaction (lock held); each table's row count."""
+        counts = []
+        with self._transaction(group[0].table):
+            for i, write in enumerate(group):
+                table, target, relation = write.table, self._qualified(write.table), f"{SNAPSHOT_ROWS}_{i}"
+                if naming.refuse_table_twin(self._con, L, self._schema(table), table):
+                    self._clear_for_copy(table, write.replace)
+                else:
+                    self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
+                    self._con.execute(plan.create_sql(target, table))
+                if write.rows.num_rows:
+                    self._con.register(relation, write.rows)
+                    try:
+                        self._con.execute(plan.insert_from_relation_sql(target, table, relation))
+                    finally:
+                        self._con.unregister(relation)
+                counts.append(int(self._scalar(f"SELECT count(*) FROM {target}")))
+        return counts
 
     def _clear_for_copy(self, table: TableSchema, replace: bool) -> None:
         """Inside a copy's transaction (lock held): with ``replace``, drop what an earlier copy left."""
