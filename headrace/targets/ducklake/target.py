@@ -135,11 +135,13 @@ class DuckLakeTarget(Target):
 
     def _commit_copies(self, group: list[CopyWrite]) -> list[int]:
         """Write each copy of ``group`` in one transaction (lock held); each table's row count."""
+        # Before the transaction: on a SQLite catalog, a read of it inside would lock out the commit.
+        exists = [naming.refuse_table_twin(self._con, L, self._schema(w.table), w.table) for w in group]
         counts = []
         with self._transaction(group[0].table):
             for i, write in enumerate(group):
                 table, target, relation = write.table, self._qualified(write.table), f"{SNAPSHOT_ROWS}_{i}"
-                if naming.refuse_table_twin(self._con, L, self._schema(table), table):
+                if exists[i]:
                     self._clear_for_copy(table, write.replace)
                 else:
                     self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
