@@ -59,6 +59,14 @@ class Target(ABC):
         next part of the same consistent copy.
         """
 
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
+        """``write_snapshot`` for a small copy already on the driver: ``rows`` in the row shape as
+        Arrow (the types Spark's ``toArrow`` gives for it), written without a Spark job.
+
+        Optional: the default returns None, and the caller writes the rows through Spark instead.
+        """
+        return None
+
     @abstractmethod
     def apply_batch(
         self,

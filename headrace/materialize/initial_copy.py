@@ -43,10 +43,10 @@ from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.permits import Permits
-from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe, prefetched
+from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe, driver_rows, prefetched
 from headrace.outage import lost_connection
 from headrace.source import open_source
-from headrace.source.base import CopySnapshot, Source
+from headrace.source.base import ChunkRead, CopySnapshot, Source
 from headrace.state.lifecycle import TableState
 from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore, TableRow
@@ -189,8 +189,11 @@ class InitialCopy:
                 state.set_schema(schema)
             table_lsn = snapshot_lsn
         state.copy_started(row.oid, table_lsn)
-        self.target.ensure_table(schema)
         todo = [c for c in chunks if not c.done]
+        if resume or len(todo) != 1:
+            # A resume's merge needs the table. A one-chunk table's write creates it (write_snapshot
+            # ensures it; written on the driver, in the same commit as its rows).
+            self.target.ensure_table(schema)
         done_rows = sum(c.rows or 0 for c in chunks if c.done)
         event(log, "snapshot.start", table=name, chunks=len(chunks), chunks_todo=len(todo), resume=resume,
               snapshot_lsn=self.source.format_position(snapshot_lsn))
@@ -208,20 +211,25 @@ class InitialCopy:
             reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
             ranges = [(c.start_page, c.end_page) for c in group]
             with ExitStack() as held:
+                after = None
                 if len(todo) == 1:
                     # A one-chunk table is read here, holding its connection only for the read, not
                     # for the Spark job that writes it: small tables then copy many at a time.
                     with permits.take(1):
                         reader = prefetched(reader, *ranges[0])
+                    if not resume:
+                        after = self._write_on_driver(schema, reader, position, replace=start == 0)
                 else:
                     held.enter_context(permits.take(len(group)))  # the job's tasks read the chunks
-                df = chunk_dataframe(self.spark, schema, reader, ranges, position,
-                                     value_rules(name, self.target, self.config.values.infinity), counted.append,
-                                     positions.append if not schema.key else None)
+                if after is None:
+                    df = chunk_dataframe(self.spark, schema, reader, ranges, position,
+                                         value_rules(name, self.target, self.config.values.infinity),
+                                         counted.append, positions.append if not schema.key else None)
                 if resume:
                     rows = self._merge(state, row, schema, df)
                 else:
-                    after = self.target.write_snapshot(schema, df, position, replace=start == 0)
+                    if after is None:
+                        after = self.target.write_snapshot(schema, df, position, replace=start == 0)
                     rows, table_rows = after - table_rows, after
             for read in counted:  # the write above ran the scan that counted them
                 if (changed := read()) and self.on_values_changed is not None:
@@ -242,6 +250,15 @@ class InitialCopy:
         secs = time.monotonic() - started
         event(log, "snapshot.done", table=name, rows=done_rows, chunks=len(chunks), seconds=round(secs, 2),
               rows_per_s=int(done_rows / secs) if secs else 0)
+
+    def _write_on_driver(self, schema: TableSchema, reader: ChunkRead, position: Position, replace: bool
+                         ) -> int | None:
+        """Write a chunk read on the driver with no Spark job, where the target can and the values
+        need none of Spark's casts (``driver_rows``); None: the caller runs the Spark job."""
+        rows = driver_rows(schema, reader, position)
+        if rows is None:
+            return None
+        return self.target.write_snapshot_arrow(schema, rows, replace=replace)
 
     def _merge(self, state: StateStore, row: TableRow, schema: TableSchema, df: DataFrame) -> int:
         """Merge re-copied chunks by key with the position rule (they may overlap copied rows)."""

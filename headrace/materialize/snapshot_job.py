@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from headrace.core.position import Position
-from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema
+from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts, spark_type
 from headrace.source.base import POSITION_COLUMN, ChunkRead, Route
 
@@ -131,6 +132,67 @@ def prefetched(reader: ChunkRead, start: int, end: int) -> ChunkRead:
     inside it, so the source connection is held for the read only, not for the whole write.
     """
     return replace(reader, read=_Batches(list(reader.read(start, end))))
+
+
+def driver_rows(table: TableSchema, reader: ChunkRead, position: Position) -> pa.Table | None:
+    """A ``prefetched`` chunk in the Target row shape, built here without Spark, or None when only
+    ``chunk_dataframe``'s casts give the right values (the caller then runs the Spark job).
+
+    Rows are built here only where the result is the very value ``chunk_dataframe`` gives, so a
+    target cannot tell the paths apart:
+
+    - BINARY columns: the reader's typed value, which ``chunk_dataframe`` passes through untouched;
+    - TEXT columns Spark keeps as text (text kinds: char(n), enum, uuid, json, time, interval...):
+      ``cast_text`` returns the text itself, so it is passed through here too;
+    - SPLIT columns (date, timestamps) whose values all came binary (years 1..9999): their text
+      half, the only values the range rules and ``values.infinity`` act on, is empty;
+    - numeric(p,s): PostgreSQL prints such a value with exactly ``s`` fractional digits and at most
+      ``p - s`` integral ones, which Spark's cast and Arrow's (exact, refusing to round) both read
+      as that decimal. Anything Arrow refuses (NaN, Infinity) goes to Spark, whose cast stops the
+      table with the usual message.
+
+    Anything else (arrays, CSV-read typed columns, a date or timestamp past the binary range, a
+    source giving each row its own position) goes through Spark.
+    """
+    batches = getattr(reader.read, "batches", None)
+    if batches is None or reader.per_row_position:
+        return None
+    if batches:
+        data = pa.Table.from_batches(batches)
+    else:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        data = to_arrow_schema(_read_schema(table, reader.routes)).empty_table()
+    arrays, fields = [], []
+    for i, (col, route) in enumerate(zip(table.columns, reader.routes, strict=True)):
+        value = data.column(f"c{i}")
+        if route is Route.SPLIT and data.column(f"t{i}").null_count != data.num_rows:
+            return None  # infinity, BC or beyond 9999: the range rules decide
+        if route is Route.TEXT and col.type.kind is TypeKind.DECIMAL:
+            decimal = _exact_decimal(value, col.type.precision, col.type.scale)
+            if decimal is None:
+                return None
+            value = decimal
+        elif route is Route.TEXT and not isinstance(spark_type(col.type), StringType):
+            return None
+        arrays.append(value)
+        fields.append(pa.field(col.name, value.type))
+    n = data.num_rows
+    arrays += [pa.array([position.lsn] * n, pa.int64()), pa.array([0] * n, pa.int64()),
+               pa.nulls(n, pa.timestamp("us", tz="UTC"))]
+    fields += [pa.field(HR_LSN, pa.int64()), pa.field(HR_SEQ, pa.int64()),
+               pa.field(HR_COMMIT_TS, pa.timestamp("us", tz="UTC"))]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _exact_decimal(text: pa.ChunkedArray, precision: int | None, scale: int | None) -> pa.ChunkedArray | None:
+    """numeric(p,s) text as decimal128(p, s), or None where any value is not exactly one."""
+    if precision is None or scale is None or not 0 <= scale <= precision <= 38:
+        return None
+    try:
+        return pc.cast(text, pa.decimal128(precision, scale))  # safe: refuses to round or overflow
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
 
 
 def _read_schema(table: TableSchema, routes: list[Route]) -> StructType:

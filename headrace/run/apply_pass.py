@@ -121,7 +121,10 @@ class ApplyPass:
                 continue  # compacted right now (run.maintenance): applied when the pass ends
             cursor = None if retry else self.cursors.get(target, row)
             planned = None
-            if cursor is None or tails.get(row.oid, 0) > cursor:
+            tail = tails.get(row.oid)
+            # Nothing ever staged (a table just copied, quiet since): no batch, whatever the cursor,
+            # so it is not read (on DuckLake, a query of the lake per table).
+            if tail is not None and (cursor is None or tail > cursor):
                 if len(self._in_flight) >= limit:
                     continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
@@ -248,6 +251,8 @@ def caught_up(state: StateStore, target: Target, captured_lsn: int, start_lsn: i
         if row.state is not TableState.STREAMING:
             return False, []
         # Caught up = every change committed before the start is applied; later ones may wait.
-        if current_cursor(state, target, row, cursors) < state.log_index.last_offset(row.oid, before_lsn=start_lsn):
+        # (Nothing staged before the start: caught up, without reading the cursor.)
+        before = state.log_index.last_offset(row.oid, before_lsn=start_lsn)
+        if before and current_cursor(state, target, row, cursors) < before:
             return False, []
     return True, []

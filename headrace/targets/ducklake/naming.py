@@ -11,19 +11,27 @@ from headrace.core.names import TableName, display_ident
 from headrace.core.schema import TableSchema
 
 
-def refuse_table_twin(con: duckdb.DuckDBPyConnection, lake: str, schema: str, table: TableSchema) -> None:
+def refuse_table_twin(con: duckdb.DuckDBPyConnection, lake: str, schema: str, table: TableSchema) -> bool:
     """Refuse ``table`` (lake table ``schema``.its target name) when the lake ``lake`` has a table whose
-    name matches but for case: DuckDB would take one for the other and mix two source tables' rows."""
+    name matches but for case: DuckDB would take one for the other and mix two source tables' rows.
+    True when the table itself exists."""
     name = table.target_table
+    # From DuckLake's own catalog tables: duckdb_tables() rebuilds every table's entry after each
+    # commit (1.4 s at 200 tables on a busy 2-core machine, against 4 ms here), once per copied table.
+    meta = f"__ducklake_metadata_{lake}"
+    exists = False
     for have_schema, have_name in con.execute(
-            "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?"
-            " AND lower(schema_name) = lower(?) AND lower(table_name) = lower(?)", [lake, schema, name]).fetchall():
+            f"SELECT s.schema_name, t.table_name FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s"
+            " ON s.schema_id = t.schema_id WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
+            " AND lower(s.schema_name) = lower(?) AND lower(t.table_name) = lower(?)", [schema, name]).fetchall():
+        exists |= (have_schema, have_name) == (schema, name)
         if (have_schema, have_name) != (schema, name):
             raise UnsupportedError(
                 f"table {table.qualified_name} would be DuckLake table {TableName(schema, name)}, but the lake"
                 f" has {TableName(have_schema, have_name)}, a name that differs only in case: DuckDB names are"
                 " case-insensitive; replicate only one of the two tables to this lake (remove"
                 f" {table.qualified_name} from the pipeline), or rename one in the source")
+    return exists
 
 
 def refuse_case_twins(table: TableSchema) -> None:

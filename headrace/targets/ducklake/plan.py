@@ -114,3 +114,10 @@ def insert_from_parquet_sql(target: str, table: TableSchema) -> str:
     """Copy Spark's snapshot files (``read_parquet(?)``) into the table with DuckDB's casts."""
     values = [cast_in(quote_ident(c.name), c.type) for c in table.columns] + list(POSITION_COLUMNS)
     return f"INSERT INTO {target} SELECT {', '.join(values)} FROM read_parquet(?)"
+
+
+def insert_from_relation_sql(target: str, table: TableSchema, relation: str) -> str:
+    """``insert_from_parquet_sql``'s casts from a relation DuckDB knows by name (registered Arrow rows
+    in the row shape), columns by name."""
+    values = [cast_in(quote_ident(c.name), c.type) for c in table.columns] + list(POSITION_COLUMNS)
+    return f"INSERT INTO {target} SELECT {', '.join(values)} FROM {relation}"

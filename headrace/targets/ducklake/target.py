@@ -26,6 +26,7 @@ from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import text_value_frame
 from headrace.targets.ducklake import extension, files, maintenance, naming, plan
 from headrace.targets.ducklake.config import DuckLakeConfig
+from headrace.targets.ducklake.copies import CopyQueue, CopyWrite, commit_group
 from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly, spark_type
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 L = extension.LAKE_ALIAS
 CURSOR_TABLE = f"{L}._headrace.cursor"  # its own schema: cannot collide with replicated tables
+SNAPSHOT_ROWS = "hr_snapshot_rows"  # what DuckDB calls a driver-side copy's Arrow rows
 
 
 class DuckLakeTarget(Target):
@@ -51,6 +53,7 @@ class DuckLakeTarget(Target):
         # One DuckDB connection, used by one apply at a time: DuckLake would turn concurrent
         # commits of the cursor table into conflicts anyway.
         self._lock = threading.Lock()
+        self._copies = CopyQueue()  # copies written on the driver, waiting for a commit
         self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}._headrace")
         self._con.execute(
             f"CREATE TABLE IF NOT EXISTS {CURSOR_TABLE} (pipeline VARCHAR, table_oid BIGINT, "
@@ -99,14 +102,7 @@ class DuckLakeTarget(Target):
                 for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()
             ]
             with self._transaction(table):
-                if replace and not self._shape_matches(table):
-                    # A copy in a new shape (resync after a schema change the table could not follow):
-                    # the table is recreated in the same transaction as its new contents.
-                    self._con.execute(f"DROP TABLE {self._qualified(table)}")
-                    self._con.execute(plan.create_sql(self._qualified(table), table))
-                elif replace:
-                    # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
-                    self._con.execute(f"DELETE FROM {self._qualified(table)}")
+                self._clear_for_copy(table, replace)
                 if written and direct:
                     self._con.execute(
                         "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",
@@ -118,6 +114,58 @@ class DuckLakeTarget(Target):
         if not direct:
             files.remove(folder)
         return int(count)
+
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
+        """``write_snapshot`` for rows already on the driver in the row shape (Arrow): DuckDB inserts
+        them, with no Spark job and no files of our own, in one DuckLake commit with the other
+        copies waiting for one (``copies``: a group commit), a table still all or nothing.
+
+        The commit creates the table when missing (``ensure_table``'s checks first) and holds the
+        same steps as ``write_snapshot``'s (a new shape recreates the table, ``replace`` drops a
+        previous copy, the count is read inside it), with the same casts as its ``INSERT ... SELECT``
+        from Spark's files (``plan.insert_from_relation_sql``): UUID, JSON and TIME from their text,
+        every other type as it comes. Returns the rows the table then holds.
+        """
+        naming.refuse_case_twins(table)
+        write = CopyWrite(table, rows, replace)
+        self._copies.add(write)
+        with self._lock:
+            if not write.done:  # else a thread that took the lock first committed it with its own
+                commit_group(self._copies.take(write), self._commit_copies)
+        return write.result()
+
+    def _commit_copies(self, group: list[CopyWrite]) -> list[int]:
+        """Write each copy of ``group`` in one transaction (lock held); each table's row count."""
+        # Before the transaction: on a SQLite catalog, a read of it inside would lock out the commit.
+        exists = [naming.refuse_table_twin(self._con, L, self._schema(w.table), w.table) for w in group]
+        counts = []
+        with self._transaction(group[0].table):
+            for i, write in enumerate(group):
+                table, target, relation = write.table, self._qualified(write.table), f"{SNAPSHOT_ROWS}_{i}"
+                if exists[i]:
+                    self._clear_for_copy(table, write.replace)
+                else:
+                    self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}.{quote_ident(self._schema(table))}")
+                    self._con.execute(plan.create_sql(target, table))
+                if write.rows.num_rows:
+                    self._con.register(relation, write.rows)
+                    try:
+                        self._con.execute(plan.insert_from_relation_sql(target, table, relation))
+                    finally:
+                        self._con.unregister(relation)
+                counts.append(int(self._scalar(f"SELECT count(*) FROM {target}")))
+        return counts
+
+    def _clear_for_copy(self, table: TableSchema, replace: bool) -> None:
+        """Inside a copy's transaction (lock held): with ``replace``, drop what an earlier copy left."""
+        if replace and not self._shape_matches(table):
+            # A copy in a new shape (resync after a schema change the table could not follow):
+            # the table is recreated in the same transaction as its new contents.
+            self._con.execute(f"DROP TABLE {self._qualified(table)}")
+            self._con.execute(plan.create_sql(self._qualified(table), table))
+        elif replace:
+            # Drops the previous (possibly partial) copy; DuckLake only marks its files deleted.
+            self._con.execute(f"DELETE FROM {self._qualified(table)}")
 
     def apply_batch(
         self,
