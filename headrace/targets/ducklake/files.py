@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from headrace.core.names import path_segment, quote_spark
-from headrace.core.rows import POSITION_COLUMNS
+from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ, POSITION_COLUMNS
 from headrace.core.schema import TableSchema
+from headrace.targets.ducklake.types import spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -32,6 +33,18 @@ def to_arrow(changes: DataFrame) -> pa.Table:
     batches = changes._collect_as_arrow()
     schema = to_arrow_schema(changes.schema)
     return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+
+
+def to_spark(spark: SparkSession, table: TableSchema, data: pa.Table) -> DataFrame:
+    """``data`` (a table's rows in the row shape, read by DuckDB) as a Spark DataFrame, via the driver."""
+    from pyspark.sql import types as T
+
+    fields = [T.StructField(c.name, spark_type(c.type)) for c in table.columns]
+    fields += [T.StructField(HR_LSN, T.LongType()), T.StructField(HR_SEQ, T.LongType()),
+               T.StructField(HR_COMMIT_TS, T.TimestampType())]
+    columns = data.to_pydict()
+    rows = list(zip(*columns.values(), strict=True)) if columns else []
+    return spark.createDataFrame(rows, T.StructType(fields))
 
 
 def snapshot_root(data_path: str, schema: str, table: str) -> str:

@@ -27,7 +27,7 @@ from headrace.core.spark_types import text_value_frame
 from headrace.targets.ducklake import extension, files, maintenance, naming, plan
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.copies import CopyQueue, CopyWrite, commit_group
-from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly, spark_type
+from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -322,8 +322,6 @@ class DuckLakeTarget(Target):
 
     def read_table(self, table: TableSchema) -> DataFrame:
         """The whole table as a Spark DataFrame in the row shape (small tables: via the driver)."""
-        from pyspark.sql import types as T
-
         exprs = [f"{cast_out(quote_ident(c.name), c.type)} AS {quote_ident(c.name)}" for c in table.columns]
         with self._lock:
             data = self._con.execute(
@@ -331,15 +329,7 @@ class DuckLakeTarget(Target):
             ).arrow()
             if not isinstance(data, pa.Table):  # a reader: drain it before another query on _con ends it
                 data = data.read_all()
-        columns = data.to_pydict()
-        fields = [T.StructField(c.name, spark_type(c.type)) for c in table.columns]
-        fields += [
-            T.StructField(HR_LSN, T.LongType()),
-            T.StructField(HR_SEQ, T.LongType()),
-            T.StructField(HR_COMMIT_TS, T.TimestampType()),
-        ]
-        rows = list(zip(*columns.values(), strict=True)) if columns else []
-        return self.spark.createDataFrame(rows, T.StructType(fields))
+        return files.to_spark(self.spark, table, data)
 
     def read_cursor(self, table: TableSchema) -> int | None:
         """The staged-log offset committed with this table's data, or None before the first batch."""
