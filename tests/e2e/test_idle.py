@@ -22,11 +22,15 @@ from tests.targets.test_faulty import change, faulty, row, streaming, tables
 
 
 def _cache_matches_target(pipeline: Pipeline, state: StateStore) -> bool:
-    """Every streaming table's cached cursor is the one the lake stores with its data."""
+    """Every streaming table's cached cursor is the one the lake stores with its data (a table with
+    nothing staged may have none: the apply pass does not read a cursor it does not need)."""
     target = pipeline.target
     assert isinstance(target, FaultyTarget)
+    tails = state.log_index.tails()
     for r in state.tables():
         cached = pipeline.apply_pass.cursors.get(target, r)
+        if cached is None and r.oid not in tails:
+            continue  # nothing staged for it: no batch needs its cursor, so it is not read
         if cached != max(target.inner.read_cursor(r.schema) or 0, 0):
             return False
     return True
