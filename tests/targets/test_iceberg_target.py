@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from headrace.core.errors import ConfigError
+from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.position import Position
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
@@ -84,3 +85,27 @@ def test_merge_of_keys_in_one_file_reads_and_touches_no_other_file(
     want = {i: (str(i), f"doc{i}", 100) for i in range(1, 301) if i != 30}
     want.update({10: ("ten", "new10", 200), 20: ("twenty", "doc20", 200), 50_000: ("new", "x", 200)})
     assert got == want
+
+
+def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, target: IcebergTarget) -> None:
+    """After random-key merges, a maintenance pass leaves data files of disjoint key ranges (what
+    lets a MERGE bounded by its batch's keys skip files) and the same rows."""
+    target.ensure_table(TABLE)
+    name = target.table_name(TABLE)
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.target-file-size-bytes'='16000')")
+    rows = spark.range(1, 601, numPartitions=2).selectExpr(
+        "id", "cast(id AS string) AS `odd name, ``quoted```", "CAST(NULL AS decimal(20,4)) AS amount",
+        "CAST(NULL AS array<string>) AS tags", "md5(cast(id AS string)) AS doc", "100L AS _hr_lsn", "0L AS _hr_seq",
+        "TIMESTAMP '2024-01-01 00:00:00' AS _hr_commit_ts")
+    target.write_snapshot(TABLE, rows, Position(100))
+    for lsn in (200, 300):  # each batch's file spans nearly the whole key range
+        changes = [("U", lsn, i, None, k, "upd", None, None, f"d{k}") for i, k in enumerate(range(lsn // 100, 601, 7))]
+        target.apply_batch(TABLE, batch_df(spark, TABLE, changes), None, lsn)
+    before = {r[0]: r for r in rows_of(target, TABLE).values()}
+    target.maintain(TABLE, MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=3 * 86400))
+    ranges = sorted((r.lo, r.hi) for r in spark.sql(
+        f"SELECT readable_metrics.id.lower_bound AS lo, readable_metrics.id.upper_bound AS hi FROM {name}.data_files"
+    ).collect())
+    assert len(ranges) > 1
+    assert all(hi < next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:], strict=False)), ranges
+    assert {r[0]: r for r in rows_of(target, TABLE).values()} == before

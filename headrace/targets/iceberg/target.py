@@ -293,7 +293,7 @@ class IcebergTarget(Target):
         """Compact, apply away deletes, expire snapshots, remove orphans (``maintenance.py``)."""
         namespace = quote_spark(path_segment(self.settings.namespace or table.target_schema))
         identifier = f"{namespace}.{quote_spark(path_segment(table.target_table))}"
-        maintenance.maintain(self.spark, self.settings.catalog_name, identifier, policy)
+        maintenance.maintain(self.spark, self.settings.catalog_name, identifier, policy, table.key)
 
     def table_files(self, table: TableSchema) -> TableFiles | None:
         """File and snapshot counts from the table's metadata tables."""
