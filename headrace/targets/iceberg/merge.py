@@ -70,8 +70,8 @@ class BatchBounds:
 
     @classmethod
     def of(cls, table: TableSchema, batch: DataFrame) -> BatchBounds:
-        """One aggregate over ``batch`` (persist it first: the MERGE reads it again), and one more to
-        list the keys when there are at most ``KEY_LIST_LIMIT``."""
+        """One aggregate over ``batch`` (persist it first: the MERGE reads it again), and one narrow
+        read of its keys when there are several and at most ``KEY_LIST_LIMIT``."""
         first = table.key[0]
         key = F.col(quote_spark(first))
         kind = batch.schema[first].dataType
@@ -83,13 +83,17 @@ class BatchBounds:
         names = {c.name for c in table.columns}
         unchanged = frozenset(named) if named <= names else None
         low, high = _literal(least, kind), _literal(greatest, kind)
-        key_range = (low, high) if low is not None and high is not None else None
-        key_list = None
-        if key_range is not None and 0 < rows <= KEY_LIST_LIMIT:
-            values = [r[0] for r in batch.select(key).distinct().collect()]
-            literals = [_literal(v, kind) for v in values]
+        if low is None or high is None:
+            return cls(rows, unchanged, None, None)
+        key_list: tuple[str, ...] | None = None
+        if low == high:
+            key_list = (low,)  # one value (a one-row change): no need to read the keys
+        elif rows <= KEY_LIST_LIMIT:
+            # One row per key after deduplication: a plain narrow read of the persisted batch.
+            literals = [_literal(v, kind) for v in dict.fromkeys(r[0] for r in batch.select(key).collect())]
             if all(lit is not None for lit in literals):
                 key_list = tuple(lit for lit in literals if lit is not None)
+        key_range = (low, high)
         return cls(rows, unchanged, key_range, key_list)
 
 
