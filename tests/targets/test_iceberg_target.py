@@ -13,8 +13,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from headrace.core.errors import ConfigError
+from headrace.core.maintenance import MaintenancePolicy
+from headrace.core.position import Position
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
+from tests.targets.conftest import batch_df, rows_of
 from tests.targets.test_contract import TABLE
 
 _catalogs = itertools.count()
@@ -42,3 +45,67 @@ def test_catalog_name_cannot_switch_warehouse(
     with pytest.raises(ConfigError, match="catalog_name"):
         IcebergTarget(spark, other, pipeline="p")
     IcebergTarget(spark, target.settings, pipeline="p")  # the same warehouse again is fine
+
+
+def test_merge_of_keys_in_one_file_reads_and_touches_no_other_file(
+    spark: SparkSession, target: IcebergTarget, tmp_path: Path
+) -> None:
+    """The MERGE is bounded by the batch's keys: with the other data files moved away it still
+    runs (so it never opened them), its deletes name only the one file, and the rows are right."""
+    target.ensure_table(TABLE)
+    name = target.table_name(TABLE)
+    # Three data files of disjoint key ranges (spark.range splits 1..300 into contiguous thirds).
+    rows = spark.range(1, 301, numPartitions=3).selectExpr(
+        "id", "cast(id AS string) AS `odd name, ``quoted```", "CAST(NULL AS decimal(20,4)) AS amount",
+        "CAST(NULL AS array<string>) AS tags", "concat('doc', id) AS doc", "100L AS _hr_lsn", "0L AS _hr_seq",
+        "TIMESTAMP '2024-01-01 00:00:00' AS _hr_commit_ts")
+    target.write_snapshot(TABLE, rows, Position(100))
+    files = {r.file_path: (r.lo, r.hi) for r in spark.sql(
+        f"SELECT file_path, readable_metrics.id.lower_bound AS lo, readable_metrics.id.upper_bound AS hi"
+        f" FROM {name}.data_files").collect()}
+    assert sorted(files.values()) == [(1, 100), (101, 200), (201, 300)]
+    batch = batch_df(spark, TABLE, [
+        ("U", 200, 0, None, 10, "ten", None, None, "new10"),
+        ("U", 200, 1, "doc", 20, "twenty", None, None, None),  # doc unchanged (TOAST): keeps doc20
+        ("D", 200, 2, None, 30, None, None, None, None),
+        ("I", 200, 3, None, 50_000, "new", None, None, "x"),  # above every file's range: widens the bound
+    ])
+    others = [Path(f.removeprefix("file:")) for f, (lo, _) in files.items() if lo != 1]
+    for path in others:
+        path.rename(path.with_suffix(".away"))
+    try:
+        target.apply_batch(TABLE, batch.where("id <> 50000"), None, 1)
+    finally:
+        for path in others:
+            path.with_suffix(".away").rename(path)
+    deleted_from = {r[0] for r in spark.sql(f"SELECT DISTINCT file_path FROM {name}.position_deletes").collect()}
+    assert deleted_from == {f for f, (lo, _) in files.items() if lo == 1}
+    target.apply_batch(TABLE, batch, None, 1)  # replayed, now with the insert: only the insert is new
+    got = {r[0]: (r[1], r[4], r[5]) for r in rows_of(target, TABLE).values()}
+    want = {i: (str(i), f"doc{i}", 100) for i in range(1, 301) if i != 30}
+    want.update({10: ("ten", "new10", 200), 20: ("twenty", "doc20", 200), 50_000: ("new", "x", 200)})
+    assert got == want
+
+
+def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, target: IcebergTarget) -> None:
+    """After random-key merges, a maintenance pass leaves data files of disjoint key ranges (what
+    lets a MERGE bounded by its batch's keys skip files) and the same rows."""
+    target.ensure_table(TABLE)
+    name = target.table_name(TABLE)
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.target-file-size-bytes'='16000')")
+    rows = spark.range(1, 601, numPartitions=2).selectExpr(
+        "id", "cast(id AS string) AS `odd name, ``quoted```", "CAST(NULL AS decimal(20,4)) AS amount",
+        "CAST(NULL AS array<string>) AS tags", "md5(cast(id AS string)) AS doc", "100L AS _hr_lsn", "0L AS _hr_seq",
+        "TIMESTAMP '2024-01-01 00:00:00' AS _hr_commit_ts")
+    target.write_snapshot(TABLE, rows, Position(100))
+    for lsn in (200, 300):  # each batch's file spans nearly the whole key range
+        changes = [("U", lsn, i, None, k, "upd", None, None, f"d{k}") for i, k in enumerate(range(lsn // 100, 601, 7))]
+        target.apply_batch(TABLE, batch_df(spark, TABLE, changes), None, lsn)
+    before = {r[0]: r for r in rows_of(target, TABLE).values()}
+    target.maintain(TABLE, MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=3 * 86400))
+    ranges = sorted((r.lo, r.hi) for r in spark.sql(
+        f"SELECT readable_metrics.id.lower_bound AS lo, readable_metrics.id.upper_bound AS hi FROM {name}.data_files"
+    ).collect())
+    assert len(ranges) > 1
+    assert all(hi < next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:], strict=False)), ranges
+    assert {r[0]: r for r in rows_of(target, TABLE).values()} == before

@@ -2,7 +2,8 @@
 
 Merge-on-read (see ``target.py``) leaves a position-delete file and a few small data files per
 batch, and a snapshot per commit. One pass: ``rewrite_data_files`` rewrites small files, and every
-file with a delete, into few large ones (deletes applied, dangling delete files dropped);
+file with a delete, into few large ones sorted by the table's key (deletes applied, dangling delete
+files dropped);
 ``rewrite_position_delete_files`` compacts what deletes remain; ``expire_snapshots`` drops
 snapshots past the retention (keeping the newest few) and the files only they referenced;
 ``remove_orphan_files`` deletes files no snapshot references (crashed writes), once old enough
@@ -55,14 +56,15 @@ def table_files(spark: SparkSession, name: str) -> TableFiles:
                       bytes=int(data[1]) + int(deletes[1]))
 
 
-def maintain(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy) -> None:
+def maintain(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy,
+             key: tuple[str, ...] = ()) -> None:
     """One maintenance pass over ``catalog``.``identifier`` (``identifier``: quoted namespace.table).
 
     Retried up to ``ATTEMPTS`` times on a commit conflict; the rows never change.
     """
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            _pass(spark, catalog, identifier, policy)
+            _pass(spark, catalog, identifier, policy, key)
             return
         except Exception as exc:
             if attempt == ATTEMPTS or not _conflict(exc):
@@ -85,11 +87,20 @@ def _conflict(exc: Exception) -> bool:
                                              "Cannot commit", "conflicting files", "Found conflicting"))
 
 
-def _pass(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy) -> None:
+def _sort_order(key: tuple[str, ...]) -> str:
+    """The ``sort_order`` argument of ``rewrite_data_files``: the key's columns, ascending."""
+    return ", ".join("`" + k.replace("`", "``") + "` ASC NULLS LAST" for k in key)
+
+
+def _pass(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy, key: tuple[str, ...]) -> None:
     call = f"CALL `{catalog.replace('`', '``')}`.system"
     table = f"table => {_literal(identifier)}"
     options = ", ".join(f"{_literal(k)}, {_literal(v)}" for k, v in REWRITE_OPTIONS.items())
-    rewritten = spark.sql(f"{call}.rewrite_data_files({table}, options => map({options}))").first()
+    # Sorted by the key, the rewritten files cover disjoint key ranges: a batch's key bounds
+    # (``merge.py``) then skip every file outside them. Merges leave files spanning their batch's
+    # keys (a random-key batch: nearly all of them), so compaction is what restores the layout.
+    strategy = f", strategy => 'sort', sort_order => {_literal(_sort_order(key))}" if key else ""
+    rewritten = spark.sql(f"{call}.rewrite_data_files({table}{strategy}, options => map({options}))").first()
     name = f"`{catalog.replace('`', '``')}`.{identifier}"
     deletes_left = table_files(spark, name).delete_files
     if deletes_left:
