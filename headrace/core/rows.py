@@ -16,6 +16,13 @@ POSITION_COLUMNS = (HR_LSN, HR_SEQ, HR_COMMIT_TS)  # in this order after the sou
 
 # Columns of change batches only.
 HR_OP = "_hr_op"  # I, U or D
-HR_UNCHANGED = "_hr_unchanged"  # comma-separated unchanged TOAST columns
+HR_UNCHANGED = "_hr_unchanged"  # unchanged TOAST columns, comma-separated (``unchanged_token``)
 HR_FROM = "_hr_from"  # in batches with key changes: the old key whose target row holds unchanged values
 HR_DELTA = "_hr_delta"  # in net row changes of keyless tables: copies to add (+1 per row) or to remove (-n)
+
+
+def unchanged_token(name: str) -> str:
+    """Column ``name`` as it stands in a comma-separated list of unchanged TOAST columns (staged
+    ``_unchanged_cols``, batches' ``HR_UNCHANGED``). A PostgreSQL column name may hold a comma, so
+    '%' and ',' are percent-escaped; readers look a column up by its token, never split names back."""
+    return name.replace("%", "%25").replace(",", "%2C")

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from headrace.core.changes import UNCHANGED, Value
+from headrace.core.rows import unchanged_token
 from headrace.log.facts import FactsRecorder, FileFacts
 
 STAGING_SCHEMA = pa.schema(
@@ -38,12 +39,12 @@ STAGING_SPARK_DDL = (
 
 
 def encode_row(names: Sequence[str], values: Sequence[Value]) -> tuple[str, str | None]:
-    """JSON of a tuple's values, and the comma-joined names of its unchanged TOAST columns."""
+    """JSON of a tuple's values, and the comma-joined tokens (``unchanged_token``) of its unchanged TOAST columns."""
     data: dict[str, str | None] = {}
     unchanged = []
     for name, value in zip(names, values, strict=True):
         if value is UNCHANGED:
-            unchanged.append(name)
+            unchanged.append(unchanged_token(name))
         else:
             data[name] = value  # type: ignore[assignment]
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")), (",".join(unchanged) or None)

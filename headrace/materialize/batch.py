@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 from headrace.core.errors import TerminalError
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
 from headrace.log.codec import STAGING_SPARK_DDL
@@ -254,7 +254,7 @@ def _last_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | No
             # What this change says about the column: a value (a struct, so a sent NULL counts), or,
             # for an update that moved the row from another key leaving the column unchanged, where
             # to look: the old key's value just before this change's position.
-            sent = F.when(~F.array_contains(unchanged, name),
+            sent = F.when(~F.array_contains(unchanged, unchanged_token(name)),
                           F.struct(F.col("_values")[name].alias("v"), none.cast("string").alias("from"),
                                    none.cast("bigint").alias("lsn"), none.cast("bigint").alias("seq")))
             if key_toast:
@@ -267,11 +267,11 @@ def _last_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | No
                 changes = _follow_key_changes(changes, ordered, [i for i, _ in others])
         upto_here = ordered.rowsBetween(Window.unboundedPreceding, 0)
         for i, name in others:
-            is_unchanged = F.array_contains(unchanged, name)
+            is_unchanged = F.array_contains(unchanged, unchanged_token(name))
             changes = changes.withColumn(f"_s{i}", F.last(f"_x{i}", ignorenulls=True).over(upto_here))
             values[name] = F.when(is_unchanged, F.col(f"_s{i}.v")).otherwise(values[name])
             still = is_unchanged & (F.col(f"_s{i}").isNull() | F.col(f"_s{i}.from").isNotNull())
-            unchanged_after.append(F.when(still, F.lit(name)))
+            unchanged_after.append(F.when(still, F.lit(unchanged_token(name))))
             froms.append(F.when(is_unchanged, F.col(f"_s{i}.from")))
 
     changes = changes.where(order == F.col("_last"))

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from headrace.core.names import quote_ident
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
 from headrace.log.codec import STAGING_SCHEMA, read_staging_file
@@ -150,12 +150,12 @@ def batch_sql(table: TableSchema, skip_through: Position | None, truncate: Posit
         for i, c in enumerate(cols):
             if c.name in table.key:
                 continue
-            unchanged = f"list_contains(string_split(coalesce(unch, ''), ','), {literal(c.name)})"
+            unchanged = f"list_contains(string_split(coalesce(unch, ''), ','), {literal(unchanged_token(c.name))})"
             parts.append(f"{unchanged} AS u{i}, last_value(CASE WHEN NOT {unchanged} THEN struct_pack(v := c{i}) END "
                          f"IGNORE NULLS) OVER (PARTITION BY {by_key} ORDER BY {order} ROWS BETWEEN UNBOUNDED "
                          f"PRECEDING AND CURRENT ROW) AS s{i}")
             values[c.name] = f"CASE WHEN u{i} THEN s{i}.v ELSE c{i} END"
-            stills.append(f"CASE WHEN u{i} AND s{i} IS NULL THEN {literal(c.name)} END")
+            stills.append(f"CASE WHEN u{i} AND s{i} IS NULL THEN {literal(unchanged_token(c.name))} END")
         toast = ", " + ", ".join(parts)
     after_truncate = f"WHERE {_after(truncate)}" if truncate is not None else ""
     out = []

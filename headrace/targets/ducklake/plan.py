@@ -17,6 +17,7 @@ from headrace.core.rows import (
     HR_SEQ,
     HR_UNCHANGED,
     POSITION_COLUMNS,
+    unchanged_token,
 )
 from headrace.core.schema import TableSchema
 from headrace.targets.ducklake.types import cast_in, duck_type
@@ -60,7 +61,7 @@ def plan_sql(target: str, table: TableSchema, key: tuple[str, ...], moved: bool 
         new = cast_in(f"b.{quote_ident(col.name)}", col.type)
         if col.name not in key:
             # A TOAST column the update did not send keeps the value already in the target.
-            unchanged = f"list_contains(string_split(coalesce(b.{HR_UNCHANGED}, ''), ','), {literal(col.name)})"
+            unchanged = f"list_contains(string_split(coalesce(b.{HR_UNCHANGED}, ''), ','), {literal(unchanged_token(col.name))})"
             kept = f"o.{quote_ident(col.name)}"
             if moved:
                 kept = f"CASE WHEN b.{HR_FROM} IS NOT NULL THEN f.{quote_ident(col.name)} ELSE {kept} END"
