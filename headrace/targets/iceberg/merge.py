@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from headrace.core.names import quote_spark
-from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import TableSchema
 
 # Keys listed in the ON clause at most (beyond it, the range alone). The list is SQL text Spark parses
@@ -81,9 +81,10 @@ class BatchBounds:
         row = batch.agg(F.count(F.lit(1)), F.min(key), F.max(key), F.array_distinct(pieces)).first()
         assert row is not None  # an aggregate without grouping has one row
         rows, least, greatest, named = int(row[0]), row[1], row[2], set(row[3] or ())
-        # A column whose name holds a comma splits into pieces no column has: assume any is unchanged.
-        names = {c.name for c in table.columns}
-        unchanged = frozenset(named) if named <= names else None
+        # The list holds each column's token (names escaped: ``unchanged_token``); a token no column
+        # has (staged by an older version, which did not escape): assume any column is unchanged.
+        by_token = {unchanged_token(c.name): c.name for c in table.columns}
+        unchanged = frozenset(by_token[t] for t in named) if named <= by_token.keys() else None
         low, high = _literal(least, kind), _literal(greatest, kind)
         if low is None or high is None:
             return cls(rows, unchanged, None, None)
@@ -118,7 +119,7 @@ def merge_statement(table: TableSchema, name: str, view: str, bounds: BatchBound
         # A TOAST column the update did not send keeps the value already in the target.
         untouched = (
             f"s.{HR_UNCHANGED} IS NOT NULL AND "
-            f"array_contains(split(s.{HR_UNCHANGED}, ','), {string_literal(c.name)})"
+            f"array_contains(split(s.{HR_UNCHANGED}, ','), {string_literal(unchanged_token(c.name))})"
         )
         sets.append(f"t.{col} = CASE WHEN {untouched} THEN t.{col} ELSE s.{col} END")
     sets += [f"t.{m} = s.{m}" for m in (HR_LSN, HR_SEQ, HR_COMMIT_TS)]

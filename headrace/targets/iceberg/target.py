@@ -33,7 +33,7 @@ from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
 from headrace.targets.iceberg import maintenance
@@ -216,7 +216,7 @@ class IcebergTarget(Target):
         for i, c in enumerate(table.columns):
             value = F.col(quote_spark(c.name))
             if c.name not in table.key:
-                value = F.when(moved & F.array_contains(unchanged, c.name), F.col(f"_hr_old{i}")).otherwise(value)
+                value = F.when(moved & F.array_contains(unchanged, unchanged_token(c.name)), F.col(f"_hr_old{i}")).otherwise(value)
             columns.append(value.alias(c.name))
         return joined.select(
             *columns, HR_LSN, HR_SEQ, HR_COMMIT_TS, HR_OP,
