@@ -43,7 +43,8 @@ class Target(ABC):
     # True when the target stores infinite dates and timestamps (DuckDB's largest int32 day and
     # int64 microsecond, which the row shape's Spark values carry through unchanged).
     keeps_infinity: bool = False
-    # True when the target implements ``apply_arrow_batch`` (batches built on the driver, no Spark).
+    # True when the target takes rows built on the driver as Arrow, with no Spark job:
+    # ``apply_arrow_batch`` (change batches) and ``write_snapshot_arrow`` (small copies).
     applies_arrow: bool = False
 
     @abstractmethod
@@ -59,13 +60,11 @@ class Target(ABC):
         next part of the same consistent copy.
         """
 
-    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
         """``write_snapshot`` for a small copy already on the driver: ``rows`` in the row shape as
-        Arrow (the types Spark's ``toArrow`` gives for it), written without a Spark job.
-
-        Optional: the default returns None, and the caller writes the rows through Spark instead.
-        """
-        return None
+        Arrow (the types Spark's ``toArrow`` gives for it), written without a Spark job. Only targets
+        with ``applies_arrow`` implement it."""
+        raise NotImplementedError(f"target {self.name} writes copies through Spark only")
 
     @abstractmethod
     def apply_batch(

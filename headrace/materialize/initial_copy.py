@@ -253,8 +253,10 @@ class InitialCopy:
 
     def _write_on_driver(self, schema: TableSchema, reader: ChunkRead, position: Position, replace: bool
                          ) -> int | None:
-        """Write a chunk read on the driver with no Spark job, where the target can and the values
-        need none of Spark's casts (``driver_rows``); None: the caller runs the Spark job."""
+        """Write a chunk read on the driver with no Spark job, where the target can (``applies_arrow``)
+        and the values need none of Spark's casts (``driver_rows``); None: the caller runs the Spark job."""
+        if not self.target.applies_arrow:
+            return None  # no rows built for a target that cannot take them (Iceberg)
         rows = driver_rows(schema, reader, position)
         if rows is None:
             return None

@@ -42,7 +42,7 @@ class DuckLakeTarget(Target):
 
     name = "ducklake"
     keeps_infinity = True  # DuckDB has infinite dates and timestamps
-    applies_arrow = True  # batches apply in DuckDB: one built on the driver needs no Spark at all
+    applies_arrow = True  # batches and copies commit in DuckDB: rows built on the driver need no Spark
     stores_cursor = True
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
@@ -115,7 +115,7 @@ class DuckLakeTarget(Target):
             files.remove(folder)
         return int(count)
 
-    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
         """``write_snapshot`` for rows already on the driver in the row shape (Arrow): DuckDB inserts
         them, with no Spark job and no files of our own, in one DuckLake commit with the other
         copies waiting for one (``copies``: a group commit), a table still all or nothing.

@@ -104,11 +104,8 @@ class FaultyTarget(Target):
         self._maybe_fail("write_snapshot", table)
         return self.inner.write_snapshot(table, rows, position, replace)
 
-    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int | None:
-        """The inner target's, unless a fault on ``write_snapshot`` fails it (the same step to a user);
-        None, and no fault spent, when the inner target has no such path."""
-        if type(self.inner).write_snapshot_arrow is Target.write_snapshot_arrow:
-            return None
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
+        """The inner target's, unless a fault on ``write_snapshot`` fails it (the same step to a user)."""
         self._maybe_fail("write_snapshot", table)
         return self.inner.write_snapshot_arrow(table, rows, replace)
 
