@@ -80,6 +80,11 @@ class TableNames:
             " schema_name = EXCLUDED.schema_name, table_name = EXCLUDED.table_name, position = EXCLUDED.position,"
             " recorded_at = now()", (self.pipeline, oid, name.schema, name.name, position))
 
+    def recorded(self) -> dict[int, TableName]:
+        """The names recorded so far (``recorded_names``), read on this connection (``open`` first)."""
+        assert self._conn is not None
+        return recorded_names(self._conn, self.pipeline)
+
     def close(self) -> None:
         """Close the connection."""
         if self._conn is not None:

@@ -37,7 +37,7 @@ from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.names import TableNames
 from headrace.source.mysql.newest import NewestSchemas, staged_in_state
 from headrace.source.mysql.position import format_position, to_int
-from headrace.source.mysql.stream import PositionStream, recorded_table_names, renamed_tables
+from headrace.source.mysql.stream import PositionStream, renamed_tables
 
 if TYPE_CHECKING:
     from headrace.state.store import StateStore
@@ -234,14 +234,15 @@ class MySqlSource(Source):
         names = TableNames(self.config.source.state_dsn, self.config.name) if self.config.source.state_dsn else None
         if names is not None:
             names.open()  # holds the running lock that `headrace drop` / `reset` look for
-        # Column ids given by schema changes staged but not applied yet, read here (not by a check).
-        state_dsn, pipeline = self.config.source.state_dsn, self.config.name
-        newest = NewestSchemas(known, staged_in_state(state_dsn, pipeline), recorded_table_names(state_dsn, pipeline))
 
         def tracked(database: str, table: str) -> bool:
             return catalog.table_id(database, table) in newest()  # state's ids; rebuilt only when they change
 
         try:
+            # Column ids given by schema changes staged but not applied yet, read here (not by a check),
+            # and the names recorded on the connection that records them.
+            newest = NewestSchemas(known, staged_in_state(self.config.source.state_dsn, self.config.name),
+                                   names.recorded() if names is not None else {})
             inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest, tag=self.replica_tag)
         except BaseException:
             if names is not None:

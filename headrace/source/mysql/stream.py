@@ -118,14 +118,3 @@ def renamed_tables(state_dsn: str | None, pipeline: str) -> dict[int, TableName]
     except psycopg.Error:
         return {}
     return {oid: name for oid, name in newest.items() if catalog.table_id(name.schema, name.name) != oid}
-
-
-def recorded_table_names(state_dsn: str | None, pipeline: str) -> dict[int, TableName]:
-    """The names recorded in state (``names.py``); {} without state or when it cannot be read."""
-    if not state_dsn:
-        return {}
-    try:
-        with psycopg.connect(state_dsn, autocommit=True) as conn:
-            return recorded_names(conn, pipeline)
-    except psycopg.Error:
-        return {}
