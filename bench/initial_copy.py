@@ -241,6 +241,8 @@ def measure_size(args: argparse.Namespace, dsn: str, work: Path, rows: int, read
         try:
             got = run(*a)
         except (MethodFailed, subprocess.CalledProcessError) as exc:  # a result too; an hour's run goes on
+            if run is raw_copy:
+                raise  # the reference every ratio needs
             size.failures.append({"what": what, "error": str(exc)})
             print(f"FAILED: {exc}", flush=True)
             return
