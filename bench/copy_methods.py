@@ -78,9 +78,9 @@ def check_disk(work: Path, rows: int) -> None:
     need = disk_needed(rows)
     if free < need:
         raise SystemExit(
-            f"not enough disk for {rows:,} rows: about {need / 2**30:.1f} GiB needed (table, its load's WAL and "
-            f"one copy at a time), {free / 2**30:.1f} GiB free under {work}: free space, give --work-dir on a "
-            f"bigger file system, or leave {rows:,} out of --rows")
+            f"not enough disk for {rows:,} rows: about {need / 2**30:.1f} GiB needed (table, its load's WAL "
+            f"and one copy at a time), {free / 2**30:.1f} GiB free under {work}: free space, give --work-dir "
+            f"on a bigger file system, or leave {rows:,} out of --rows")
 
 
 def load_table(dsn: str, rows: int) -> tuple[int, float]:
@@ -133,12 +133,13 @@ def chunk_reads(dsn: str, rows: int) -> list[Measurement]:
         oid = conn.execute("SELECT %s::regclass::oid", (table_name(rows),)).fetchone()[0]  # type: ignore[index]
         table = read_table_schema(conn, oid)
     out = []
-    for name, read, label in (("csv", copy_chunk, "chunk read alone: CSV + pyarrow parse (in-process)"),
-                              ("binary", copy_chunk_binary, "chunk read alone: binary COPY → typed Arrow (ADBC)")):
+    for name, read, label in (
+            ("csv", copy_chunk, "chunk read alone: CSV + pyarrow parse (in-process)"),
+            ("binary", copy_chunk_binary, "chunk read alone: binary COPY → typed Arrow (ADBC)")):
         t0, c0 = time.monotonic(), time.process_time()
         got = sum(b.num_rows for b in read(dsn, None, table, 0, OPEN_END))
-        out.append(Measurement(f"read_{name}", label, time.monotonic() - t0, rows_read_back=got, end_to_end=False,
-                               detail={"cpu_s": round(time.process_time() - c0, 2)}))
+        out.append(Measurement(f"read_{name}", label, time.monotonic() - t0, rows_read_back=got,
+                               end_to_end=False, detail={"cpu_s": round(time.process_time() - c0, 2)}))
     return out
 
 
@@ -166,8 +167,8 @@ def headrace_copy(dsn: str, work: Path, rows: int, target: str, master: str, bin
     log = folder / "run.log"
     launched, started = time.time(), time.monotonic()
     with open(log, "w") as run_log:
-        done = subprocess.run([sys.executable, "-m", "headrace.cli", "run", "-c", str(path), "--until-caught-up"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=run_log,
+        done = subprocess.run([sys.executable, "-m", "headrace.cli", "run", "-c", str(path),
+                               "--until-caught-up"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=run_log,
                               env={**os.environ, "HEADRACE_LOG_FORMAT": "json"})
     seconds = time.monotonic() - started
     if done.returncode != 0:
@@ -184,7 +185,7 @@ def headrace_copy(dsn: str, work: Path, rows: int, target: str, master: str, bin
         raise MethodFailed(f"headrace → {target} ({master}) lost or duplicated rows: source count, sum(id) "
                          f"{seen['source']}, target {seen['target']}; outputs kept in {folder}")
     shutil.rmtree(folder)  # the disk for the next method
-    label = f"headrace → {'Iceberg' if target == 'iceberg' else 'DuckLake'}" + ("" if binary else " (CSV read)")
+    label = f"headrace → {'Iceberg' if target == 'iceberg' else 'DuckLake'}{'' if binary else ' (CSV read)'}"
     return Measurement(f"headrace_{target}" + ("" if binary else "_csv"), label, seconds, master=master,
                        rows_read_back=seen["target"][0],
                        detail={"copy_s": copied.get("seconds"), "startup_s": startup_seconds(events),
@@ -227,14 +228,16 @@ def dlt_python() -> Path:
     wanted = DLT_REQUIREMENTS.read_text()
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
-    print(f"installing dlt into {DLT_VENV} (pinned in {DLT_REQUIREMENTS.name}; once)...", file=sys.stderr, flush=True)
+    print(f"installing dlt into {DLT_VENV} (pinned in {DLT_REQUIREMENTS.name}; once)...", file=sys.stderr,
+          flush=True)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(DLT_VENV)], check=True)
     try:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(DLT_REQUIREMENTS)], check=True,
                        timeout=1800)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        raise SystemExit(f"cannot install dlt into {DLT_VENV} ({exc}); check PyPI access, or run with --skip-dlt") from exc
+        raise SystemExit(f"cannot install dlt into {DLT_VENV} ({exc}): check PyPI access, or run with "
+                         "--skip-dlt") from exc
     stamp.write_text(wanted)
     return python
 
@@ -245,15 +248,16 @@ def dlt_copy(python: Path, dsn: str, work: Path, rows: int, backend: str) -> Mea
     folder = work / f"dlt_{backend}_{rows}"
     folder.mkdir()
     started = time.monotonic()
-    done = subprocess.run([str(python), str(ROOT / "bench" / "dlt_copy.py"), dsn, table_name(rows), str(folder),
-                           backend, str(os.cpu_count() or 1)], capture_output=True, text=True)
+    done = subprocess.run([str(python), str(ROOT / "bench" / "dlt_copy.py"), dsn, table_name(rows),
+                           str(folder), backend, str(os.cpu_count() or 1)], capture_output=True, text=True)
     seconds = time.monotonic() - started
     if done.returncode != 0:
-        raise MethodFailed(f"dlt ({backend}) failed with exit code {done.returncode}; outputs kept in {folder}:\n"
-                         f"{done.stderr[-3000:]}")
+        raise MethodFailed(f"dlt ({backend}) failed with exit code {done.returncode}; outputs kept in "
+                           f"{folder}:\n{done.stderr[-3000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
     if report["rows"] != rows:
-        raise MethodFailed(f"dlt ({backend}) read back {report['rows']:,} rows of {rows:,}; outputs kept in {folder}")
+        raise MethodFailed(f"dlt ({backend}) read back {report['rows']:,} rows of {rows:,}; outputs kept "
+                           f"in {folder}")
     shutil.rmtree(folder)
     return Measurement(f"dlt_{backend}", f"dlt `sql_database` ({backend} backend) → DuckDB", seconds,
                        rows_read_back=report["rows"],

@@ -55,8 +55,8 @@ class SizeResult:
 
     def to_json(self) -> dict[str, Any]:
         """The size's record as written by ``--json``."""
-        return {"rows": self.rows, "table_mb": round(self.table_bytes / 2**20), "table_bytes": self.table_bytes,
-                "load_s": round(self.load_s, 1),
+        return {"rows": self.rows, "table_mb": round(self.table_bytes / 2**20),
+                "table_bytes": self.table_bytes, "load_s": round(self.load_s, 1),
                 "bytes_per_row": round(self.table_bytes / self.rows), "load_avg": self.load_avg,
                 "methods": self.rows_of(), "failures": self.failures}
 
@@ -69,8 +69,8 @@ def from_json(record: dict[str, Any]) -> SizeResult:
         if r["method"] == "raw_copy":
             size.measurements += [Measurement("raw_copy", r["label"], s) for s in r["detail"]["reads_s"]]
             continue
-        fields = {k: r[k] for k in ("method", "label", "seconds", "master", "rows_read_back", "end_to_end", "detail")}
-        size.measurements.append(Measurement(**fields))
+        size.measurements.append(Measurement(**{k: r[k] for k in (
+            "method", "label", "seconds", "master", "rows_read_back", "end_to_end", "detail")}))
     return size
 
 
@@ -79,7 +79,8 @@ def markdown(size: SizeResult) -> str:
     lines = [f"#### {size.rows:,} rows ({size.table_bytes / 2**20:,.0f} MB heap, "
              f"{size.table_bytes / size.rows:.0f} B/row; loaded in {size.load_s:.0f} s; load average "
              f"{min(a[0] for a in size.load_avg):.1f}–{max(a[0] for a in size.load_avg):.1f})", "",
-             "| what | Spark | seconds | rows/s | MB/s | vs raw COPY | notes |", "|---|---|---|---|---|---|---|"]
+             "| what | Spark | seconds | rows/s | MB/s | vs raw COPY | notes |",
+             "|---|---|---|---|---|---|---|"]
     for r in size.rows_of():
         lines.append(f"| {r['label']} | {r['master'] or ''} | {r['seconds']:.2f} | {r['rows_per_s']:,} | "
                      f"{r['mb_per_s']} | {r['vs_raw_copy']:.3f} | {note(r)} |")
@@ -95,9 +96,9 @@ def note(record: dict[str, Any]) -> str:
         return "faster of " + " / ".join(f"{s} s" for s in d["reads_s"])
     if record["method"].startswith("headrace"):
         parts = [d.get(k) or 0 for k in ("process_start_s", "startup_s", "copy_s")]
-        return (f"process start {d.get('process_start_s')} s, Spark/slot/snapshot {d.get('startup_s')} s, copy "
-                f"{d.get('copy_s')} s (`snapshot.done`; {record.get('copy_rows_per_s', 0):,} rows/s), then "
-                f"{record['seconds'] - sum(parts):.1f} s to streaming and exit")
+        return (f"process start {d.get('process_start_s')} s, Spark/slot/snapshot {d.get('startup_s')} s, "
+                f"copy {d.get('copy_s')} s (`snapshot.done`; {record.get('copy_rows_per_s', 0):,} rows/s), "
+                f"then {record['seconds'] - sum(parts):.1f} s to streaming and exit")
     if record["method"].startswith("dlt"):
         stages = d.get("stages", {})
         return (f"pipeline {d.get('pipeline_s')} s: extract {stages.get('extract')}, normalize "
@@ -163,8 +164,8 @@ def plot(sizes: list[SizeResult], masters: list[str], png: Path) -> None:
                 raw.append(size.rows / size.raw_s)
         if xs:
             bars = ax.bar(xs, ys, width, label=label)
-            ax.bar_label(bars, labels=[f"{y / 1000:,.0f}K · {y / top:.2f}×" for y, top in zip(ys, raw, strict=True)],
-                         fontsize=7, rotation=90, padding=2)
+            labels = [f"{y / 1000:,.0f}K · {y / top:.2f}×" for y, top in zip(ys, raw, strict=True)]
+            ax.bar_label(bars, labels=labels, fontsize=7, rotation=90, padding=2)
     ax.set_xticks(range(len(sizes)), [f"{s.rows:,} rows" for s in sizes])
     ax.set_yscale("log")
     ax.set_ylim(top=ax.get_ylim()[1] * 8)  # room for the labels above the tallest bar
@@ -175,8 +176,9 @@ def plot(sizes: list[SizeResult], masters: list[str], png: Path) -> None:
             points = sorted((cores_of(r["master"]), r["rows_per_s"], r.get("copy_rows_per_s", 0))
                             for r in size.rows_of() if r["method"] == f"headrace_{target}")
             if points:
+                name = "Iceberg" if target == "iceberg" else "DuckLake"
                 line, = scale.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                                   label=f"{'Iceberg' if target == 'iceberg' else 'DuckLake'}, {size.rows:,} rows")
+                                   label=f"{name}, {size.rows:,} rows")
                 scale.plot([p[0] for p in points], [p[2] for p in points], marker="x", linestyle="--",
                            color=line.get_color())
     scale.set_xticks(sorted({cores_of(m) for m in masters}))

@@ -1,8 +1,9 @@
 """dlt's ``sql_database`` copying one table into DuckDB: the peer in bench/initial_copy.py.
 
 Runs in dlt's own virtualenv (bench/.venv-dlt, pinned in bench/dlt-requirements.txt), never in
-headrace's: ``python bench/dlt_copy.py DSN TABLE OUT BACKEND CORES [OVERRIDES-JSON]``. Prints one JSON line: dlt's own
-seconds per stage (from the pipeline's trace), the rows read back from DuckDB, and the settings used.
+headrace's: ``python bench/dlt_copy.py DSN TABLE OUT BACKEND CORES [OVERRIDES-JSON]``. Prints one
+JSON line: dlt's own seconds per stage (from the pipeline's trace), the rows read back from DuckDB,
+the column types it chose and the settings used.
 
 Tuned as dlt documents it, for a fair race:
 - pyarrow backend: ``chunk_size`` 100,000 rows (default 50,000): fewer, larger Arrow tables and
@@ -61,7 +62,8 @@ def main() -> None:
         # The types dlt chose (numeric may not stay decimal on every backend): reported, for a fair read.
         types = dict(client.execute_sql("SELECT column_name, data_type FROM information_schema.columns "
                                         "WHERE table_name = ? AND column_name NOT LIKE '_dlt%'", table))
-    print(json.dumps({"pipeline_s": round(seconds, 2), "import_s": round(imported - started, 2), "stages": stages,
+    print(json.dumps({"pipeline_s": round(seconds, 2), "import_s": round(imported - started, 2),
+                      "stages": stages,
                       "rows": int(rows[0]), "sum_id": int(rows[1] or 0), "types": types,
                       "settings": kwargs,
                       "failed_jobs": info.has_failed_jobs}))

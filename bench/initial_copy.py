@@ -15,19 +15,21 @@ A markdown table per size (seconds, rows/s, MB/s, ratio to raw COPY) is printed,
 ``--json``, and a plot (rows/s per method per size, and headrace by Spark cores) to ``--png``. Each
 size's table and outputs are removed once measured; the disk is checked before anything is loaded.
 
-With ``--small-tables N`` it instead times a schema of N tables of ``--small-rows`` rows each: from
-process start until every table is STREAMING (``run --until-caught-up``), on both targets, with a
-breakdown from the run's JSON log events (tables added, copy round, per-table copy seconds, the last
-table's switch to streaming).
+With ``--small-tables N`` it also (after the sizes, on the same server; alone when ``--rows`` is not
+given) times a schema of N tables of ``--small-rows`` rows each: from process start until every table
+is STREAMING (``run --until-caught-up``), per target, at the last of ``--spark-masters``, with a
+breakdown from the run's JSON log events (bench/copy_small_tables.py).
 
-    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --rows 5000000,20000000,50000000 \
-        --spark-masters 'local[1],local[2]' --json docs/initial_copy.json --png docs/initial_copy.png
-    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --small-tables 200 --small-rows 1000 [--targets ducklake]
+    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --rows 5M,20M,50M --small-tables 200 \
+        --spark-masters 'local[1],local[2]' --json /tmp/initial_copy.json --png docs/initial_copy.png
+    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --small-tables 200 [--targets ducklake]
+    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --replot /tmp/initial_copy.json --png docs/initial_copy.png
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -36,9 +38,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-import psycopg
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,110 +49,93 @@ from copy_methods import (  # noqa: E402
     dlt_copy,
     dlt_python,
     drop_table,
-    event_time,
     headrace_copy,
     load_table,
     raw_copy,
-    read_events,
 )
 from copy_report import ASSUMED, SizeResult, estimate_s, from_json, learn_rates, markdown, plot  # noqa: E402
+from copy_small_tables import load_small_tables, small_markdown, small_tables  # noqa: E402
 
 from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
 
-SMALL_DDL = """
-CREATE TABLE small.t{i} (id bigint PRIMARY KEY, customer integer, amount numeric(12,2), status text,
-                         created timestamptz, note text);
-INSERT INTO small.t{i} SELECT g, g % 1000, (g % 10000) / 100.0, (ARRAY['new','paid','shipped'])[1 + g % 3],
-       '2024-01-01'::timestamptz + g * interval '1 second', md5(g::text) FROM generate_series(1, {rows}) g;
-"""
-
-
-def timed(cmd: list[str], **kw: Any) -> float:
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True, **kw)
-    return time.monotonic() - t0
-
-
-def small_tables(dsn: str, work: Path, target: str, tables: int, extra: dict[str, Any]) -> dict[str, Any]:
-    """Start to every table STREAMING for the ``small`` schema, and where the time went (log events)."""
-    folder = work / f"small-{target}"
-    folder.mkdir()
-    target_cfg: dict[str, Any] = (
-        {"iceberg": {"warehouse": str(folder / "wh")}} if target == "iceberg"
-        else {"ducklake": {"catalog": str(folder / "meta.ducklake"), "data_path": str(folder / "data")}}
-    )
-    name = f"small_{target}"
-    config = {"name": name, "source": {"dsn": dsn, "schemas": ["small"]}, "target": target_cfg,
-              "staging": {"path": str(folder / "staging")}, "api": {"listen": "127.0.0.1:0"},
-              "spark": {"master": "local[*]"}, **extra}
-    path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(config))
-    t0 = time.time()
-    with open(folder / "run.log", "w") as run_log:
-        seconds = timed([sys.executable, "-m", "headrace.cli", "run", "-c", str(path), "--until-caught-up"],
-                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=run_log,
-                        env={**os.environ, "HEADRACE_LOG_FORMAT": "json"})
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (f"headrace_{name}",))
-        streaming = conn.execute(
-            "SELECT count(*) FILTER (WHERE state = 'STREAMING'), count(*) FROM _headrace.tables WHERE pipeline = %s",
-            (name,)).fetchone()
-    events = read_events(folder / "run.log")
-
-    def at(ev: dict[str, Any]) -> float:
-        return event_time(ev) - t0
-
-    def first(name: str) -> float | None:
-        return next((round(at(e), 2) for e in events if e["event"] == name), None)
-
-    def last(name: str) -> float | None:
-        times = [at(e) for e in events if e["event"] == name]
-        return round(max(times), 2) if times else None
-
-    per_table = sorted(e["seconds"] for e in events if e["event"] == "snapshot.done")
-    out: dict[str, Any] = {"total_s": round(seconds, 2), "streaming": f"{streaming[0]}/{streaming[1]}" if streaming else None,
-           "run_start_at": first("run.start"), "first_added_at": first("table.added"),
-           "last_added_at": last("table.added"), "first_copy_start_at": first("snapshot.start"),
-           "last_copy_done_at": last("snapshot.done"), "first_streaming_at": first("table.streaming"),
-           "last_streaming_at": last("table.streaming"), "caught_up_at": first("run.caught_up"),
-           "copied_tables": len(per_table)}
-    if per_table:
-        out["copy_table_s_median"] = per_table[len(per_table) // 2]
-        out["copy_table_s_p90"] = per_table[int(len(per_table) * 0.9)]
-        out["copy_table_s_sum"] = round(sum(per_table), 1)
-    out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
-    return out
-
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="5000000", help="table sizes, comma-separated: 5000000,20000000,50000000 (or 5M,20M,50M)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", help="table sizes, comma-separated: 5000000,20000000,50000000 or "
+                        "5M,20M,50M (default 5M, none with --small-tables alone)")
     parser.add_argument("--spark-masters", default="local[*]",
-                        help="headrace's spark.master for each copy, comma-separated: local[1],local[2]")
+                        help="headrace's spark.master for each copy, comma-separated: local[1],local[2]; "
+                        "the small tables run at the last")
     parser.add_argument("--targets", default="iceberg,ducklake")
     parser.add_argument("--skip-dlt", action="store_true")
     parser.add_argument("--skip-reads", action="store_true", help="leave out the in-process chunk reads")
     parser.add_argument("--csv", action="store_true", help="also copy with the CSV read (the path before)")
     parser.add_argument("--reads-only", action="store_true", help="raw COPY and the chunk reads, no copies")
-    parser.add_argument("--json", type=Path, help="write the results here (default: the work folder)")
-    parser.add_argument("--png", type=Path, help="write the plot here (default: the work folder)")
-    parser.add_argument("--replot", type=Path, help="only redraw --png (and reprint the tables) from a --json file")
-    parser.add_argument("--work-dir", type=Path, help="where the server and the copies live (default: temp); as root, "
-                        "the postgres user must be able to enter it")
-    parser.add_argument("--small-tables", type=int, default=0, help="instead: N small tables to STREAMING")
+    parser.add_argument("--small-tables", type=int, default=0, help="also: N small tables to STREAMING")
     parser.add_argument("--small-rows", type=int, default=1000)
     parser.add_argument("--snapshot", default="{}", help="snapshot settings as JSON, for before/after runs")
+    parser.add_argument("--json", type=Path, help="write the results here (default: the work folder)")
+    parser.add_argument("--png", type=Path, help="write the plot here (default: the work folder)")
+    parser.add_argument("--replot", type=Path,
+                        help="only redraw --png (and reprint the tables) from a --json file")
+    parser.add_argument("--work-dir", type=Path, help="where the server and the copies live (default: temp); "
+                        "as root, the postgres user must be able to enter it")
     args = parser.parse_args()
     if args.replot:
         return replot(args.replot, args.png or args.replot.with_suffix(".png"))
+    sizes = parse_rows(args.rows) if args.rows else ([] if args.small_tables else [5_000_000])
     if args.work_dir:
         args.work_dir.mkdir(parents=True, exist_ok=True)
-    if not args.small_tables:  # refuse before the first load, not after an hour
-        check_disk(args.work_dir or Path(tempfile.gettempdir()), max(parse_rows(args.rows)))
+    if sizes:  # refuse before the first load, not after an hour
+        check_disk(args.work_dir or Path(tempfile.gettempdir()), max(sizes))
     work = Path(tempfile.mkdtemp(prefix="headrace-copy-bench-", dir=args.work_dir))
-    if args.small_tables:
-        return main_small(args, work)
-    return main_sizes(args, work)
+    masters = args.spark_masters.split(",")
+    targets = [] if args.reads_only else args.targets.split(",")
+    dlt = not (args.skip_dlt or args.reads_only) and bool(sizes)
+    python = dlt_python() if dlt else None
+    json_path, png = args.json or work / "initial_copy.json", args.png or work / "initial_copy.png"
+    rates = dict(ASSUMED)
+
+    def left(after: int) -> float:
+        return sum(estimate_s(rows, masters, targets, dlt, not args.skip_reads and i == 0, args.csv, rates)
+                   for i, rows in enumerate(sizes) if i >= after)
+
+    if sizes:
+        print(f"{len(sizes)} sizes × (raw COPY, {len(targets)} targets × {len(masters)} Spark masters"
+              f"{', dlt pyarrow and connectorx' if dlt else ''}); work folder {work}; estimated wall time "
+              f"{left(0) / 60:.0f} min (assumed rates, 2 cores; small tables not included)", flush=True)
+    results: list[SizeResult] = []
+    small: dict[str, Any] = {}
+    started = time.monotonic()
+    # The server under --work-dir too (its data is most of the disk); as root it runs as the postgres
+    # user, which cannot enter the private mkdtemp folder, so it goes beside it.
+    with ThrowawayPostgres(base_dir=str(args.work_dir) if args.work_dir else None) as pg:
+        for i, rows in enumerate(sizes):
+            reads = i == 0 and not args.skip_reads
+            size = measure_size(args, pg.dsn, work, rows, reads, masters, targets, python, rates)
+            drop_table(pg.dsn, rows)
+            results.append(size)
+            print("\n" + markdown(size) + "\n", flush=True)
+            learn_rates(size, rates)
+            # Rewritten after each size: a crash later keeps these.
+            write_json(json_path, masters, args.snapshot, started, results, small)
+            if i + 1 < len(sizes):
+                print(f"{(time.monotonic() - started) / 60:.1f} min so far; about {left(i + 1) / 60:.0f} min "
+                      f"left (rates measured on {rows:,} rows)", flush=True)
+        if args.small_tables:
+            small = measure_small(args, pg.dsn, work, masters[-1], targets)
+            print("\n" + small_markdown(small) + "\n", flush=True)
+    write_json(json_path, masters, args.snapshot, started, results, small)
+    if results and (targets or dlt):
+        plot(results, masters, png)
+    print(f"results: {json_path}" + (f"; plot: {png}" if results and (targets or dlt) else ""))
+    with contextlib.suppress(OSError):
+        work.rmdir()  # when nothing was left in it (every output removed, --json and --png elsewhere)
+    failed = [f"{s.rows:,} rows: {f['what']}" for s in results for f in s.failures]
+    if failed:
+        print("FAILED: " + "; ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
 
 
 def parse_rows(text: str) -> list[int]:
@@ -176,53 +158,12 @@ def replot(results: Path, png: Path) -> int:
     return 0
 
 
-def main_sizes(args: argparse.Namespace, work: Path) -> int:
-    """Every size, every method; tables printed as each size ends, JSON and plot at the end."""
-    sizes = parse_rows(args.rows)
-    masters = args.spark_masters.split(",")
-    targets = [] if args.reads_only else args.targets.split(",")
-    dlt = not (args.skip_dlt or args.reads_only)
-    python = dlt_python() if dlt else None
-    rates = dict(ASSUMED)
-
-    def left(after: int) -> float:
-        return sum(estimate_s(rows, masters, targets, dlt, not args.skip_reads and i == 0, args.csv, rates)
-                   for i, rows in enumerate(sizes) if i >= after)
-
-    print(f"{len(sizes)} sizes × (raw COPY, {len(targets)} targets × {len(masters)} Spark masters"
-          f"{', dlt pyarrow and connectorx' if dlt else ''}); work folder {work}; estimated wall time "
-          f"{left(0) / 60:.0f} min (assumed rates, 2 cores)", flush=True)
-    results: list[SizeResult] = []
-    started = time.monotonic()
-    json_path = args.json or work / "initial_copy.json"
-    # The server under --work-dir too (its data is most of the disk); as root it runs as the postgres
-    # user, which cannot enter the private mkdtemp folder, so it goes beside it.
-    with ThrowawayPostgres(base_dir=str(args.work_dir) if args.work_dir else None) as pg:
-        for i, rows in enumerate(sizes):
-            size = measure_size(args, pg.dsn, work, rows, i == 0 and not args.skip_reads, masters, targets, python,
-                                rates)
-            drop_table(pg.dsn, rows)
-            results.append(size)
-            print("\n" + markdown(size) + "\n", flush=True)
-            learn_rates(size, rates)
-            write_json(json_path, masters, args.snapshot, started, results)  # a crash later keeps these
-            if i + 1 < len(sizes):
-                print(f"{(time.monotonic() - started) / 60:.1f} min so far; about {left(i + 1) / 60:.0f} min left "
-                      f"(rates measured on {rows:,} rows)", flush=True)
-    png = args.png or work / "initial_copy.png"
-    if targets or dlt:
-        plot(results, masters, png)
-    print(f"results: {json_path}" + (f"; plot: {png}" if targets or dlt else ""))
-    failed = [f"{s.rows:,} rows: {f['what']}" for s in results for f in s.failures]
-    if failed:
-        print("FAILED: " + "; ".join(failed), file=sys.stderr)
-    return 1 if failed else 0
-
-
-def write_json(path: Path, masters: list[str], snapshot: str, started: float, results: list[SizeResult]) -> None:
+def write_json(path: Path, masters: list[str], snapshot: str, started: float, results: list[SizeResult],
+               small: dict[str, Any]) -> None:
     """The results so far, as ``--json`` (rewritten after each size)."""
     out = {"machine": {"cores": os.cpu_count(), "spark_masters": masters, "snapshot": json.loads(snapshot)},
-           "wall_s": round(time.monotonic() - started), "sizes": [s.to_json() for s in results]}
+           "wall_s": round(time.monotonic() - started), "sizes": [s.to_json() for s in results],
+           "small_tables": small or None}
     path.write_text(json.dumps(out, indent=2) + "\n")
 
 
@@ -265,21 +206,20 @@ def measure_size(args: argparse.Namespace, dsn: str, work: Path, rows: int, read
     return size
 
 
-def main_small(args: argparse.Namespace, work: Path) -> int:
-    """The many-small-tables case: every table STREAMING, per target."""
-    results: dict[str, Any] = {"tables": args.small_tables, "rows_per_table": args.small_rows}
-    with ThrowawayPostgres() as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA small")
-            for i in range(args.small_tables):
-                conn.execute(SMALL_DDL.format(i=i, rows=args.small_rows))
-            conn.execute("VACUUM ANALYZE")
-        extra = {"snapshot": json.loads(args.snapshot)} if args.snapshot != "{}" else {}
-        for target in args.targets.split(","):
-            results[target] = small_tables(pg.dsn, work, target, args.small_tables, extra)
-            print(target, json.dumps(results[target]), file=sys.stderr, flush=True)
-    print(json.dumps(results, indent=2))
-    return 0
+def measure_small(args: argparse.Namespace, dsn: str, work: Path, master: str, targets: list[str]
+                  ) -> dict[str, Any]:
+    """The many-small-tables case on the same server: every table STREAMING, per target."""
+    print(f"loading {args.small_tables} tables of {args.small_rows:,} rows...", end=" ", flush=True)
+    loaded = load_small_tables(dsn, args.small_tables, args.small_rows)
+    print(f"{loaded:.1f} s", flush=True)
+    result: dict[str, Any] = {"tables": args.small_tables, "rows_per_table": args.small_rows,
+                              "spark_master": master}
+    extra = {"snapshot": json.loads(args.snapshot)} if args.snapshot != "{}" else {}
+    for target in targets:
+        print(f"  {args.small_tables} small tables → {target}...", end=" ", flush=True)
+        result[target] = small_tables(dsn, work, target, master, extra)
+        print(f"{result[target]['total_s']} s ({result[target]['streaming']} STREAMING)", flush=True)
+    return result
 
 
 if __name__ == "__main__":
