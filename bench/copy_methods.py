@@ -184,12 +184,19 @@ def headrace_copy(dsn: str, work: Path, rows: int, target: str, master: str, bin
     if not seen["equal"]:
         raise MethodFailed(f"headrace → {target} ({master}) lost or duplicated rows: source count, sum(id) "
                          f"{seen['source']}, target {seen['target']}; outputs kept in {folder}")
+    output = folder_bytes(folder)
     shutil.rmtree(folder)  # the disk for the next method
     label = f"headrace → {'Iceberg' if target == 'iceberg' else 'DuckLake'}{'' if binary else ' (CSV read)'}"
     return Measurement(f"headrace_{target}" + ("" if binary else "_csv"), label, seconds, master=master,
                        rows_read_back=seen["target"][0],
                        detail={"copy_s": copied.get("seconds"), "startup_s": startup_seconds(events),
-                               "process_start_s": process_start_seconds(events, launched)})
+                               "process_start_s": process_start_seconds(events, launched),
+                               "output_mb": round(output / 2**20, 1)})
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder``: what a copy wrote (target files, catalog, staging, logs)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def read_events(log: Path) -> list[dict[str, Any]]:
@@ -258,7 +265,9 @@ def dlt_copy(python: Path, dsn: str, work: Path, rows: int, backend: str) -> Mea
     if report["rows"] != rows:
         raise MethodFailed(f"dlt ({backend}) read back {report['rows']:,} rows of {rows:,}; outputs kept "
                            f"in {folder}")
+    output = folder_bytes(folder)
     shutil.rmtree(folder)
     return Measurement(f"dlt_{backend}", f"dlt `sql_database` ({backend} backend) → DuckDB", seconds,
                        rows_read_back=report["rows"],
-                       detail={k: report[k] for k in ("pipeline_s", "stages", "settings", "types")})
+                       detail={**{k: report[k] for k in ("pipeline_s", "stages", "settings", "types")},
+                               "output_mb": round(output / 2**20, 1)})

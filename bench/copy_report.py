@@ -98,11 +98,12 @@ def note(record: dict[str, Any]) -> str:
         parts = [d.get(k) or 0 for k in ("process_start_s", "startup_s", "copy_s")]
         return (f"process start {d.get('process_start_s')} s, Spark/slot/snapshot {d.get('startup_s')} s, "
                 f"copy {d.get('copy_s')} s (`snapshot.done`; {record.get('copy_rows_per_s', 0):,} rows/s), "
-                f"then {record['seconds'] - sum(parts):.1f} s to streaming and exit")
+                f"then {record['seconds'] - sum(parts):.1f} s to streaming and exit; "
+                f"wrote {d.get('output_mb')} MB")
     if record["method"].startswith("dlt"):
         stages = d.get("stages", {})
         return (f"pipeline {d.get('pipeline_s')} s: extract {stages.get('extract')}, normalize "
-                f"{stages.get('normalize')}, load {stages.get('load')} s")
+                f"{stages.get('normalize')}, load {stages.get('load')} s; wrote {d.get('output_mb')} MB")
     if record["method"].startswith("read"):
         return f"component, not end to end; CPU {d.get('cpu_s')} s"
     return ""

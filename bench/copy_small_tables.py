@@ -8,6 +8,7 @@ table's switch to streaming). The issue's goal: 200 tables of 1,000 rows within 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -47,7 +48,8 @@ def timed(cmd: list[str], **kw: Any) -> float:
     return time.monotonic() - t0
 
 
-def small_tables(dsn: str, work: Path, target: str, master: str, extra: dict[str, Any]) -> dict[str, Any]:
+def small_tables(dsn: str, work: Path, target: str, master: str, tables: int, extra: dict[str, Any]
+                 ) -> dict[str, Any]:
     """Start to every table STREAMING for the ``small`` schema, and where the time went (log events)."""
     folder = work / f"small-{target}"
     folder.mkdir()
@@ -96,6 +98,8 @@ def small_tables(dsn: str, work: Path, target: str, master: str, extra: dict[str
         out["copy_table_s_p90"] = per_table[int(len(per_table) * 0.9)]
         out["copy_table_s_sum"] = round(sum(per_table), 1)
     out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    if streaming and streaming[0] == streaming[1] == tables:
+        shutil.rmtree(folder)  # kept (with its run.log) only when a table did not get there
     return out
 
 

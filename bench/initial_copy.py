@@ -217,7 +217,7 @@ def measure_small(args: argparse.Namespace, dsn: str, work: Path, master: str, t
     extra = {"snapshot": json.loads(args.snapshot)} if args.snapshot != "{}" else {}
     for target in targets:
         print(f"  {args.small_tables} small tables → {target}...", end=" ", flush=True)
-        result[target] = small_tables(dsn, work, target, master, extra)
+        result[target] = small_tables(dsn, work, target, master, args.small_tables, extra)
         print(f"{result[target]['total_s']} s ({result[target]['streaming']} STREAMING)", flush=True)
     return result
 
