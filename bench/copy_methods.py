@@ -171,19 +171,22 @@ def headrace_copy(dsn: str, work: Path, rows: int, target: str, master: str, bin
                                "--until-caught-up"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=run_log,
                               env={**os.environ, "HEADRACE_LOG_FORMAT": "json"})
     seconds = time.monotonic() - started
+    drop_slot(dsn, f"headrace_{name}")  # an inactive slot left behind would hold WAL for the whole run
     if done.returncode != 0:
-        tail = log.read_text()[-3000:]
-        raise MethodFailed(f"headrace run into {target} ({master}) failed with exit code {done.returncode}; "
-                         f"its log is {log} (kept). Last lines:\n{tail}")
+        tail = " ".join(line.strip() for line in log.read_text().splitlines()[-6:])[-1500:]
+        raise MethodFailed(f"headrace run into {target} ({master}) failed (exit code {done.returncode}): {tail} "
+                           f"(its log: {log}, kept)")
     events = read_events(log)
     copied = next((e for e in events if e.get("event") == "snapshot.done"), {})
-    checked = compare_with_source(path, dsn, {f"public.{table_name(rows)}": "count(*), sum(id)"})
-    with psycopg.connect(dsn, autocommit=True) as conn:  # free the slot and the state for the next run
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (f"headrace_{name}",))
+    try:
+        checked = compare_with_source(path, dsn, {f"public.{table_name(rows)}": "count(*), sum(id)"})
+    except Exception as exc:  # the read-back failing is this method's failure, not the whole run's
+        raise MethodFailed(f"reading headrace → {target} ({master}) back with DuckDB failed: {exc}; outputs "
+                           f"kept in {folder}") from exc
     seen = next(iter(checked.values()))
     if not seen["equal"]:
         raise MethodFailed(f"headrace → {target} ({master}) lost or duplicated rows: source count, sum(id) "
-                         f"{seen['source']}, target {seen['target']}; outputs kept in {folder}")
+                           f"{seen['source']}, target {seen['target']}; outputs kept in {folder}")
     output = folder_bytes(folder)
     shutil.rmtree(folder)  # the disk for the next method
     label = f"headrace → {'Iceberg' if target == 'iceberg' else 'DuckLake'}{'' if binary else ' (CSV read)'}"
@@ -192,6 +195,13 @@ def headrace_copy(dsn: str, work: Path, rows: int, target: str, master: str, bin
                        detail={"copy_s": copied.get("seconds"), "startup_s": startup_seconds(events),
                                "process_start_s": process_start_seconds(events, launched),
                                "output_mb": round(output / 2**20, 1)})
+
+
+def drop_slot(dsn: str, slot: str) -> None:
+    """Drop a run's replication slot if it made one."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                     "WHERE slot_name = %s", (slot,))
 
 
 def folder_bytes(folder: Path) -> int:

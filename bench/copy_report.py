@@ -85,7 +85,7 @@ def markdown(size: SizeResult) -> str:
         lines.append(f"| {r['label']} | {r['master'] or ''} | {r['seconds']:.2f} | {r['rows_per_s']:,} | "
                      f"{r['mb_per_s']} | {r['vs_raw_copy']:.3f} | {note(r)} |")
     for failed in size.failures:
-        lines.append(f"| {failed['what']} | | failed | | | | {failed['error'].splitlines()[0][:200]} |")
+        lines.append(f"| {failed['what']} | | failed | | | | {failed['error'].splitlines()[0][:300]} |")
     return "\n".join(lines)
 
 
