@@ -1,28 +1,35 @@
-"""Initial copy throughput: headrace into Iceberg and DuckLake vs raw COPY and dlt.
+"""Initial copy throughput: headrace into Iceberg and DuckLake vs raw COPY and dlt, at several sizes.
 
-A table of ``--rows`` rows (mixed types, about 100 bytes a row) is copied by:
-  1. raw ``COPY ... TO STDOUT (FORMAT binary)`` read by psql into /dev/null: the physical limit;
-  2. the chunk read alone, the whole table as one chunk in this process: CSV text parsed by
-     pyarrow (``snapshot.binary_copy: false``) and binary COPY into typed Arrow (the default);
-  3. ``headrace run --until-caught-up`` into Iceberg, and into DuckLake (process start, Spark start,
-     slot and snapshot included: what a user waits for), with the binary read and, with ``--csv``,
-     with the CSV read too (before/after in one run);
-  3. dlt's ``sql_database`` source (pyarrow backend) into DuckDB, when dlt can be installed
-     (it runs in its own virtualenv under bench/.venv-dlt so it never touches headrace's).
-All in the same run, on the same throwaway server.
+For each of ``--rows`` (e.g. ``5000000,20000000,50000000``) a table of that many rows (mixed types,
+about 114 bytes a row) is loaded on one throwaway server and copied, in the same run, by:
+  1. raw ``COPY ... TO STDOUT (FORMAT binary)`` read by psql into /dev/null: the physical limit
+     (before and after the others; the faster is the reference);
+  2. the chunk read alone, the whole table as one chunk in this process, CSV and binary (smallest
+     size only: a per-row cost, and the binary read holds the whole table in memory);
+  3. ``headrace run --until-caught-up`` into Iceberg and into DuckLake at each ``--spark-masters``
+     (process start, Spark start, slot and snapshot included: what a user waits for), with the binary
+     read and, with ``--csv``, the CSV read too; rows read back by DuckDB;
+  4. dlt's ``sql_database`` into DuckDB with its pyarrow and its connectorx backends (its own
+     virtualenv, bench/.venv-dlt; settings in bench/dlt_copy.py); rows read back.
+A markdown table per size (seconds, rows/s, MB/s, ratio to raw COPY) is printed, the results go to
+``--json``, and a plot (rows/s per method per size, and headrace by Spark cores) to ``--png``. Each
+size's table and outputs are removed once measured; the disk is checked before anything is loaded.
 
-With ``--small-tables N`` it instead times a schema of N tables of ``--small-rows`` rows each: from
-process start until every table is STREAMING (``run --until-caught-up``), on both targets, with a
-breakdown from the run's JSON log events (tables added, copy round, per-table copy seconds, the last
-table's switch to streaming).
+With ``--small-tables N`` it also (after the sizes, on the same server; alone when ``--rows`` is not
+given) times a schema of N tables of ``--small-rows`` rows each: from process start until every table
+is STREAMING (``run --until-caught-up``), per target, at the last of ``--spark-masters``, with a
+breakdown from the run's JSON log events (bench/copy_small_tables.py).
 
-    .venv/bin/python bench/initial_copy.py [--rows 5000000] [--skip-dlt] [--csv]
-    .venv/bin/python bench/initial_copy.py --small-tables 200 --small-rows 1000 [--targets ducklake]
+    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --rows 5M,20M,50M --small-tables 200 \
+        --spark-masters 'local[1],local[2]' --json /tmp/initial_copy.json --png docs/initial_copy.png
+    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --small-tables 200 [--targets ducklake]
+    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --replot /tmp/initial_copy.json --png docs/initial_copy.png
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -32,233 +39,187 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from copy_methods import (  # noqa: E402
+    MethodFailed,
+    check_disk,
+    chunk_reads,
+    dlt_copy,
+    dlt_python,
+    drop_table,
+    headrace_copy,
+    load_table,
+    raw_copy,
+)
+from copy_report import ASSUMED, SizeResult, estimate_s, from_json, learn_rates, markdown, plot  # noqa: E402
+from copy_small_tables import load_small_tables, small_markdown, small_tables  # noqa: E402
+
 from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
-
-TABLE_DDL = """
-CREATE TABLE bench_copy (
-    id bigint PRIMARY KEY, customer integer, amount numeric(12,2), status text,
-    created timestamptz, note text, flag boolean, ratio double precision
-);
-INSERT INTO bench_copy
-SELECT g, g % 100000, (g % 10000) / 100.0, (ARRAY['new','paid','shipped','cancelled'])[1 + g % 4],
-       '2024-01-01'::timestamptz + g * interval '1 second', md5(g::text) || '-' || (g % 997),
-       g % 3 = 0, g / 7.0
-FROM generate_series(1, {rows}) g;
-"""
-
-DLT_SCRIPT = """
-import sys, time, dlt
-from dlt.sources.sql_database import sql_table
-dsn, out = sys.argv[1], sys.argv[2]
-t0 = time.monotonic()
-pipe = dlt.pipeline(pipeline_name="bench", destination=dlt.destinations.duckdb(out + "/dlt.duckdb"),
-                    dataset_name="bench", pipelines_dir=out + "/dlt-pipelines")
-pipe.run(sql_table(credentials=dsn.replace("postgresql://", "postgresql+psycopg2://"), table="bench_copy",
-                   backend="pyarrow"))
-print(time.monotonic() - t0)
-"""
-
-
-SMALL_DDL = """
-CREATE TABLE small.t{i} (id bigint PRIMARY KEY, customer integer, amount numeric(12,2), status text,
-                         created timestamptz, note text);
-INSERT INTO small.t{i} SELECT g, g % 1000, (g % 10000) / 100.0, (ARRAY['new','paid','shipped'])[1 + g % 3],
-       '2024-01-01'::timestamptz + g * interval '1 second', md5(g::text) FROM generate_series(1, {rows}) g;
-"""
-
-
-def timed(cmd: list[str], **kw: Any) -> float:
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True, **kw)
-    return time.monotonic() - t0
-
-
-def chunk_reads(dsn: str) -> dict[str, tuple[float, float]]:
-    """Wall and CPU seconds (this process, all threads) to read the whole table as one chunk, by the
-    CSV path and by the binary path. CPU time is what counts when every core runs a copy task:
-    pyarrow's CSV parse is multi-threaded, so its wall time alone flatters it on an idle machine."""
-    from headrace.source.postgres.binary_copy import copy_chunk_binary
-    from headrace.source.postgres.catalog import read_table_schema
-    from headrace.source.postgres.copy import OPEN_END, copy_chunk
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        oid = conn.execute("SELECT 'bench_copy'::regclass::oid").fetchone()[0]  # type: ignore[index]
-        table = read_table_schema(conn, oid)
-    out = {}
-    for name, read in (("csv", copy_chunk), ("binary", copy_chunk_binary)):
-        t0, c0 = time.monotonic(), time.process_time()
-        rows = sum(b.num_rows for b in read(dsn, None, table, 0, OPEN_END))
-        out[name] = (time.monotonic() - t0, time.process_time() - c0)
-        assert rows > 0
-    return out
-
-
-def headrace_copy(dsn: str, work: Path, target: str, rows: int, binary: bool = True) -> float:
-    folder = work / (target if binary else f"{target}-csv")
-    folder.mkdir()
-    target_cfg: dict[str, Any] = (
-        {"iceberg": {"warehouse": str(folder / "wh")}} if target == "iceberg"
-        else {"ducklake": {"catalog": str(folder / "meta.ducklake"), "data_path": str(folder / "data")}}
-    )
-    name = f"copy_{target}" + ("" if binary else "_csv")  # its own state and slot
-    config = {"name": name, "source": {"dsn": dsn, "tables": ["public.bench_copy"]},
-              "target": target_cfg, "staging": {"path": str(folder / "staging")},
-              "api": {"listen": "127.0.0.1:0"}, "spark": {"master": "local[*]"},
-              "snapshot": {"binary_copy": binary}}
-    path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(config))
-    with open(folder / "run.log", "w") as run_log:
-        seconds = timed([sys.executable, "-m", "headrace.cli", "run", "-c", str(path), "--until-caught-up"],
-                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=run_log)
-    with psycopg.connect(dsn, autocommit=True) as conn:  # free the slot for the next run
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (f"headrace_{name}",))
-    return seconds
-
-
-def small_tables(dsn: str, work: Path, target: str, tables: int, extra: dict[str, Any]) -> dict[str, Any]:
-    """Start to every table STREAMING for the ``small`` schema, and where the time went (log events)."""
-    folder = work / f"small-{target}"
-    folder.mkdir()
-    target_cfg: dict[str, Any] = (
-        {"iceberg": {"warehouse": str(folder / "wh")}} if target == "iceberg"
-        else {"ducklake": {"catalog": str(folder / "meta.ducklake"), "data_path": str(folder / "data")}}
-    )
-    name = f"small_{target}"
-    config = {"name": name, "source": {"dsn": dsn, "schemas": ["small"]}, "target": target_cfg,
-              "staging": {"path": str(folder / "staging")}, "api": {"listen": "127.0.0.1:0"},
-              "spark": {"master": "local[*]"}, **extra}
-    path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(config))
-    t0 = time.time()
-    with open(folder / "run.log", "w") as run_log:
-        seconds = timed([sys.executable, "-m", "headrace.cli", "run", "-c", str(path), "--until-caught-up"],
-                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=run_log,
-                        env={**os.environ, "HEADRACE_LOG_FORMAT": "json"})
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (f"headrace_{name}",))
-        streaming = conn.execute(
-            "SELECT count(*) FILTER (WHERE state = 'STREAMING'), count(*) FROM _headrace.tables WHERE pipeline = %s",
-            (name,)).fetchone()
-    events = []
-    for line in (folder / "run.log").read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-
-    def at(ev: dict[str, Any]) -> float:
-        from datetime import datetime
-        return datetime.strptime(ev["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() + 0.0 - t0
-
-    def first(name: str) -> float | None:
-        return next((round(at(e), 2) for e in events if e["event"] == name), None)
-
-    def last(name: str) -> float | None:
-        times = [at(e) for e in events if e["event"] == name]
-        return round(max(times), 2) if times else None
-
-    per_table = sorted(e["seconds"] for e in events if e["event"] == "snapshot.done")
-    out = {"total_s": round(seconds, 2), "streaming": f"{streaming[0]}/{streaming[1]}" if streaming else None,
-           "run_start_at": first("run.start"), "first_added_at": first("table.added"),
-           "last_added_at": last("table.added"), "first_copy_start_at": first("snapshot.start"),
-           "last_copy_done_at": last("snapshot.done"), "first_streaming_at": first("table.streaming"),
-           "last_streaming_at": last("table.streaming"), "caught_up_at": first("run.caught_up"),
-           "copied_tables": len(per_table)}
-    if per_table:
-        out["copy_table_s_median"] = per_table[len(per_table) // 2]
-        out["copy_table_s_p90"] = per_table[int(len(per_table) * 0.9)]
-        out["copy_table_s_sum"] = round(sum(per_table), 1)
-    out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
-    return out
-
-
-def dlt_copy(dsn: str, work: Path) -> float | None:
-    venv = ROOT / "bench" / ".venv-dlt"
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        try:
-            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "dlt[duckdb,sql_database]", "pyarrow",
-                            "psycopg2-binary", "sqlalchemy"], check=True, timeout=900)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
-            return None
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", DLT_SCRIPT, dsn, str(work)], capture_output=True,
-                         text=True, env={**os.environ, "RUNTIME__LOG_LEVEL": "WARNING"})
-    if out.returncode != 0:
-        print(out.stderr[-2000:], file=sys.stderr)
-        return None
-    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--skip-dlt", action="store_true")
-    parser.add_argument("--csv", action="store_true", help="also copy with the CSV read (the path before)")
-    parser.add_argument("--reads-only", action="store_true", help="raw COPY and the chunk reads, no headrace runs")
-    parser.add_argument("--small-tables", type=int, default=0, help="instead: N small tables to STREAMING")
-    parser.add_argument("--small-rows", type=int, default=1000)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", help="table sizes, comma-separated: 5000000,20000000,50000000 or "
+                        "5M,20M,50M (default 5M, none with --small-tables alone)")
+    parser.add_argument("--spark-masters", default="local[*]",
+                        help="headrace's spark.master for each copy, comma-separated: local[1],local[2]; "
+                        "the small tables run at the last")
     parser.add_argument("--targets", default="iceberg,ducklake")
+    parser.add_argument("--skip-dlt", action="store_true")
+    parser.add_argument("--skip-reads", action="store_true", help="leave out the in-process chunk reads")
+    parser.add_argument("--csv", action="store_true", help="also copy with the CSV read (the path before)")
+    parser.add_argument("--reads-only", action="store_true", help="raw COPY and the chunk reads, no copies")
+    parser.add_argument("--small-tables", type=int, default=0, help="also: N small tables to STREAMING")
+    parser.add_argument("--small-rows", type=int, default=1000)
     parser.add_argument("--snapshot", default="{}", help="snapshot settings as JSON, for before/after runs")
+    parser.add_argument("--json", type=Path, help="write the results here (default: the work folder)")
+    parser.add_argument("--png", type=Path, help="write the plot here (default: the work folder)")
+    parser.add_argument("--replot", type=Path,
+                        help="only redraw --png (and reprint the tables) from a --json file")
+    parser.add_argument("--work-dir", type=Path, help="where the server and the copies live (default: temp); "
+                        "as root, the postgres user must be able to enter it")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="headrace-copy-bench-"))
-    if args.small_tables:
-        return main_small(args, work)
-    results: dict[str, Any] = {"rows": args.rows}
-    with ThrowawayPostgres() as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute(TABLE_DDL.format(rows=args.rows))
-            conn.execute("VACUUM ANALYZE bench_copy")  # outside the load's transaction
-            size = conn.execute("SELECT pg_table_size('bench_copy')").fetchone()[0]  # type: ignore[index]
-        results["table_mb"] = round(size / 2**20)
-        results["bytes_per_row"] = round(size / args.rows)
-        raw = timed(["psql", pg.dsn, "-qAt", "-c", "COPY bench_copy TO STDOUT (FORMAT binary)"],
-                    stdout=subprocess.DEVNULL)
-        results["raw_copy_s"] = round(raw, 2)
-        results["raw_copy_rows_per_s"] = round(args.rows / raw)
-        results["raw_copy_mb_per_s"] = round(size / 2**20 / raw, 1)
-        for name, (secs, cpu) in chunk_reads(pg.dsn).items():
-            results[f"read_{name}_s"] = round(secs, 2)
-            results[f"read_{name}_cpu_s"] = round(cpu, 2)
-            results[f"read_{name}_rows_per_s"] = round(args.rows / secs)
-            results[f"read_{name}_vs_raw_copy"] = round(raw / secs, 3)
-        for target in () if args.reads_only else ("iceberg", "ducklake"):
+    if args.replot:
+        return replot(args.replot, args.png or args.replot.with_suffix(".png"))
+    sizes = parse_rows(args.rows) if args.rows else ([] if args.small_tables else [5_000_000])
+    if args.work_dir:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+    if sizes:  # refuse before the first load, not after an hour
+        check_disk(args.work_dir or Path(tempfile.gettempdir()), max(sizes))
+    work = Path(tempfile.mkdtemp(prefix="headrace-copy-bench-", dir=args.work_dir))
+    masters = args.spark_masters.split(",")
+    targets = [] if args.reads_only else args.targets.split(",")
+    dlt = not (args.skip_dlt or args.reads_only) and bool(sizes)
+    python = dlt_python() if dlt else None
+    json_path, png = args.json or work / "initial_copy.json", args.png or work / "initial_copy.png"
+    rates = dict(ASSUMED)
+
+    def left(after: int) -> float:
+        return sum(estimate_s(rows, masters, targets, dlt, not args.skip_reads and i == 0, args.csv, rates)
+                   for i, rows in enumerate(sizes) if i >= after)
+
+    if sizes:
+        print(f"{len(sizes)} sizes × (raw COPY, {len(targets)} targets × {len(masters)} Spark masters"
+              f"{', dlt pyarrow and connectorx' if dlt else ''}); work folder {work}; estimated wall time "
+              f"{left(0) / 60:.0f} min (assumed rates, 2 cores; small tables not included)", flush=True)
+    results: list[SizeResult] = []
+    small: dict[str, Any] = {}
+    started = time.monotonic()
+    # The server under --work-dir too (its data is most of the disk); as root it runs as the postgres
+    # user, which cannot enter the private mkdtemp folder, so it goes beside it.
+    with ThrowawayPostgres(base_dir=str(args.work_dir) if args.work_dir else None) as pg:
+        for i, rows in enumerate(sizes):
+            reads = i == 0 and not args.skip_reads
+            size = measure_size(args, pg.dsn, work, rows, reads, masters, targets, python, rates)
+            drop_table(pg.dsn, rows)
+            results.append(size)
+            print("\n" + markdown(size) + "\n", flush=True)
+            learn_rates(size, rates)
+            # Rewritten after each size: a crash later keeps these.
+            write_json(json_path, masters, args.snapshot, started, results, small)
+            if i + 1 < len(sizes):
+                print(f"{(time.monotonic() - started) / 60:.1f} min so far; about {left(i + 1) / 60:.0f} min "
+                      f"left (rates measured on {rows:,} rows)", flush=True)
+        if args.small_tables:
+            small = measure_small(args, pg.dsn, work, masters[-1], targets)
+            print("\n" + small_markdown(small) + "\n", flush=True)
+    write_json(json_path, masters, args.snapshot, started, results, small)
+    if results and (targets or dlt):
+        plot(results, masters, png)
+    print(f"results: {json_path}" + (f"; plot: {png}" if results and (targets or dlt) else ""))
+    with contextlib.suppress(OSError):
+        work.rmdir()  # when nothing was left in it (every output removed, --json and --png elsewhere)
+    failed = [f"{s.rows:,} rows: {f['what']}" for s in results for f in s.failures]
+    if failed:
+        print("FAILED: " + "; ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def parse_rows(text: str) -> list[int]:
+    """``5000000,20_000_000,50M`` → sizes in rows."""
+    sizes = []
+    for item in text.split(","):
+        item = item.strip().replace("_", "").upper()
+        sizes.append(int(float(item[:-1]) * 1_000_000) if item.endswith("M") else int(item))
+    return sizes
+
+
+def replot(results: Path, png: Path) -> int:
+    """The tables and the plot again from a results file (e.g. the lead's quiet-machine run)."""
+    saved = json.loads(results.read_text())
+    sizes = [from_json(record) for record in saved["sizes"]]
+    for size in sizes:
+        print(markdown(size) + "\n")
+    plot(sizes, saved["machine"]["spark_masters"], png)
+    print(f"plot: {png}")
+    return 0
+
+
+def write_json(path: Path, masters: list[str], snapshot: str, started: float, results: list[SizeResult],
+               small: dict[str, Any]) -> None:
+    """The results so far, as ``--json`` (rewritten after each size)."""
+    out = {"machine": {"cores": os.cpu_count(), "spark_masters": masters, "snapshot": json.loads(snapshot)},
+           "wall_s": round(time.monotonic() - started), "sizes": [s.to_json() for s in results],
+           "small_tables": small or None}
+    path.write_text(json.dumps(out, indent=2) + "\n")
+
+
+def measure_size(args: argparse.Namespace, dsn: str, work: Path, rows: int, reads: bool, masters: list[str],
+                 targets: list[str], python: Path | None, rates: dict[str, float]) -> SizeResult:
+    """Load one size's table and copy it by every method, raw COPY first and last."""
+    check_disk(work, rows)
+    print(f"loading {rows:,} rows (about {rows / rates['load']:.0f} s)...", flush=True)
+    table_bytes, load_s = load_table(dsn, rows)
+    size = SizeResult(rows, table_bytes, load_s)
+    print(f"  loaded in {load_s:.1f} s ({table_bytes / 2**20:,.0f} MB)", flush=True)
+
+    def measure(what: str, run: Any, *a: Any) -> None:
+        size.load_avg.append([round(x, 1) for x in os.getloadavg()])
+        print(f"  {what}...", end=" ", flush=True)
+        try:
+            got = run(*a)
+        except (MethodFailed, subprocess.CalledProcessError) as exc:  # a result too; an hour's run goes on
+            if run is raw_copy:
+                raise  # the reference every ratio needs
+            size.failures.append({"what": what, "error": str(exc)})
+            print(f"FAILED: {exc}", flush=True)
+            return
+        got = got if isinstance(got, list) else [got]
+        size.measurements.extend(got)
+        print(", ".join(f"{m.seconds:.1f} s" for m in got), flush=True)
+
+    measure("raw COPY", raw_copy, dsn, rows)
+    if reads:
+        measure("chunk reads (CSV, binary)", chunk_reads, dsn, rows)
+    for master in masters:
+        for target in targets:
             for binary in (True, False) if args.csv else (True,):
-                secs = headrace_copy(pg.dsn, work, target, args.rows, binary)
-                key = f"headrace_{target}" + ("" if binary else "_csv")
-                results[f"{key}_s"] = round(secs, 2)
-                results[f"{key}_rows_per_s"] = round(args.rows / secs)
-                results[f"{key}_mb_per_s"] = round(size / 2**20 / secs, 1)
-                results[f"{key}_vs_raw_copy"] = round(raw / secs, 3)
-        if not args.skip_dlt and not args.reads_only:
-            secs_dlt = dlt_copy(pg.dsn, work)
-            if secs_dlt:
-                results["dlt_duckdb_s"] = round(secs_dlt, 2)
-                results["dlt_duckdb_rows_per_s"] = round(args.rows / secs_dlt)
-    print(json.dumps(results, indent=2))
-    return 0
+                measure(f"headrace → {target} ({master}{'' if binary else ', CSV'})", headrace_copy,
+                        dsn, work, rows, target, master, binary, json.loads(args.snapshot))
+    if python is not None:
+        for backend in ("pyarrow", "connectorx"):
+            measure(f"dlt {backend}", dlt_copy, python, dsn, work, rows, backend)
+    measure("raw COPY again", raw_copy, dsn, rows)
+    return size
 
 
-def main_small(args: argparse.Namespace, work: Path) -> int:
-    """The many-small-tables case: every table STREAMING, per target."""
-    results: dict[str, Any] = {"tables": args.small_tables, "rows_per_table": args.small_rows}
-    with ThrowawayPostgres() as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA small")
-            for i in range(args.small_tables):
-                conn.execute(SMALL_DDL.format(i=i, rows=args.small_rows))
-            conn.execute("VACUUM ANALYZE")
-        extra = {"snapshot": json.loads(args.snapshot)} if args.snapshot != "{}" else {}
-        for target in args.targets.split(","):
-            results[target] = small_tables(pg.dsn, work, target, args.small_tables, extra)
-            print(target, json.dumps(results[target]), file=sys.stderr, flush=True)
-    print(json.dumps(results, indent=2))
-    return 0
+def measure_small(args: argparse.Namespace, dsn: str, work: Path, master: str, targets: list[str]
+                  ) -> dict[str, Any]:
+    """The many-small-tables case on the same server: every table STREAMING, per target."""
+    print(f"loading {args.small_tables} tables of {args.small_rows:,} rows...", end=" ", flush=True)
+    loaded = load_small_tables(dsn, args.small_tables, args.small_rows)
+    print(f"{loaded:.1f} s", flush=True)
+    result: dict[str, Any] = {"tables": args.small_tables, "rows_per_table": args.small_rows,
+                              "spark_master": master}
+    extra = {"snapshot": json.loads(args.snapshot)} if args.snapshot != "{}" else {}
+    for target in targets:
+        print(f"  {args.small_tables} small tables → {target}...", end=" ", flush=True)
+        result[target] = small_tables(dsn, work, target, master, args.small_tables, extra)
+        print(f"{result[target]['total_s']} s ({result[target]['streaming']} STREAMING)", flush=True)
+    return result
 
 
 if __name__ == "__main__":
