@@ -3,16 +3,18 @@
 Each pgoutput change becomes one row of the fixed staging schema (``headrace.log.codec``): the
 row's values as JSON text, the TOAST columns sent as "unchanged", and the old key when an update
 moved the row to another key.
+
+``stage`` runs once per change: what depends only on the table's columns (JSON keys, key positions)
+is worked out once per buffer (``TableBuffer``), not per row.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Truncate, Update, Value
 from headrace.core.schema import TableSchema
-from headrace.log.codec import StagingBuffer, encode_row
+from headrace.log.codec import RowEncoder, StagingBuffer, row_encoder
 
 
 @dataclass
@@ -21,6 +23,16 @@ class TableBuffer:
 
     schema: TableSchema
     buffer: StagingBuffer = field(default_factory=StagingBuffer)
+    row: RowEncoder = field(init=False, repr=False)  # the whole row's columns
+    key: RowEncoder = field(init=False, repr=False)  # the key's columns (every column without a key)
+    key_at: tuple[int, ...] = field(init=False, repr=False)  # their positions in the row
+
+    def __post_init__(self) -> None:
+        names = self.schema.column_names
+        self.row = row_encoder(names)
+        key = self.schema.key or names
+        self.key = row_encoder(tuple(key))
+        self.key_at = tuple(names.index(name) for name in key)
 
 
 def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
@@ -29,58 +41,61 @@ def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
 
 
 def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relations: dict[int, TableSchema],
-          buffers: dict[int, TableBuffer]) -> list[tuple[int, str]]:
-    """Append ``ev`` (the ``seq``-th change of ``txn``) to its table's buffer; the (table oid, op)
-    of each staged row. Changes of tables with no RELATION seen yet are not this pipeline's."""
-    if isinstance(ev, Truncate):
-        staged = []
+          buffers: dict[int, TableBuffer]) -> int:
+    """Append ``ev`` (the ``seq``-th change of ``txn``) to its table's buffer; the bytes it added to
+    the buffers (``buffered_bytes``). Changes of tables with no RELATION seen yet are not this
+    pipeline's."""
+    if type(ev) is Truncate:
+        added = 0
         for oid in ev.relation_oids:
             if oid in relations:
-                _buffer(oid, relations, buffers).append("T", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, None)
-                staged.append((oid, "T"))
-        return staged
-    schema = relations.get(ev.relation_oid)
-    if schema is None:
-        return []
-    buf = _buffer(ev.relation_oid, relations, buffers)
-    names = schema.column_names
+                buf = _buffer(oid, relations, buffers).buffer
+                before = buf.nbytes
+                buf.append("T", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, None)
+                added += buf.nbytes - before
+        return added
+    oid = ev.relation_oid  # type: ignore[union-attr]
+    tb = buffers.get(oid)
+    if tb is None:
+        if oid not in relations:
+            return 0
+        tb = _buffer(oid, relations, buffers)
+    buf = tb.buffer
+    before = buf.nbytes
     match ev:
         case Insert():
-            data, unchanged = encode_row(names, ev.new)
+            data, unchanged = tb.row.encode(ev.new)
             buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
-            op = "I"
         case Update():
-            new = ev.new
-            if ev.old is not None and ev.old_kind == "O":
-                # REPLICA IDENTITY FULL sends the whole old row (TOAST values inline), so a TOAST
-                # value the update left untouched is known here: stage it, not "unchanged".
-                new = tuple(o if v is UNCHANGED else v for v, o in zip(new, ev.old, strict=True))
-            data, unchanged = encode_row(names, new)
+            new, old = ev.new, ev.old
             old_key = None
-            if ev.old is not None and not schema.key:
-                # No key: the old row is the identity of the row the update replaces.
-                old_key, _ = encode_row(names, ev.old)
-            elif ev.old is not None:
-                old_vals = _key_values(schema, ev.old)
-                if old_vals != _key_values(schema, new):
-                    old_key = json.dumps(old_vals, ensure_ascii=False, separators=(",", ":"))
+            if old is not None:
+                if ev.old_kind == "O":
+                    # REPLICA IDENTITY FULL sends the whole old row (TOAST values inline), so a TOAST
+                    # value the update left untouched is known here: stage it, not "unchanged".
+                    new = tuple(o if v is UNCHANGED else v for v, o in zip(new, old, strict=True))
+                if not tb.schema.key:
+                    # No key: the old row is the identity of the row the update replaces.
+                    old_key, _ = tb.row.encode(old)
+                else:
+                    old_vals = _pick(old, tb.key_at)
+                    if old_vals != _pick(new, tb.key_at):
+                        old_key, _ = tb.key.encode(old_vals)
+            data, unchanged = tb.row.encode(new)
             buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
-            op = "U"
         case Delete():
-            key = _key_values(schema, ev.old) if schema.key else dict(zip(names, ev.old, strict=True))
-            data = json.dumps(key, ensure_ascii=False, separators=(",", ":"))
+            # The key's values (the whole old row without a key).
+            data, _ = tb.key.encode(_pick(ev.old, tb.key_at))
             buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
-            op = "D"
-    return [(ev.relation_oid, op)]
+    return buf.nbytes - before
 
 
-def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> StagingBuffer:
+def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer:
     tb = buffers.get(oid)
     if tb is None:
         tb = buffers[oid] = TableBuffer(relations[oid])
-    return tb.buffer
+    return tb
 
 
-def _key_values(schema: TableSchema, values: tuple[Value, ...]) -> dict[str, Value]:
-    names = schema.column_names
-    return {name: values[names.index(name)] for name in schema.key}
+def _pick(values: tuple[Value, ...], at: tuple[int, ...]) -> tuple[Value, ...]:
+    return tuple([values[i] for i in at])

@@ -28,6 +28,7 @@ from headrace.core.changes import Begin, Commit, Delete, Insert, Message, Relati
 from headrace.core.errors import TransientError
 from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
+from headrace.log.facts import FileFacts
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
 from headrace.logs import event
@@ -163,11 +164,13 @@ class Capture:
         relations: dict[int, TableSchema] = {}
         txn: Begin | None = None
         seq = 0
+        skip = True  # outside a transaction, or in one registered before a restart: changes are skipped
         pending_end = self.captured_lsn  # end LSN of the last complete transaction read
         first_change_at: float | None = None
         last_message_at = time.monotonic()
         last_ack_at = time.monotonic()
         policy = self.config.staging
+        flush_bytes = policy.flush_bytes
         try:
             while not stop.is_set():
                 if txn is None and self._make_room(index, stream, stop, buffers, spilled, pending_end):
@@ -180,12 +183,28 @@ class Capture:
                 self.table_errors.update(stream.new_table_errors())  # tables the stream stopped (MySQL DROP)
                 if events:
                     last_message_at = time.monotonic()
+                # The per-change path first (the cases are disjoint types, so order is free), and
+                # the size of what is buffered kept as a running sum rather than summed per change.
+                buffered = buffered_bytes(buffers)
                 for _lsn, ev in events:
                     match ev:
+                        case Insert() | Update() | Delete() | Truncate():
+                            if skip:
+                                continue  # already registered before a restart
+                            seq += 1
+                            if first_change_at is None:
+                                first_change_at = time.monotonic()
+                            buffered += stage(ev, txn, seq, relations, buffers)  # type: ignore[arg-type]
+                            if buffered > flush_bytes:
+                                # A large transaction: spill to files now, register them at its commit.
+                                spilled += [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
+                                buffers.clear()
+                                buffered = 0
                         case Begin():
                             txn, seq = ev, 0
+                            skip = ev.final_lsn < self.captured_lsn
                         case Commit():
-                            txn = None
+                            txn, skip = None, True
                             pending_end = max(pending_end, ev.end_lsn)
                             self.received_lsn = pending_end
                             if self._full(buffers, spilled):
@@ -198,6 +217,7 @@ class Capture:
                             # Here too, not only between reads: those mostly end inside a transaction.
                             if self._make_room(index, stream, stop, buffers, spilled, pending_end):
                                 first_change_at, last_ack_at = None, time.monotonic()
+                            buffered = buffered_bytes(buffers)
                         case Relation():
                             known = self.known.get(ev.oid)
                             if known is None:
@@ -210,20 +230,9 @@ class Capture:
                                 # One staged file holds one shape; cut at the schema change.
                                 spilled.append(self._write(ev.oid, tb))
                                 del buffers[ev.oid]
-                        case Insert() | Update() | Delete() | Truncate():
-                            if txn is None or txn.final_lsn < self.captured_lsn:
-                                continue  # already registered before a restart
-                            seq += 1
-                            if first_change_at is None:
-                                first_change_at = time.monotonic()
-                            for oid, op in stage(ev, txn, seq, relations, buffers):
-                                self.changes_captured[(oid, op)] = self.changes_captured.get((oid, op), 0) + 1
+                                buffered = buffered_bytes(buffers)
                         case Message():
                             pass  # heartbeats only move the position
-                    if txn is not None and buffered_bytes(buffers) > policy.flush_bytes:
-                        # A large transaction: spill to files now, register them at its commit.
-                        spilled += [self._write(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)]
-                        buffers.clear()
                 if txn is not None:
                     continue
                 rows = sum(len(tb.buffer) for tb in buffers.values()) + sum(f.rows for f in spilled)
@@ -290,6 +299,7 @@ class Capture:
         index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
         if files:
             crash_point("capture.after_register")
+            self._count(files)
             self.on_staged()  # the run loop applies them now, not at its next timed pass
         self.captured_lsn = max(self.captured_lsn, end_lsn)
         self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
@@ -298,6 +308,15 @@ class Capture:
         if files:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
                   captured_lsn=self.source.format_position(self.captured_lsn))
+
+    def _count(self, files: list[StagedFile]) -> None:
+        """Add the registered files' rows to ``changes_captured`` (per table and op)."""
+        counts = self.changes_captured
+        for f in files:
+            facts = f.facts or FileFacts()
+            for op, n in (("I", facts.inserts), ("U", facts.updates), ("D", facts.deletes), ("T", facts.truncates)):
+                if n:
+                    counts[(f.table_oid, op)] = counts.get((f.table_oid, op), 0) + n
 
     def _write_waiting(self, stream: ChangeStream, buffers: dict[int, TableBuffer]) -> list[StagedFile]:
         """One file per buffered table, waiting while staging cannot take them (``capture.staging``)."""

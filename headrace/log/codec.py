@@ -7,8 +7,10 @@ so schema evolution only ever touches target tables.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +18,7 @@ import pyarrow.parquet as pq
 
 from headrace.core.changes import UNCHANGED, Value
 from headrace.core.rows import unchanged_token
-from headrace.log.facts import FactsRecorder, FileFacts
+from headrace.log.facts import FileFacts, facts_of
 
 STAGING_SCHEMA = pa.schema(
     [
@@ -38,21 +40,71 @@ STAGING_SPARK_DDL = (
 )
 
 
+# The native row encoder (headrace/_speedups.c, built by setup.py when a C compiler is there): the
+# same JSON, byte for byte, as the Python join below; without it, the join.
+try:
+    from headrace._speedups import encode_object as _native_encode
+except ImportError:
+    _native_encode = None
+_native_object: Callable[[tuple[str, ...], Sequence[Value]], str | None] | None = _native_encode
+
+
+class RowEncoder:
+    """Encodes rows of one column list as ``_data`` JSON: the object keys are escaped once, here.
+
+    Capture's hot path: a row is one string join instead of a dict and ``json.dumps``. The text is
+    escaped by ``encode_basestring``, the function ``json.dumps(..., ensure_ascii=False)`` itself
+    uses, so the JSON is byte for byte what ``json.dumps`` of the row's dict gives.
+    """
+
+    __slots__ = ("keys", "names")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.keys = tuple(encode_basestring(name) + ":" for name in names)
+
+    def encode(self, values: Sequence[Value]) -> tuple[str, str | None]:
+        """JSON object of the columns' values, and the comma-joined tokens (``unchanged_token``) of
+        the columns whose value is ``UNCHANGED`` (left out of the object)."""
+        keys = self.keys
+        if _native_object is not None:
+            data = _native_object(keys, values)
+            if data is not None:
+                return data, None
+            # None: an UNCHANGED marker (or a value that is not text) is in the row: below.
+        if len(keys) != len(values):
+            raise ValueError(f"a row of {len(values)} values for the {len(keys)} columns {', '.join(self.names)}")
+        try:
+            return "{" + ",".join([k + ("null" if v is None else encode_basestring(v))  # type: ignore[arg-type]
+                                   for k, v in zip(keys, values, strict=False)]) + "}", None  # lengths checked
+        except TypeError:  # encode_basestring takes only str: an UNCHANGED marker is in the row
+            pass
+        parts, unchanged = [], []
+        for name, key, value in zip(self.names, keys, values, strict=True):
+            if value is UNCHANGED:
+                unchanged.append(unchanged_token(name))
+            else:
+                parts.append(key + json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+        return "{" + ",".join(parts) + "}", (",".join(unchanged) or None)
+
+
+@lru_cache(maxsize=1024)
+def row_encoder(names: tuple[str, ...]) -> RowEncoder:
+    """The (shared) encoder of rows with columns ``names``."""
+    return RowEncoder(names)
+
+
 def encode_row(names: Sequence[str], values: Sequence[Value]) -> tuple[str, str | None]:
     """JSON of a tuple's values, and the comma-joined tokens (``unchanged_token``) of its unchanged TOAST columns."""
-    data: dict[str, str | None] = {}
-    unchanged = []
-    for name, value in zip(names, values, strict=True):
-        if value is UNCHANGED:
-            unchanged.append(unchanged_token(name))
-        else:
-            data[name] = value  # type: ignore[assignment]
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")), (",".join(unchanged) or None)
+    return row_encoder(tuple(names)).encode(values)
 
 
 @dataclass
 class StagingBuffer:
-    """Changes of one table waiting for the next flush, column by column, and their facts (``facts``)."""
+    """Changes of one table waiting for the next flush, column by column, and their facts (``facts``).
+
+    The facts are found over the columns when asked for (at the flush), not row by row.
+    """
 
     op: list[str] = field(default_factory=list)
     lsn: list[int] = field(default_factory=list)
@@ -63,7 +115,6 @@ class StagingBuffer:
     data: list[str | None] = field(default_factory=list)
     old_key: list[str | None] = field(default_factory=list)
     nbytes: int = 0
-    _facts: FactsRecorder = field(default_factory=FactsRecorder, repr=False, compare=False)
 
     def append(
         self,
@@ -76,6 +127,7 @@ class StagingBuffer:
         unchanged: str | None = None,
         old_key: str | None = None,
     ) -> None:
+        """Add one staged row."""
         self.op.append(op)
         self.lsn.append(lsn)
         self.seq.append(seq)
@@ -85,12 +137,11 @@ class StagingBuffer:
         self.data.append(data)
         self.old_key.append(old_key)
         self.nbytes += 48 + len(data or "") + len(old_key or "")
-        self._facts.add(op, lsn, seq, unchanged, old_key)
 
     @property
     def facts(self) -> FileFacts:
         """Counts per op, the latest TRUNCATE and the TOAST/old-row flags of the rows so far."""
-        return self._facts.facts()
+        return facts_of(self.op, self.lsn, self.seq, self.unchanged, self.old_key)
 
     def __len__(self) -> int:
         return len(self.op)
@@ -104,6 +155,7 @@ class StagingBuffer:
         return max(self.lsn)
 
     def to_table(self) -> pa.Table:
+        """The rows as an Arrow table of ``STAGING_SCHEMA``."""
         return pa.Table.from_arrays(
             [
                 pa.array(self.op, pa.string()),

@@ -2,7 +2,7 @@
 
 The materializer used to find these by a Spark aggregation over the batch's files (row count,
 latest TRUNCATE, TOAST markers): a whole Spark job per batch, most of a small batch's cost.
-Capture sees every staged row go by (``StagingBuffer.append``), so it records them for nothing.
+Capture holds every staged row when it writes the file (``StagingBuffer``), so it finds them for nothing.
 
 The flags are not aware of the batch's skip point (the initial copy's position): a flag set by a
 change the batch then skips only chooses a slower plan (``headrace.materialize.batch``), never a
@@ -11,7 +11,8 @@ different answer. The latest TRUNCATE is kept exactly, so the reader compares it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -76,33 +77,23 @@ def total(facts: Iterable[FileFacts]) -> FileFacts:
     return out
 
 
-class FactsRecorder:
-    """Accumulates ``FileFacts`` row by row as a staging buffer takes rows (mutable, cheap per row)."""
+def facts_of(op: Sequence[str], lsn: Sequence[int], seq: Sequence[int], unchanged: Sequence[str | None],
+             old_key: Sequence[str | None]) -> FileFacts:
+    """The facts of staged rows given column by column (``StagingBuffer`` at a flush).
 
-    __slots__ = ("counts", "last_truncate", "unchanged", "update_without_old", "key_toast")
-
-    def __init__(self) -> None:
-        self.counts = {"I": 0, "U": 0, "D": 0, "T": 0}
-        self.last_truncate: tuple[int, int] | None = None
-        self.unchanged = False
-        self.update_without_old = False
-        self.key_toast = False
-
-    def add(self, op: str, lsn: int, seq: int, unchanged: str | None, old_key: str | None) -> None:
-        """Record one staged row."""
-        self.counts[op] += 1
-        if unchanged is not None:
-            self.unchanged = True
-        if op == "U":
-            if old_key is None:
-                self.update_without_old = True
-            elif unchanged is not None:
-                self.key_toast = True
-        elif op == "T" and (self.last_truncate is None or (lsn, seq) > self.last_truncate):
-            self.last_truncate = (lsn, seq)
-
-    def facts(self) -> FileFacts:
-        """What was recorded so far."""
-        c, t = self.counts, self.last_truncate
-        return FileFacts(c["I"], c["U"], c["D"], c["T"], None if t is None else Position(*t), self.unchanged,
-                         self.update_without_old, self.key_toast)
+    Found over whole columns with C-level counts; the per-row scans run only when there is
+    something to find (an update, a TRUNCATE, an unchanged TOAST value).
+    """
+    counts = Counter(op)
+    any_unchanged = unchanged.count(None) != len(unchanged)
+    update_without_old = key_toast = False
+    if counts["U"]:
+        update_without_old = any(o == "U" and k is None for o, k in zip(op, old_key, strict=True))
+        if any_unchanged:
+            key_toast = any(o == "U" and k is not None and u is not None
+                            for o, k, u in zip(op, old_key, unchanged, strict=True))
+    last_truncate = None
+    if counts["T"]:
+        last_truncate = Position(*max((p, s) for o, p, s in zip(op, lsn, seq, strict=True) if o == "T"))
+    return FileFacts(counts["I"], counts["U"], counts["D"], counts["T"], last_truncate, any_unchanged,
+                     update_without_old, key_toast)

@@ -1,0 +1,208 @@
+/* Optional native helpers for capture's per-change path (built by setup.py when a C compiler is
+ * present; headrace falls back to the pure-Python code, with the same results, when it is not).
+ *
+ * decode_tuple: a pgoutput TupleData into a tuple of str / None / the UNCHANGED marker
+ *               (headrace.source.postgres.pgoutput._tuple).
+ * encode_object: a row's values as a JSON object with precomputed keys, escaped exactly as
+ *               json.dumps(..., ensure_ascii=False) escapes (headrace.log.codec.RowEncoder.encode).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* decode_tuple(buf: bytes, pos: int, unchanged: object) -> (tuple, int) | None
+ * None means "not for me" (a binary 'b' value or an unknown kind): the caller's Python code then
+ * decodes the message and raises the right error. Truncation raises ValueError. */
+static PyObject *decode_tuple(PyObject *self, PyObject *args) {
+    const char *buf;
+    Py_ssize_t len, pos;
+    PyObject *unchanged;
+    if (!PyArg_ParseTuple(args, "y#nO", &buf, &len, &pos, &unchanged))
+        return NULL;
+    if (pos < 0 || pos + 2 > len) {
+        PyErr_SetString(PyExc_ValueError, "tuple header past the end of the message");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)buf;
+    Py_ssize_t ncols = ((Py_ssize_t)b[pos] << 8) | b[pos + 1];
+    pos += 2;
+    PyObject *values = PyTuple_New(ncols);
+    if (values == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if (pos >= len)
+            goto truncated;
+        unsigned char kind = b[pos];
+        PyObject *value;
+        if (kind == 't') {
+            if (pos + 5 > len)
+                goto truncated;
+            int32_t n = (int32_t)(((uint32_t)b[pos + 1] << 24) | ((uint32_t)b[pos + 2] << 16) |
+                                  ((uint32_t)b[pos + 3] << 8) | (uint32_t)b[pos + 4]);
+            pos += 5;
+            if (n < 0 || pos + n > len)
+                goto truncated;
+            value = PyUnicode_DecodeUTF8(buf + pos, n, "strict");
+            if (value == NULL) {
+                Py_DECREF(values);
+                return NULL;
+            }
+            pos += n;
+        } else if (kind == 'n') {
+            value = Py_None;
+            Py_INCREF(value);
+            pos += 1;
+        } else if (kind == 'u') {
+            value = unchanged;
+            Py_INCREF(value);
+            pos += 1;
+        } else {
+            Py_DECREF(values);
+            Py_RETURN_NONE;
+        }
+        PyTuple_SET_ITEM(values, i, value);
+    }
+    return Py_BuildValue("(Nn)", values, pos);
+truncated:
+    Py_DECREF(values);
+    PyErr_SetString(PyExc_ValueError, "tuple value past the end of the message");
+    return NULL;
+}
+
+/* A growable UTF-8 byte buffer. */
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Out;
+
+static int out_reserve(Out *o, Py_ssize_t more) {
+    if (o->len + more <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap * 2;
+    if (cap < o->len + more)
+        cap = o->len + more;
+    char *data = PyMem_Realloc(o->data, cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->data = data;
+    o->cap = cap;
+    return 0;
+}
+
+static int out_put(Out *o, const char *s, Py_ssize_t n) {
+    if (out_reserve(o, n) < 0)
+        return -1;
+    memcpy(o->data + o->len, s, n);
+    o->len += n;
+    return 0;
+}
+
+/* A JSON string literal of the UTF-8 bytes s, as json's encode_basestring writes it: '"' and '\'
+ * escaped, \b \f \n \r \t by name, other bytes below 0x20 as \u00xx, everything else as is. */
+static int out_json_string(Out *o, const char *s, Py_ssize_t n) {
+    static const char hex[] = "0123456789abcdef";
+    if (out_reserve(o, n + 2) < 0)
+        return -1;
+    o->data[o->len++] = '"';
+    Py_ssize_t run = 0; /* start of the bytes not copied yet */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        if (out_put(o, s + run, i - run) < 0)
+            return -1;
+        run = i + 1;
+        char esc[6] = {'\\', 0, 0, 0, 0, 0};
+        Py_ssize_t k = 2;
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        default:
+            esc[1] = 'u'; esc[2] = '0'; esc[3] = '0'; esc[4] = hex[c >> 4]; esc[5] = hex[c & 15];
+            k = 6;
+        }
+        if (out_put(o, esc, k) < 0)
+            return -1;
+    }
+    if (out_put(o, s + run, n - run) < 0 || out_put(o, "\"", 1) < 0)
+        return -1;
+    return 0;
+}
+
+/* encode_object(keys: tuple[str, ...], values: tuple | list) -> str | None
+ * keys are the object's keys with their colon, already JSON ('"id":'). None when a value is
+ * neither str nor None (the UNCHANGED marker): the caller's Python code takes that row. */
+static PyObject *encode_object(PyObject *self, PyObject *args) {
+    PyObject *keys, *values;
+    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &keys, &values))
+        return NULL;
+    PyObject *seq = PySequence_Fast(values, "values must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "a row of %zd values for %zd columns", PySequence_Fast_GET_SIZE(seq), n);
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Out o = {PyMem_Malloc(256), 0, 256};
+    if (o.data == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    PyObject *result = NULL;
+    if (out_put(&o, "{", 1) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = items[i];
+        Py_ssize_t klen, vlen;
+        const char *k = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, i), &klen);
+        if (k == NULL || (i > 0 && out_put(&o, ",", 1) < 0) || out_put(&o, k, klen) < 0)
+            goto done;
+        if (v == Py_None) {
+            if (out_put(&o, "null", 4) < 0)
+                goto done;
+        } else if (PyUnicode_CheckExact(v)) {
+            const char *s = PyUnicode_AsUTF8AndSize(v, &vlen);
+            if (s == NULL) { /* a lone surrogate: let json decide */
+                PyErr_Clear();
+                result = Py_None;
+                Py_INCREF(result);
+                goto done;
+            }
+            if (out_json_string(&o, s, vlen) < 0)
+                goto done;
+        } else {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    if (out_put(&o, "}", 1) < 0)
+        goto done;
+    result = PyUnicode_DecodeUTF8(o.data, o.len, "strict");
+done:
+    PyMem_Free(o.data);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_tuple", decode_tuple, METH_VARARGS, "pgoutput TupleData at pos: (values, position after), or None."},
+    {"encode_object", encode_object, METH_VARARGS, "JSON object of precomputed keys and str/None values, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "headrace._speedups",
+                                    "Optional native helpers of capture's per-change path.", -1, methods};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
