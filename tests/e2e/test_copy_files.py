@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
+from headrace.control.status import pipeline_status
 from headrace.core.names import quote_ident
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
 from headrace.materialize.snapshot_job import chunk_dataframe, copy_chunks_to_files, driver_rows
+from headrace.pipeline import Pipeline
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import OPEN_END
@@ -24,7 +29,9 @@ from headrace.source.postgres.source import chunk_reader
 from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
+from tests.e2e.helpers import make_config
 from tests.e2e.test_copy_on_driver import POSITION, SPARK_ONLY, _read, _scalar_columns, _values
+from tests.e2e.test_pipeline import run_caught_up
 from tests.e2e.test_type_matrix import DDL, MATRIX
 from tests.targets.test_ducklake_target import plain_duckdb, settings_for
 
@@ -142,3 +149,24 @@ def test_ducklake_copy_files_hold_what_spark_writes_and_hand_back_spark_only_chu
         assert _values(con, "lake.public.by_files", taken) == _values(con, "lake.public.by_spark", taken)
     finally:
         con.close()
+
+
+def test_a_chunk_only_spark_decides_is_copied_by_spark_beside_the_task_files(
+        source_dsn: str, tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A table of several chunks on Iceberg: the chunk holding an infinite date goes through Spark's
+    casts (clamped to 9999-12-31 under `values.infinity: clamp`), the others as task files; every row arrives once."""
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE spans (id int PRIMARY KEY, d date, pad text)")
+        conn.execute("INSERT INTO spans SELECT g, '2024-01-01'::date + g, repeat('x', 300) FROM generate_series(1, 400) g")
+        conn.execute("INSERT INTO spans VALUES (1000, 'infinity', 'last page')")
+        spans = read_table_schema(conn, "public.spans")
+    config = make_config(source_dsn, tmp_path, ["public.spans"], "iceberg",
+                         snapshot={"chunk_pages": 4, "max_connections": 3}, values={"infinity": "clamp"})
+    pipeline = Pipeline(config, spark=spark)
+    with caplog.at_level(logging.INFO, logger="headrace.snapshot"):
+        run_caught_up(pipeline)
+    assert [r.getMessage() for r in caplog.records].count("snapshot.spark_chunks") == 1
+    (table,) = pipeline_status(config)["tables"]
+    assert table["snapshot"]["chunks_total"] > 3
+    got = {r["id"]: r["d"] for r in pipeline.target.read_table(spans).collect()}
+    assert got == {**{g: date(2024, 1, 1) + timedelta(days=g) for g in range(1, 401)}, 1000: date(9999, 12, 31)}
