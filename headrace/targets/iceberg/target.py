@@ -175,7 +175,8 @@ class IcebergTarget(Target):
     def copy_sink(self, table: TableSchema, replace: bool) -> FileSink | None:
         """Where a copy's tasks write Parquet for ``files.register`` (``files.copy_sink``); None when the
         copy must go through Spark: a replace in a new shape, or a warehouse out of pyarrow's reach."""
-        name = self.ensure_table(table)
+        # A later part of a copy finds the table its first part made: no CREATE to run again.
+        name = self.ensure_table(table) if replace else self.table_name(table)
         if replace and not self._shape_matches(table, name):
             return None
         return files.copy_sink(self.spark, name, table)
