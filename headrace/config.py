@@ -237,8 +237,8 @@ class SnapshotConfig(_Frozen):
         " share them; with chunk_pages, this is the cap on the copy's load on the source"
     )
     tables_at_once: int = Field(
-        4, gt=0, description="tables copied side by side (each its own Spark job); they share the"
-        " max_connections connections, and a one-chunk table holds one only while it is read"
+        8, gt=0, description="tables copied side by side; they share the max_connections connections,"
+        " and a one-chunk table holds one only while it is read (then mostly waits for its commit)"
     )
     binary_copy: bool = Field(
         True, description="read chunks as binary COPY into typed Arrow (ADBC driver); false reads CSV text"

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
 from headrace.core.schema import SchemaChange, TableSchema
@@ -43,9 +44,11 @@ class Target(ABC):
     # True when the target stores infinite dates and timestamps (DuckDB's largest int32 day and
     # int64 microsecond, which the row shape's Spark values carry through unchanged).
     keeps_infinity: bool = False
-    # True when the target takes rows built on the driver as Arrow, with no Spark job:
-    # ``apply_arrow_batch`` (change batches) and ``write_snapshot_arrow`` (small copies).
+    # True when the target applies change batches built on the driver as Arrow (``apply_arrow_batch``).
     applies_arrow: bool = False
+    # True when the target writes initial copies already on the driver as Arrow, with no Spark job
+    # (``write_snapshot_arrow``: small tables read before their copy).
+    copies_arrow: bool = False
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:
@@ -63,7 +66,19 @@ class Target(ABC):
     def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
         """``write_snapshot`` for a small copy already on the driver: ``rows`` in the row shape as
         Arrow (the types Spark's ``toArrow`` gives for it), written without a Spark job. Only targets
-        with ``applies_arrow`` implement it."""
+        with ``copies_arrow`` implement it."""
+        raise NotImplementedError(f"target {self.name} writes copies through Spark only")
+
+    def copy_sink(self, table: TableSchema, replace: bool) -> FileSink | None:
+        """Where a copy's tasks may write ``table``'s rows as Parquet themselves (no Spark writer),
+        to be registered by ``register_copy_files``; None: this copy goes through ``write_snapshot``
+        (the default; also where the target's storage is out of ``pyarrow.fs``'s reach)."""
+        return None
+
+    def register_copy_files(self, table: TableSchema, sink: FileSink, written: list[WrittenFile],
+                            replace: bool) -> int:
+        """``write_snapshot`` for files a ``copy_sink`` received: register ``written`` in one commit
+        (``replace``: instead of the table's contents); return the rows the table then holds."""
         raise NotImplementedError(f"target {self.name} writes copies through Spark only")
 
     @abstractmethod

@@ -43,7 +43,14 @@ from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.permits import Permits
-from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe, driver_rows, prefetched
+from headrace.materialize.snapshot_job import (
+    ValueCounts,
+    chunk_dataframe,
+    copy_chunks_to_files,
+    driver_rows,
+    prefetched,
+    takes_chunk_rows,
+)
 from headrace.outage import lost_connection
 from headrace.source import open_source
 from headrace.source.base import ChunkRead, CopySnapshot, Source
@@ -219,7 +226,10 @@ class InitialCopy:
                         reader = prefetched(reader, *ranges[0])
                     if not resume:
                         after = self._write_on_driver(schema, reader, position, replace=start == 0)
-                else:
+                elif not resume:
+                    after = self._write_files(schema, reader, ranges, position, permits, replace=start == 0,
+                                              counted=counted)
+                if after is None and len(todo) != 1:
                     held.enter_context(permits.take(len(group)))  # the job's tasks read the chunks
                 if after is None:
                     df = chunk_dataframe(self.spark, schema, reader, ranges, position,
@@ -253,14 +263,42 @@ class InitialCopy:
 
     def _write_on_driver(self, schema: TableSchema, reader: ChunkRead, position: Position, replace: bool
                          ) -> int | None:
-        """Write a chunk read on the driver with no Spark job, where the target can (``applies_arrow``)
+        """Write a chunk read on the driver with no Spark job, where the target can (``copies_arrow``)
         and the values need none of Spark's casts (``driver_rows``); None: the caller runs the Spark job."""
-        if not self.target.applies_arrow:
-            return None  # no rows built for a target that cannot take them (Iceberg)
+        if not self.target.copies_arrow:
+            return None  # no rows built for a target that cannot take them
         rows = driver_rows(schema, reader, position)
         if rows is None:
             return None
         return self.target.write_snapshot_arrow(schema, rows, replace=replace)
+
+    def _write_files(self, schema: TableSchema, reader: ChunkRead, ranges: list[tuple[int, int]],
+                     position: Position, permits: Permits, replace: bool,
+                     counted: list[Callable[[], ValueCounts]]) -> int | None:
+        """Copy a group of chunks with tasks that write Parquet themselves into the target's
+        ``copy_sink``, registered in one commit; the chunks whose values need Spark's casts are then
+        appended through ``write_snapshot``. None (nothing done): the group takes the Spark path (a
+        target or storage without a sink, a source with per-row positions, column types Spark casts).
+        Returns the rows the table then holds."""
+        if reader.per_row_position or not takes_chunk_rows(schema, reader.routes):
+            return None
+        sink = self.target.copy_sink(schema, replace)
+        if sink is None:
+            return None
+        with permits.take(len(ranges)):  # the job's tasks read the chunks
+            results = copy_chunks_to_files(self.spark, schema, reader, ranges, position, sink)
+        written = [r.file for r in results if r.file is not None]
+        after = self.target.register_copy_files(schema, sink, written, replace)
+        rest = [ranges[r.chunk] for r in results if r.needs_spark]
+        if rest:
+            event(log, "snapshot.spark_chunks", table=schema.qualified_name, chunks=len(rest),
+                  reason="values only Spark's casts decide (infinities, BC or far-future dates, NaN numeric)")
+            with permits.take(len(rest)):
+                df = chunk_dataframe(self.spark, schema, reader, rest, position,
+                                     value_rules(schema.qualified_name, self.target, self.config.values.infinity),
+                                     counted.append)
+                after = self.target.write_snapshot(schema, df, position, replace=False)
+        return after
 
     def _merge(self, state: StateStore, row: TableRow, schema: TableSchema, df: DataFrame) -> int:
         """Merge re-copied chunks by key with the position rule (they may overlap copied rows)."""

@@ -10,8 +10,9 @@ target whichever path wrote it. A source whose chunks each have their own snapsh
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +20,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts, spark_type
@@ -135,8 +137,28 @@ def prefetched(reader: ChunkRead, start: int, end: int) -> ChunkRead:
 
 
 def driver_rows(table: TableSchema, reader: ChunkRead, position: Position) -> pa.Table | None:
-    """A ``prefetched`` chunk in the Target row shape, built here without Spark, or None when only
-    ``chunk_dataframe``'s casts give the right values (the caller then runs the Spark job).
+    """A ``prefetched`` chunk in the Target row shape, built here without Spark (``chunk_rows``), or
+    None when only ``chunk_dataframe``'s casts give the right values (the caller runs the Spark job)."""
+    batches = getattr(reader.read, "batches", None)
+    if batches is None or reader.per_row_position:
+        return None
+    return chunk_rows(table, reader.routes, batches, position.lsn)
+
+
+def takes_chunk_rows(table: TableSchema, routes: list[Route]) -> bool:
+    """Whether ``chunk_rows`` can take any chunk of ``table`` at all (its column types); a False
+    table goes to Spark whatever its values (arrays, CSV-read typed columns)."""
+    for col, route in zip(table.columns, routes, strict=True):
+        if route is Route.TEXT and col.type.kind is not TypeKind.DECIMAL \
+                and not isinstance(spark_type(col.type), StringType):
+            return False
+    return True
+
+
+def chunk_rows(table: TableSchema, routes: list[Route], batches: list[pa.RecordBatch], lsn: int
+               ) -> pa.Table | None:
+    """One chunk's reader batches in the Target row shape, built without Spark (on the driver or in a
+    copy task), or None when only ``chunk_dataframe``'s casts give the right values.
 
     Rows are built here only where the result is the very value ``chunk_dataframe`` gives, so a
     target cannot tell the paths apart:
@@ -154,17 +176,16 @@ def driver_rows(table: TableSchema, reader: ChunkRead, position: Position) -> pa
     Anything else (arrays, CSV-read typed columns, a date or timestamp past the binary range, a
     source giving each row its own position) goes through Spark.
     """
-    batches = getattr(reader.read, "batches", None)
-    if batches is None or reader.per_row_position:
+    if not takes_chunk_rows(table, routes):
         return None
     if batches:
         data = pa.Table.from_batches(batches)
     else:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        data = to_arrow_schema(_read_schema(table, reader.routes)).empty_table()
+        data = to_arrow_schema(_read_schema(table, routes)).empty_table()
     arrays, fields = [], []
-    for i, (col, route) in enumerate(zip(table.columns, reader.routes, strict=True)):
+    for i, (col, route) in enumerate(zip(table.columns, routes, strict=True)):
         value = data.column(f"c{i}")
         if route is Route.SPLIT and data.column(f"t{i}").null_count != data.num_rows:
             return None  # infinity, BC or beyond 9999: the range rules decide
@@ -173,16 +194,82 @@ def driver_rows(table: TableSchema, reader: ChunkRead, position: Position) -> pa
             if decimal is None:
                 return None
             value = decimal
-        elif route is Route.TEXT and not isinstance(spark_type(col.type), StringType):
-            return None
         arrays.append(value)
         fields.append(pa.field(col.name, value.type))
     n = data.num_rows
-    arrays += [pa.array([position.lsn] * n, pa.int64()), pa.array([0] * n, pa.int64()),
+    arrays += [pa.nulls(n, pa.int64()).fill_null(lsn), pa.nulls(n, pa.int64()).fill_null(0),
                pa.nulls(n, pa.timestamp("us", tz="UTC"))]
     fields += [pa.field(HR_LSN, pa.int64()), pa.field(HR_SEQ, pa.int64()),
                pa.field(HR_COMMIT_TS, pa.timestamp("us", tz="UTC"))]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+# What a file-writing copy task reports for each chunk: no rows, only where they went.
+FILE_RESULT = StructType([StructField("chunk", LongType(), False), StructField("path", StringType(), True),
+                          StructField("bytes", LongType(), False), StructField("rows", LongType(), False)])
+
+
+@dataclass(frozen=True)
+class ChunkFile:
+    """What a copy task did with chunk ``chunk`` (an index into the job's ranges): wrote ``file``
+    (None: an empty chunk), or left it to Spark's casts (``needs_spark``)."""
+
+    chunk: int
+    file: WrittenFile | None
+    needs_spark: bool = False
+
+
+def copy_chunks_to_files(spark: SparkSession, table: TableSchema, reader: ChunkRead,
+                         chunks: list[tuple[int, int]], position: Position, sink: FileSink) -> list[ChunkFile]:
+    """Copy ``chunks`` in one Spark job whose tasks write Parquet into ``sink`` themselves.
+
+    One task per chunk, as in ``chunk_dataframe``, but no Spark rows: each task reads its chunk,
+    builds the row shape in Arrow (``chunk_rows``) and writes it with ``pyarrow.parquet``, sending
+    the driver only the file's path, size and row count. A chunk ``chunk_rows`` refuses (a value
+    only Spark's casts decide) writes nothing and comes back ``needs_spark``, for ``chunk_dataframe``.
+    """
+    routes, read, plan, lsn = reader.routes, reader.read, list(chunks), position.lsn
+    attempt = uuid.uuid4().hex  # file names unique per job, so a retried task never meets an old file
+
+    def parts(index: int) -> Iterator[pa.Table]:
+        # Batch by batch as PostgreSQL sends them, so the write overlaps the read.
+        for batch in read(*plan[index]):
+            rows = chunk_rows(table, routes, [batch], lsn)
+            if rows is None:
+                raise _NeedsSpark
+            yield rows
+
+    def write_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Runs on an executor; the input holds the index of the chunk this partition copies.
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                path, size, count = None, 0, -1
+                try:
+                    written = sink.write_parts(parts(index), f"{attempt}-{index:05d}", empty=False)
+                except _NeedsSpark:
+                    pass  # the partial file is gone; the chunk goes to chunk_dataframe
+                else:
+                    count = 0 if written is None else written.rows
+                    if written is not None:
+                        path, size = written.path, written.bytes
+                yield pa.RecordBatch.from_pydict({"chunk": [index], "path": [path], "bytes": [size],
+                                                  "rows": [count]}, schema=_FILE_RESULT_ARROW)
+
+    descriptors = spark.range(0, len(plan), 1, numPartitions=len(plan))
+    results = descriptors.mapInArrow(write_partition, FILE_RESULT).collect()
+    out = []
+    for r in sorted(results, key=lambda r: r["chunk"]):
+        written = WrittenFile(r["path"], r["bytes"], r["rows"]) if r["path"] is not None else None
+        out.append(ChunkFile(r["chunk"], written, needs_spark=r["rows"] < 0))
+    return out
+
+
+class _NeedsSpark(Exception):
+    """A batch of the chunk holds a value only Spark's casts decide."""
+
+
+_FILE_RESULT_ARROW = pa.schema([pa.field("chunk", pa.int64(), False), pa.field("path", pa.string()),
+                                pa.field("bytes", pa.int64(), False), pa.field("rows", pa.int64(), False)])
 
 
 def _exact_decimal(text: pa.ChunkedArray, precision: int | None, scale: int | None) -> pa.ChunkedArray | None:

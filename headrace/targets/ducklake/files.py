@@ -5,6 +5,7 @@ under the lake's data path, and the folders of copies that crashed before regist
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from headrace.core.schema import TableSchema
 from headrace.targets.ducklake.types import spark_type
 
 if TYPE_CHECKING:
+    import duckdb
     from pyspark.sql import DataFrame, SparkSession
 
 SNAPSHOT_FOLDER = "_headrace_snapshot"  # under the data path; Spark's files for initial copies
@@ -84,3 +86,20 @@ def remove(folder: str) -> None:
     """Delete a local folder of snapshot files (object stores: left to DuckLake's cleanup)."""
     if "://" not in folder:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_unregistered_attempts(con: duckdb.DuckDBPyConnection, lock: threading.Lock, lake: str, root: str) -> None:
+    """Delete folders of earlier copies (under ``root``) that crashed before registering their files.
+
+    Folders that any snapshot of the lake still references stay (time travel needs them).
+    """
+    for attempt in attempt_folders(root):
+        # Attempt folders are uuid-named, so matching the name also covers paths the catalog
+        # stores relative to the data path.
+        with lock:
+            row = con.execute(
+                f"SELECT count(*) FROM __ducklake_metadata_{lake}.ducklake_data_file WHERE contains(path, ?)",
+                [attempt.name + "/"],
+            ).fetchone()
+        if row is None or row[0] == 0:
+            remove(str(attempt))

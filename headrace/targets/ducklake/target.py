@@ -16,6 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from headrace.core.errors import SchemaChangeError
+from headrace.core.filesink import FileSink, WrittenFile, open_folder
 from headrace.core.interfaces import Target
 from headrace.core.keyless import net_row_changes
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
@@ -42,7 +43,8 @@ class DuckLakeTarget(Target):
 
     name = "ducklake"
     keeps_infinity = True  # DuckDB has infinite dates and timestamps
-    applies_arrow = True  # batches and copies commit in DuckDB: rows built on the driver need no Spark
+    applies_arrow = True  # batches commit in DuckDB: rows built on the driver need no Spark
+    copies_arrow = True  # so do small copies (``write_snapshot_arrow``)
     stores_cursor = True
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
@@ -83,34 +85,48 @@ class DuckLakeTarget(Target):
         return str(TableName(self._schema(table), table.target_table))
 
     def write_snapshot(self, table: TableSchema, rows: DataFrame, position: Position, replace: bool = True) -> int:
-        """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in.
-
-        Tables whose types Spark writes as DuckLake stores them get the files registered with
-        ``ducklake_add_data_files`` (no rewrite). Tables with UUID/JSON/TIME columns
-        (text in Spark) are copied by DuckDB itself with ``INSERT ... SELECT`` casts from the
-        same files (no rows through Python); the files are then deleted.
-        """
+        """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in
+        (``register_copy_files``)."""
         self.ensure_table(table)
-        root = files.snapshot_root(self.settings.data_path, self._schema(table), table.target_table)
-        self._remove_unregistered_attempts(root)
-        folder = f"{root}/{uuid.uuid4().hex}"
+        folder = self._attempt_folder(table)
         files.write_parquet(self.spark, table, rows, folder)
-        direct = all(registers_directly(c.type) for c in table.columns)
         with self._lock:
-            written = [
-                r[0]
-                for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()
-            ]
-            with self._transaction(table):
-                self._clear_for_copy(table, replace)
-                if written and direct:
-                    self._con.execute(
-                        "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",
-                        [L, table.target_table, written, self._schema(table)],
-                    )
-                elif written:
-                    self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
-                count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
+            written = [r[0] for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()]
+        return self._register(table, folder, written, replace)
+
+    def copy_sink(self, table: TableSchema, replace: bool) -> FileSink | None:
+        """A new attempt folder (as ``write_snapshot``'s); None where ``pyarrow.fs`` cannot reach it."""
+        folder = self._attempt_folder(table)
+        opened = open_folder(folder)
+        return FileSink(folder, *opened) if opened is not None else None
+
+    def register_copy_files(self, table: TableSchema, sink: FileSink, written: list[WrittenFile],
+                            replace: bool) -> int:
+        """Register a copy's files as ``write_snapshot`` does Spark's."""
+        return self._register(table, sink.location, [w.path for w in written], replace)
+
+    def _attempt_folder(self, table: TableSchema) -> str:
+        """A new folder for one copy attempt's files; earlier attempts' unregistered folders go."""
+        root = files.snapshot_root(self.settings.data_path, self._schema(table), table.target_table)
+        files.remove_unregistered_attempts(self._con, self._lock, L, root)
+        return f"{root}/{uuid.uuid4().hex}"
+
+    def _register(self, table: TableSchema, folder: str, written: list[str], replace: bool) -> int:
+        """One DuckLake transaction swaps (or adds) the Parquet files ``written`` in: registered with
+        ``ducklake_add_data_files`` (no rewrite), or for tables with UUID/JSON/TIME columns (text in
+        the row shape) copied by DuckDB with ``INSERT ... SELECT`` casts (no rows through Python), the
+        files then deleted."""
+        direct = all(registers_directly(c.type) for c in table.columns)
+        with self._lock, self._transaction(table):
+            self._clear_for_copy(table, replace)
+            if written and direct:
+                self._con.execute(
+                    "CALL ducklake_add_data_files(?, ?, ?, schema => ?)",
+                    [L, table.target_table, written, self._schema(table)],
+                )
+            elif written:
+                self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
+            count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
         if not direct:
             files.remove(folder)
         return int(count)
@@ -379,20 +395,3 @@ class DuckLakeTarget(Target):
         known = {*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS}
         return [r[0] for r in self._con.execute(f"DESCRIBE {self._qualified(table)}").fetchall()
                 if r[0] not in known]
-
-    def _remove_unregistered_attempts(self, root: str) -> None:
-        """Delete folders of earlier copies that crashed before registering their files.
-
-        Folders that any snapshot of the lake still references stay (time travel needs them).
-        """
-        for attempt in files.attempt_folders(root):
-            # Attempt folders are uuid-named, so matching the name also covers paths the catalog
-            # stores relative to the data path.
-            with self._lock:
-                row = self._con.execute(
-                    f"SELECT count(*) FROM __ducklake_metadata_{L}.ducklake_data_file WHERE contains(path, ?)",
-                    [attempt.name + "/"],
-                ).fetchone()
-            used = row is not None and row[0] > 0
-            if not used:
-                files.remove(str(attempt))

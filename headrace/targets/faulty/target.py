@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headrace.core.errors import TerminalError, TransientError
+from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
@@ -50,6 +51,7 @@ class FaultyTarget(Target):
         self.keeps_infinity = inner.keeps_infinity
         self.stores_cursor = inner.stores_cursor
         self.applies_arrow = inner.applies_arrow
+        self.copies_arrow = inner.copies_arrow
         self._lock = threading.Lock()  # the run loop, the copy thread and a test call in concurrently
         self._armed = [_Armed(f, f.times) for f in faults]
         self.injected: list[tuple[str, str]] = []  # (call, table) of every failure injected so far
@@ -108,6 +110,16 @@ class FaultyTarget(Target):
         """The inner target's, unless a fault on ``write_snapshot`` fails it (the same step to a user)."""
         self._maybe_fail("write_snapshot", table)
         return self.inner.write_snapshot_arrow(table, rows, replace)
+
+    def copy_sink(self, table: TableSchema, replace: bool) -> FileSink | None:
+        """The inner target's."""
+        return self.inner.copy_sink(table, replace)
+
+    def register_copy_files(self, table: TableSchema, sink: FileSink, written: list[WrittenFile],
+                            replace: bool) -> int:
+        """The inner target's, unless a fault on ``write_snapshot`` fails it (the same step to a user)."""
+        self._maybe_fail("write_snapshot", table)
+        return self.inner.register_copy_files(table, sink, written, replace)
 
     def apply_batch(self, table: TableSchema, changes: DataFrame, truncate_before: Position | None,
                     log_offset: int) -> None:

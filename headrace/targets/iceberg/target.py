@@ -22,13 +22,15 @@ import operator
 import threading
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, TimestampType
+from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from headrace.core.errors import ConfigError, SchemaChangeError
+from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
@@ -36,12 +38,15 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
-from headrace.targets.iceberg import maintenance
+from headrace.targets.iceberg import files, maintenance
 from headrace.targets.iceberg.catalog import spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.keyless import KeylessApply
 from headrace.targets.iceberg.merge import BatchBounds, merge_statement
 from headrace.targets.iceberg.session import JDBC_DRIVER_JAR
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 WRITE_MODE = "merge-on-read"
 
@@ -71,6 +76,7 @@ class IcebergTarget(Target):
     """Keeps one Iceberg table per source table in a warehouse, tracked by a Hadoop or JDBC catalog."""
 
     name = "iceberg"
+    copies_arrow = True  # small copies: pyarrow writes the file, Iceberg's Java API commits it (``files``)
 
     def __init__(self, spark: SparkSession, settings: IcebergConfig, pipeline: str) -> None:
         self.spark = spark
@@ -165,6 +171,34 @@ class IcebergTarget(Target):
             writer.append()
             return int(self.spark.table(name).count())
         return int(written.get["rows"])
+
+    def copy_sink(self, table: TableSchema, replace: bool) -> FileSink | None:
+        """Where a copy's tasks write Parquet for ``files.register`` (``files.copy_sink``); None when the
+        copy must go through Spark: a replace in a new shape, or a warehouse out of pyarrow's reach."""
+        # A later part of a copy finds the table its first part made: no CREATE to run again.
+        name = self.ensure_table(table) if replace else self.table_name(table)
+        if replace and not self._shape_matches(table, name):
+            return None
+        return files.copy_sink(self.spark, name, table)
+
+    def register_copy_files(self, table: TableSchema, sink: FileSink, written: list[WrittenFile],
+                            replace: bool) -> int:
+        """Commit a copy's files through Iceberg's Java API in one snapshot (``files.register``)."""
+        return files.register(self.spark, self.table_name(table), written, replace)
+
+    def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
+        """A small copy already on the driver: pyarrow writes it into the table's data folder and one
+        Iceberg commit registers it, no Spark job (the table created first if missing)."""
+        sink = self.copy_sink(table, replace)
+        if sink is None:  # rare (see copy_sink): the rows go through Spark after all
+            fields = [StructField(c.name, spark_type(c.type)) for c in table.columns]
+            fields += [StructField(HR_LSN, LongType()), StructField(HR_SEQ, LongType()),
+                       StructField(HR_COMMIT_TS, TimestampType())]
+            columns = rows.to_pydict()
+            df = self.spark.createDataFrame(list(zip(*columns.values(), strict=True)), StructType(fields))
+            return self.write_snapshot(table, df, Position(0, 0), replace)
+        return self.register_copy_files(table, sink, [sink.write(rows, uuid.uuid4().hex)] if rows.num_rows else [],
+                                        replace)
 
     def apply_batch(
         self,

@@ -1,0 +1,129 @@
+"""Where an initial copy's Parquet files go when they are written without Spark's writer.
+
+A target that registers files it did not write (Iceberg through its Java API, DuckLake with
+``ducklake_add_data_files``) hands out a ``FileSink``: a folder of its data location, the
+``pyarrow.fs`` filesystem that reaches it, and what the files must carry (Iceberg's field ids).
+The sink is picklable, so a copy's Spark task writes its chunk itself (Arrow straight to Parquet,
+no Spark rows) and sends the driver only a ``WrittenFile``; the target then registers every file
+of a group in one commit. A file that no commit registered (a crash in between) is an orphan: the
+target's own cleanup removes it (Iceberg's ``remove_orphan_files``, DuckLake's attempt folders).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+FIELD_ID = b"PARQUET:field_id"  # Arrow field metadata pyarrow writes as the Parquet field id
+# Parquet codecs by the names Iceberg's ``write.parquet.compression-codec`` uses.
+ROW_GROUP_ROWS = 262_144  # rows a Parquet row group holds at most (batches are gathered up to it)
+CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "uncompressed": "none"}
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One Parquet file a sink wrote: its location as the target names it, size and rows."""
+
+    path: str
+    bytes: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class FileSink:
+    """A folder the copy writes Parquet into (module docstring).
+
+    ``location``: the folder as the target names it (registered paths start with it); ``fs_path``:
+    the same folder for ``filesystem``. ``field_ids``: column name -> Iceberg field id, or empty.
+    """
+
+    location: str
+    filesystem: pafs.FileSystem
+    fs_path: str
+    field_ids: dict[str, int] = field(default_factory=dict)
+    compression: str = "zstd"
+
+    def write(self, rows: pa.Table, stem: str) -> WrittenFile:
+        """Write ``rows`` (the row shape, as ``snapshot_job.chunk_rows`` builds it) as ``<stem>.parquet``."""
+        written = self.write_parts(iter([rows]), stem)
+        assert written is not None
+        return written
+
+    def write_parts(self, parts: Iterator[pa.Table], stem: str, empty: bool = True) -> WrittenFile | None:
+        """Write the row-shape tables ``parts`` as they come into one file ``<stem>.parquet`` (a chunk
+        written while PostgreSQL still sends it); None when they hold no rows and not ``empty``.
+
+        Decimals are stored as integers where they fit (Iceberg's spec, and what Spark writes);
+        timestamps keep microseconds; every column carries its field id when the target has them.
+        An exception from ``parts`` removes the partial file and goes on up.
+        """
+        path = f"{self.fs_path}/{stem}.parquet"
+        writer: pq.ParquetWriter | None = None
+        pending: list[pa.Table] = []
+        rows = 0
+        try:
+            for part in itertools.chain(parts, [None]):
+                if part is not None:
+                    pending.append(self._with_ids(part))
+                    rows += part.num_rows
+                if part is None and writer is None and not (rows or empty):
+                    return None
+                if pending and (part is None or sum(p.num_rows for p in pending) >= ROW_GROUP_ROWS):
+                    block = pa.concat_tables(pending)
+                    pending = []
+                    if writer is None:
+                        writer = pq.ParquetWriter(path, block.schema, filesystem=self.filesystem,
+                                                  compression=self.compression, store_decimal_as_integer=True,
+                                                  coerce_timestamps="us", write_statistics=True)
+                    writer.write_table(block, row_group_size=ROW_GROUP_ROWS)
+            if writer is None:
+                return None
+            writer.close()
+            writer = None
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            with contextlib.suppress(OSError):
+                self.filesystem.delete_file(path)
+            raise
+        size = self.filesystem.get_file_info(path).size
+        return WrittenFile(f"{self.location.rstrip('/')}/{stem}.parquet", int(size or 0), rows)
+
+    def _with_ids(self, rows: pa.Table) -> pa.Table:
+        """``rows`` with each column's field id, when the target has them."""
+        if not self.field_ids:
+            return rows
+        missing = [n for n in rows.column_names if n not in self.field_ids]
+        if missing:
+            raise ValueError(f"columns {missing} have no field id in the target table; the copy must go"
+                             " through Spark")
+        schema = pa.schema([f.with_metadata({FIELD_ID: str(self.field_ids[f.name]).encode()}) for f in rows.schema])
+        return pa.Table.from_arrays(rows.columns, schema=schema)
+
+
+def open_folder(location: str) -> tuple[pafs.FileSystem, str] | None:
+    """The ``pyarrow.fs`` filesystem and path for folder ``location`` (a local path, ``file:`` URI or
+    a URI pyarrow knows), created if missing; None where pyarrow cannot reach it (``s3a://`` and
+    other Hadoop-only schemes): the copy then keeps Spark's writer."""
+    scheme = urlparse(location).scheme
+    try:
+        if scheme in ("", "file"):
+            path = location[len("file:"):] if scheme == "file" else location
+            while path.startswith("//"):  # file:///x and file:/x name the same folder
+                path = path[1:]
+            filesystem: pafs.FileSystem = pafs.LocalFileSystem()
+        elif scheme in ("s3", "gs", "gcs", "hdfs", "abfs", "abfss", "az"):
+            filesystem, path = pafs.FileSystem.from_uri(location)
+        else:
+            return None
+        filesystem.create_dir(path, recursive=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
+        return None
+    return filesystem, path.rstrip("/")
