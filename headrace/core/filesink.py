@@ -109,9 +109,13 @@ class FileSink:
 
 
 def open_folder(location: str) -> tuple[pafs.FileSystem, str] | None:
-    """The ``pyarrow.fs`` filesystem and path for folder ``location`` (a local path, ``file:`` URI or
-    a URI pyarrow knows), created if missing; None where pyarrow cannot reach it (``s3a://`` and
-    other Hadoop-only schemes): the copy then keeps Spark's writer."""
+    """The ``pyarrow.fs`` filesystem and path for folder ``location`` (a local path or ``file:`` URI),
+    created if missing; None for any other scheme: the copy then keeps Spark's writer.
+
+    Object stores (``s3``, ``gs``, ``hdfs``, ...) are left to Spark on purpose: pyarrow would find
+    its credentials its own way (environment, instance metadata), not from the Spark configuration
+    the target's files are written with, and could write as another account; and it is untested.
+    """
     scheme = urlparse(location).scheme
     try:
         if scheme in ("", "file"):
@@ -119,8 +123,6 @@ def open_folder(location: str) -> tuple[pafs.FileSystem, str] | None:
             while path.startswith("//"):  # file:///x and file:/x name the same folder
                 path = path[1:]
             filesystem: pafs.FileSystem = pafs.LocalFileSystem()
-        elif scheme in ("s3", "gs", "gcs", "hdfs", "abfs", "abfss", "az"):
-            filesystem, path = pafs.FileSystem.from_uri(location)
         else:
             return None
         filesystem.create_dir(path, recursive=True)
