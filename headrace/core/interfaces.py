@@ -43,9 +43,10 @@ class Target(ABC):
     # True when the target stores infinite dates and timestamps (DuckDB's largest int32 day and
     # int64 microsecond, which the row shape's Spark values carry through unchanged).
     keeps_infinity: bool = False
-    # True when the target takes rows built on the driver as Arrow, with no Spark job:
-    # ``apply_arrow_batch`` (change batches) and ``write_snapshot_arrow`` (small copies).
+    # True when the target takes change batches built on the driver as Arrow (``apply_arrow_batch``).
     applies_arrow: bool = False
+    # True when the target takes small copies built on the driver as Arrow (``write_snapshot_arrow``).
+    copies_arrow: bool = False
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:
@@ -63,7 +64,7 @@ class Target(ABC):
     def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
         """``write_snapshot`` for a small copy already on the driver: ``rows`` in the row shape as
         Arrow (the types Spark's ``toArrow`` gives for it), written without a Spark job. Only targets
-        with ``applies_arrow`` implement it."""
+        with ``copies_arrow`` implement it."""
         raise NotImplementedError(f"target {self.name} writes copies through Spark only")
 
     @abstractmethod

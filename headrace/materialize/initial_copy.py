@@ -253,9 +253,9 @@ class InitialCopy:
 
     def _write_on_driver(self, schema: TableSchema, reader: ChunkRead, position: Position, replace: bool
                          ) -> int | None:
-        """Write a chunk read on the driver with no Spark job, where the target can (``applies_arrow``)
+        """Write a chunk read on the driver with no Spark job, where the target can (``copies_arrow``)
         and the values need none of Spark's casts (``driver_rows``); None: the caller runs the Spark job."""
-        if not self.target.applies_arrow:
+        if not self.target.copies_arrow:
             return None  # no rows built for a target that cannot take them (Iceberg)
         rows = driver_rows(schema, reader, position)
         if rows is None:

@@ -43,6 +43,7 @@ class DuckLakeTarget(Target):
     name = "ducklake"
     keeps_infinity = True  # DuckDB has infinite dates and timestamps
     applies_arrow = True  # batches and copies commit in DuckDB: rows built on the driver need no Spark
+    copies_arrow = True
     stores_cursor = True
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:

@@ -50,6 +50,7 @@ class FaultyTarget(Target):
         self.keeps_infinity = inner.keeps_infinity
         self.stores_cursor = inner.stores_cursor
         self.applies_arrow = inner.applies_arrow
+        self.copies_arrow = inner.copies_arrow
         self._lock = threading.Lock()  # the run loop, the copy thread and a test call in concurrently
         self._armed = [_Armed(f, f.times) for f in faults]
         self.injected: list[tuple[str, str]] = []  # (call, table) of every failure injected so far
