@@ -45,9 +45,8 @@ from headrace.core.schema import TableSchema
 # 10M rows took 14.3-14.6 s of JVM CPU with the list, 18.3-19.5 s without.
 KEY_LIST_LIMIT = 50_000
 # Iceberg's file pruning (``InclusiveMetricsEvaluator``) reads an IN of at most 200 values; a longer
-# list prunes no file, and only pays back its planning on a large table. Measured with the freshness
-# bench (10 tables of ~2,000 rows, ~35 changes a batch per table... see docs/benchmarks.md): a list of
-# 300-500 keys made each batch ~0.8 s slower.
+# list prunes no file, and only pays back its planning (and, on the Spark path, the job collecting the
+# keys) on a large table, where it keeps the table's keys out of the shuffle.
 PRUNED_LIST_LIMIT = 200
 # A table at least this large (total-records of its current snapshot) gets the list up to
 # KEY_LIST_LIMIT: the 10M-row table-size bench is where it saved the shuffle.
