@@ -8,6 +8,7 @@ tables) is in test_contract.py.
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
@@ -144,3 +145,25 @@ def test_a_batch_built_on_the_driver_writes_what_the_spark_batch_writes(
     target.apply_batch(TABLE, batch_df(spark, TABLE, truncated), Position(600, 0), 9)
     target.apply_arrow_batch(twin, to_arrow(batch_df(spark, twin, truncated)), Position(600, 0), 9)
     assert rows_of(target, twin) == rows_of(target, TABLE) == {5: (5, "after", None, None, "d", 600, 1)}
+
+
+def test_a_first_batch_on_a_fresh_thread_finds_its_catalog(spark: SparkSession, target: IcebergTarget) -> None:
+    """The first use of a catalog from an apply worker's thread (as after a restart, with the table
+    streaming already): the table-size lookup must not fall back to spark_catalog."""
+    target.write_snapshot(TABLE, snapshot_df(spark, TABLE, SNAPSHOT), Position(100))
+    settings = target.settings.model_copy(update={"catalog_name": f"hr_ice_{next(_catalogs)}"})
+    fresh = IcebergTarget(spark, settings, pipeline="p")
+    batch = to_arrow(batch_df(spark, TABLE, [("I", 200, 0, None, 9, "nine", None, None, "d9")]))
+    errors: list[BaseException] = []
+
+    def first_batch() -> None:
+        try:
+            fresh.apply_arrow_batch(TABLE, batch, None, 1)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=first_batch)
+    worker.start()
+    worker.join()
+    assert not errors, errors
+    assert rows_of(fresh, TABLE)[9] == (9, "nine", None, None, "d9", 200, 0)

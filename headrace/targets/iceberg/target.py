@@ -241,8 +241,12 @@ class IcebergTarget(Target):
         (metadata the catalog has loaded: a py4j call, no job). Deleted rows still count until
         compaction: a heuristic, it only decides whether the MERGE lists the batch's keys."""
         jvm: Any = self.spark.sparkContext._jvm
-        snapshot = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, name) \
-            .currentSnapshot()
+        session = self.spark._jsparkSession
+        # Spark loads a catalog on first use with the conf of the thread's active session; an apply
+        # worker's JVM thread has none until a query sets it, and Iceberg's lookup then silently falls
+        # back to spark_catalog (the first batch after a restart failed so). Spark SQL sets it per query.
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
+        snapshot = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, name).currentSnapshot()
         records = snapshot.summary().get("total-records") if snapshot is not None else None
         return records is not None and int(records) >= LARGE_TABLE_RECORDS
 
