@@ -202,7 +202,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
     ap.add_argument("--flush-seconds", type=float, default=1.0, help="staging.flush_seconds")
-    ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (DuckLake; 0: every batch"
+    ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")
     ap.add_argument("--pgbench-minutes", type=float, help="pgbench mode: run pgbench this long instead")
     ap.add_argument("--pgbench-scale", type=int, default=10)

@@ -258,9 +258,10 @@ class ApplyConfig(_Frozen):
                              " jobs from several driver threads, each in its own FAIR scheduler pool), one"
                              " batch per table at a time; 1 applies one table after another")
     driver_batch_rows: int = Field(
-        DEFAULT_DRIVER_BATCH_ROWS, ge=0, description="a DuckLake batch of at most this many staged rows is"
+        DEFAULT_DRIVER_BATCH_ROWS, ge=0, description="a keyed batch of at most this many staged rows is"
         " read, deduplicated and cast by DuckDB on the driver instead of a Spark job (the same values; a"
-        " value it cannot cast exactly goes through Spark); 0 sends every batch through Spark")
+        " value it cannot cast exactly goes through Spark): DuckLake then commits it in DuckDB, Iceberg"
+        " MERGEs it from a local relation; 0 sends every batch through Spark")
 
 
 class SchemaChangesConfig(_Frozen):

@@ -1,6 +1,6 @@
-"""End to end on DuckLake: small batches are built on the driver (no Spark job), a batch with a value
-only Spark casts goes through Spark, and the lake equals the source, read back by a DuckDB that
-knows nothing of headrace."""
+"""End to end on DuckLake and Iceberg: small batches are built on the driver (no Spark job to build
+them), a batch with a value only Spark casts goes through Spark, and the target equals the source,
+read back by a DuckDB that knows nothing of headrace."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from headrace.pipeline import Pipeline
+from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.targets.ducklake.config import DuckLakeConfig
+from headrace.targets.iceberg.config import IcebergConfig
 from tests.e2e.helpers import assert_same, make_config
 from tests.e2e.test_pipeline import run_caught_up
 from tests.targets.test_ducklake_target import plain_duckdb
@@ -22,8 +25,9 @@ def _batches(pipeline: Pipeline, path: str) -> float:
     return float(pipeline.metrics.batches.labels("public.kinds", path)._value.get())
 
 
-def test_small_batches_skip_spark_and_the_lake_equals_the_source(source_dsn: str, tmp_path: Path,
-                                                                 spark: Any) -> None:
+@pytest.mark.parametrize("kind", ["ducklake", "iceberg"])
+def test_small_batches_skip_spark_and_the_target_equals_the_source(source_dsn: str, tmp_path: Path, spark: Any,
+                                                                   kind: str) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE kinds (id int PRIMARY KEY, n numeric(10,2), f float8, t text, d date,"
                      " ts timestamptz, b bytea, a int[], u uuid, j jsonb, big text);"
@@ -31,7 +35,7 @@ def test_small_batches_skip_spark_and_the_lake_equals_the_source(source_dsn: str
                      "INSERT INTO kinds SELECT g, g / 3.0, g * 0.1, 'r' || g, DATE '2000-01-01' + g,"
                      " TIMESTAMPTZ '2020-01-01 00:00+00' + g * INTERVAL '1 second', '\\x01', ARRAY[g, NULL],"
                      " gen_random_uuid(), '{\"k\": 1}', NULL FROM generate_series(1, 20) g")
-    config = make_config(source_dsn, tmp_path, ["public.kinds"], "ducklake", apply={"driver_batch_rows": 25})
+    config = make_config(source_dsn, tmp_path, ["public.kinds"], kind, apply={"driver_batch_rows": 25})
     pipeline = Pipeline(config, spark=spark)
     run_caught_up(pipeline)
     rounds = [
@@ -59,13 +63,17 @@ def test_small_batches_skip_spark_and_the_lake_equals_the_source(source_dsn: str
         if "BC" not in sql:
             assert_same(pipeline, source_dsn, "public.kinds")
     assert _batches(pipeline, "driver") >= 3 and _batches(pipeline, "spark") >= 2
+    query = "SELECT id, n::varchar, t, a, j::varchar, length(big) FROM {} ORDER BY id"
     settings = config.target.settings
-    assert isinstance(settings, DuckLakeConfig)
-    pipeline.target.close()  # one process attaches a DuckDB file once
-    con = plain_duckdb(settings)
+    if isinstance(settings, IcebergConfig):
+        con = duckdb_with("avro", "iceberg")
+        where = f"iceberg_scan('{iceberg_metadata_location(settings, 'public', 'kinds')}')"
+    else:
+        assert isinstance(settings, DuckLakeConfig)
+        pipeline.target.close()  # one process attaches a DuckDB file once
+        con, where = plain_duckdb(settings), "lake.public.kinds"
     try:
-        got = con.execute("SELECT id, n::varchar, t, a, j::varchar, length(big) FROM lake.public.kinds"
-                          " ORDER BY id").fetchall()
+        got = con.execute(query.format(where)).fetchall()
     finally:
         con.close()
     with psycopg.connect(source_dsn) as conn:

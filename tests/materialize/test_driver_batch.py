@@ -1,4 +1,5 @@
-"""Batches built by DuckDB on the driver equal Spark's, value for value, or go to Spark.
+"""Batches built by DuckDB on the driver equal Spark's, value for value, or go to Spark; and reach
+Spark again (Iceberg's ``arrow_frame``) with every value unchanged.
 
 The type matrix of the e2e test (every awkward PostgreSQL value, as PostgreSQL prints it for the
 change stream) goes through both paths under each ``values.infinity`` policy, with and without a
@@ -27,6 +28,8 @@ from headrace.materialize.batch import read_change_batch
 from headrace.materialize.driver_batch import DriverFallback, driver_refusal, read_driver_batch
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.targets.ducklake.files import to_arrow
+from headrace.targets.iceberg.arrow_frame import arrow_frame
+from headrace.targets.iceberg.target import batch_struct
 from tests.e2e.test_type_matrix import CELLS, DDL, MATRIX
 
 K = TypeKind
@@ -136,6 +139,12 @@ def test_every_awkward_value_casts_as_spark_casts_it_or_goes_to_spark(
                 problems.append(f"row {mine['id']} {name}: driver {str(mine[name])[:60]!r}, spark"
                                 f" {str(spark_row[name])[:60]!r}")
     assert not problems, "\n".join(problems)
+    # Iceberg's route into Spark for the same rows (a local relation from the Arrow batches) keeps
+    # every value bit for bit: read back through Spark, the driver's rows again.
+    back = to_arrow(arrow_frame(spark, ours, batch_struct(schema)))
+    assert [(f.name, f.type) for f in back.schema] == [(f.name, f.type) for f in ours.schema]
+    assert all(_same_values(a[n], b[n]) for a, b in zip(_sorted(back, ["id"]), _sorted(ours, ["id"]), strict=True)
+               for n in ours.schema.names)
     # What goes to Spark: only values outside the ordinary forms (BC and far-future dates and
     # timestamps, infinity on a target without it, NaN/Infinity in a fixed-scale array element...).
     fallback_columns = {cell[0] for cell, _ in refused}

@@ -1,4 +1,5 @@
-"""What only IcebergTarget has: its table names and its catalog bound to one warehouse.
+"""What only IcebergTarget has: its table names, its catalog bound to one warehouse, its bounded MERGE
+and its batches built on the driver.
 
 What every target does (snapshot, changes, TOAST, replays, truncates, composite keys, keyless
 tables) is in test_contract.py.
@@ -7,6 +8,9 @@ tables) is in test_contract.py.
 from __future__ import annotations
 
 import itertools
+import threading
+from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -15,10 +19,12 @@ from pyspark.sql import SparkSession
 from headrace.core.errors import ConfigError
 from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.position import Position
+from headrace.core.rows import unchanged_token
+from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
-from tests.targets.conftest import batch_df, rows_of
-from tests.targets.test_contract import TABLE
+from tests.targets.conftest import batch_df, rows_of, snapshot_df
+from tests.targets.test_contract import SNAPSHOT, TABLE
 
 _catalogs = itertools.count()
 
@@ -109,3 +115,55 @@ def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, target: Iceb
     assert len(ranges) > 1
     assert all(hi < next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:], strict=False)), ranges
     assert {r[0]: r for r in rows_of(target, TABLE).values()} == before
+
+
+def test_a_batch_built_on_the_driver_writes_what_the_spark_batch_writes(
+    spark: SparkSession, target: IcebergTarget
+) -> None:
+    """``apply_arrow_batch`` (bounds from Arrow, the batch as a local relation) and ``apply_batch``
+    leave the same rows after the same batches: TOAST columns left unchanged, deletes, a batch of
+    more keys than the MERGE lists, a replay, a truncate."""
+    twin = replace(TABLE, oid=TABLE.oid + 1, name="orders_twin")
+    doc, odd = unchanged_token("doc"), unchanged_token("odd name, `quoted`")
+    batches = [
+        [("U", 200, 0, doc, 1, "one", Decimal("-0.0001"), ["y"], None),
+         ("U", 200, 1, f"{doc},{odd}", 2, None, None, None, None),
+         ("D", 200, 2, None, 3, None, None, None, None),
+         ("I", 200, 3, None, 7, "h\u00e9 \u2603 'q'", Decimal("99999999999999.9999"), [None, ""], "d7")],
+        [("I", 300, i, None, 1000 + i, f"n{i}", Decimal(i), None, f"doc{i}") for i in range(250)]
+        + [("U", 300, 250, doc, 2, "again", None, ["z"], None)],
+    ]
+    for table in (TABLE, twin):
+        target.write_snapshot(table, snapshot_df(spark, table, SNAPSHOT), Position(100))
+    for offset, rows in enumerate(batches + batches[:1], start=1):  # the first again: a replay
+        target.apply_batch(TABLE, batch_df(spark, TABLE, rows), None, offset)
+        target.apply_arrow_batch(twin, to_arrow(batch_df(spark, twin, rows)), None, offset)
+    assert rows_of(target, twin) == rows_of(target, TABLE)
+    assert rows_of(target, twin)[1] == (1, "one", Decimal("-0.0001"), ["y"], "big1", 200, 0)
+    assert len(rows_of(target, twin)) == len(SNAPSHOT) - 1 + 1 + 250
+    truncated = [("I", 600, 1, None, 5, "after", None, None, "d")]
+    target.apply_batch(TABLE, batch_df(spark, TABLE, truncated), Position(600, 0), 9)
+    target.apply_arrow_batch(twin, to_arrow(batch_df(spark, twin, truncated)), Position(600, 0), 9)
+    assert rows_of(target, twin) == rows_of(target, TABLE) == {5: (5, "after", None, None, "d", 600, 1)}
+
+
+def test_a_first_batch_on_a_fresh_thread_finds_its_catalog(spark: SparkSession, target: IcebergTarget) -> None:
+    """The first use of a catalog from an apply worker's thread (as after a restart, with the table
+    streaming already): the table-size lookup must not fall back to spark_catalog."""
+    target.write_snapshot(TABLE, snapshot_df(spark, TABLE, SNAPSHOT), Position(100))
+    settings = target.settings.model_copy(update={"catalog_name": f"hr_ice_{next(_catalogs)}"})
+    fresh = IcebergTarget(spark, settings, pipeline="p")
+    batch = to_arrow(batch_df(spark, TABLE, [("I", 200, 0, None, 9, "nine", None, None, "d9")]))
+    errors: list[BaseException] = []
+
+    def first_batch() -> None:
+        try:
+            fresh.apply_arrow_batch(TABLE, batch, None, 1)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=first_batch)
+    worker.start()
+    worker.join()
+    assert not errors, errors
+    assert rows_of(fresh, TABLE)[9] == (9, "nine", None, None, "d9", 200, 0)

@@ -11,10 +11,14 @@ bound it, both found by one small aggregate over the (persisted) batch (``BatchB
   columns (Parquet is columnar, so the other columns are never read).
 - Only the rows the batch can match: target-only conditions in the ON clause filter the scan. A
   range on the key's first column (``>= min AND <= max``) lets Iceberg skip data files by their
-  column statistics; the list of the batch's keys (up to ``KEY_LIST_LIMIT``) drops every other row
-  before the join, so the shuffle carries the batch's rows instead of the table's. Neither changes
-  the result: a source row's key always satisfies both, and a target row that fails them had no
-  source row to match.
+  column statistics; the list of the batch's keys drops every other row before the join, so the
+  shuffle carries the batch's rows instead of the table's. Neither changes the result: a source
+  row's key always satisfies both, and a target row that fails them had no source row to match.
+
+The list is SQL text Spark parses and plans, which costs more than it saves on a small table: it is
+written only where Iceberg prunes files by it (at most ``PRUNED_LIST_LIMIT`` values) or where the
+table is large (``LARGE_TABLE_RECORDS``, from the snapshot summary: metadata, no job). A batch built
+on the driver (``BatchBounds.of_arrow``) has its bounds for free, with no Spark job at all.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -38,6 +44,13 @@ from headrace.core.schema import TableSchema
 # filters rows ahead of the join, which saves shuffling the table's key columns: a 25K-key batch into
 # 10M rows took 14.3-14.6 s of JVM CPU with the list, 18.3-19.5 s without.
 KEY_LIST_LIMIT = 50_000
+# Iceberg's file pruning (``InclusiveMetricsEvaluator``) reads an IN of at most 200 values; a longer
+# list prunes no file, and only pays back its planning (and, on the Spark path, the job collecting the
+# keys) on a large table, where it keeps the table's keys out of the shuffle.
+PRUNED_LIST_LIMIT = 200
+# A table at least this large (total-records of its current snapshot) gets the list up to
+# KEY_LIST_LIMIT: the 10M-row table-size bench is where it saved the shuffle.
+LARGE_TABLE_RECORDS = 1_000_000
 
 
 def string_literal(text: str) -> str:
@@ -71,33 +84,66 @@ class BatchBounds:
     key_list: tuple[str, ...] | None  # SQL literals of every first-key-column value, when few
 
     @classmethod
-    def of(cls, table: TableSchema, batch: DataFrame) -> BatchBounds:
+    def of(cls, table: TableSchema, batch: DataFrame, large: bool) -> BatchBounds:
         """One aggregate over ``batch`` (persist it first: the MERGE reads it again), and one narrow
-        read of its keys when there are several and at most ``KEY_LIST_LIMIT``."""
+        read of its keys when the list is worth writing (``list_limit``). ``large``: the target table
+        holds at least ``LARGE_TABLE_RECORDS``."""
         first = table.key[0]
         key = F.col(quote_spark(first))
         kind = batch.schema[first].dataType
         pieces = F.flatten(F.collect_list(F.split(F.col(HR_UNCHANGED), ",")))
         row = batch.agg(F.count(F.lit(1)), F.min(key), F.max(key), F.array_distinct(pieces)).first()
         assert row is not None  # an aggregate without grouping has one row
-        rows, least, greatest, named = int(row[0]), row[1], row[2], set(row[3] or ())
-        # The list holds each column's token (names escaped: ``unchanged_token``); a token no column
-        # has (staged by an older version, which did not escape): assume any column is unchanged.
-        by_token = {unchanged_token(c.name): c.name for c in table.columns}
-        unchanged = frozenset(by_token[t] for t in named) if named <= by_token.keys() else None
+        rows, least, greatest = int(row[0]), row[1], row[2]
+        unchanged = _unchanged_columns(table, set(row[3] or ()))
         low, high = _literal(least, kind), _literal(greatest, kind)
         if low is None or high is None:
             return cls(rows, unchanged, None, None)
         key_list: tuple[str, ...] | None = None
         if low == high:
             key_list = (low,)  # one value (a one-row change): no need to read the keys
-        elif rows <= KEY_LIST_LIMIT:
+        elif rows <= list_limit(large):
             # One row per key after deduplication: a plain narrow read of the persisted batch.
-            literals = [_literal(v, kind) for v in dict.fromkeys(r[0] for r in batch.select(key).collect())]
-            if all(lit is not None for lit in literals):
-                key_list = tuple(lit for lit in literals if lit is not None)
-        key_range = (low, high)
-        return cls(rows, unchanged, key_range, key_list)
+            key_list = _literals([r[0] for r in batch.select(key).collect()], kind)
+        return cls(rows, unchanged, (low, high), key_list)
+
+    @classmethod
+    def of_arrow(cls, table: TableSchema, batch: pa.Table, kind: T.DataType, large: bool) -> BatchBounds:
+        """The bounds of a batch already on the driver (``kind``: the first key column's Spark type),
+        computed by pyarrow: no Spark job."""
+        tokens = {t for text in pc.unique(batch.column(HR_UNCHANGED)).to_pylist() if text for t in text.split(",")}
+        unchanged = _unchanged_columns(table, tokens)
+        # Least and greatest by Python's order, which is Spark's for the types we write literals of
+        # (ints, dates, decimals; strings by code point = by UTF-8 byte, as Spark compares them).
+        keys = pc.unique(batch.column(table.key[0])).to_pylist()
+        if not keys:
+            return cls(batch.num_rows, unchanged, None, None)
+        low, high = _literal(min(keys), kind), _literal(max(keys), kind)
+        if low is None or high is None:
+            return cls(batch.num_rows, unchanged, None, None)
+        key_list: tuple[str, ...] | None = (low,) if low == high else None
+        if key_list is None and len(keys) <= list_limit(large):
+            key_list = _literals(keys, kind)
+        return cls(batch.num_rows, unchanged, (low, high), key_list)
+
+
+def list_limit(large: bool) -> int:
+    """The most keys worth listing in the MERGE's ON clause for a batch into a ``large`` table or not."""
+    return KEY_LIST_LIMIT if large else PRUNED_LIST_LIMIT
+
+
+def _literals(values: list[Any], kind: T.DataType) -> tuple[str, ...] | None:
+    """SQL literals of the distinct ``values`` in their order, or None if one has none."""
+    literals = [_literal(v, kind) for v in dict.fromkeys(values)]
+    return tuple(lit for lit in literals if lit is not None) if all(lit is not None for lit in literals) else None
+
+
+def _unchanged_columns(table: TableSchema, tokens: set[str]) -> frozenset[str] | None:
+    """The columns named by the batch's unchanged-TOAST ``tokens``. The list holds each column's token
+    (names escaped: ``unchanged_token``); a token no column has (staged by an older version, which did
+    not escape): None, assume any column is unchanged."""
+    by_token = {unchanged_token(c.name): c.name for c in table.columns}
+    return frozenset(by_token[t] for t in tokens) if tokens <= by_token.keys() else None
 
 
 def merge_statement(table: TableSchema, name: str, view: str, bounds: BatchBounds) -> str:

@@ -22,12 +22,13 @@ import operator
 import threading
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.filesink import FileSink, WrittenFile
@@ -39,14 +40,12 @@ from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
 from headrace.targets.iceberg import files, maintenance
+from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.keyless import KeylessApply
-from headrace.targets.iceberg.merge import BatchBounds, merge_statement
+from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
 from headrace.targets.iceberg.session import JDBC_DRIVER_JAR
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 WRITE_MODE = "merge-on-read"
 
@@ -72,10 +71,20 @@ def _require_jdbc_driver(spark: SparkSession) -> None:
         )
 
 
+def batch_struct(table: TableSchema) -> StructType:
+    """The Spark schema of a keyed table's batch: the row shape (``_shaped``), then op and unchanged."""
+    fields = [StructField(c.name, spark_type(c.type)) for c in table.columns]
+    fields += [StructField(HR_LSN, LongType()), StructField(HR_SEQ, LongType()),
+               StructField(HR_COMMIT_TS, TimestampType()), StructField(HR_OP, StringType()),
+               StructField(HR_UNCHANGED, StringType())]
+    return StructType(fields)
+
+
 class IcebergTarget(Target):
     """Keeps one Iceberg table per source table in a warehouse, tracked by a Hadoop or JDBC catalog."""
 
     name = "iceberg"
+    applies_arrow = True  # small keyed batches built on the driver (``apply_arrow_batch``)
     copies_arrow = True  # small copies: pyarrow writes the file, Iceberg's Java API commits it (``files``)
 
     def __init__(self, spark: SparkSession, settings: IcebergConfig, pipeline: str) -> None:
@@ -215,25 +224,61 @@ class IcebergTarget(Target):
         if not table.key:
             KeylessApply(self.spark).apply(table, name, changes, truncate_before)
             return
+        self._truncate(name, truncate_before)
+        if HR_FROM in changes.columns:
+            changes = self._take_from_old_keys(table, name, changes)
+        # Persisted: the bounds' aggregate computes the batch once, and the MERGE reads it from there.
+        shaped = self._shaped(table, changes, (HR_OP, HR_UNCHANGED)).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            bounds = BatchBounds.of(table, shaped, self._large(name))
+            if bounds.rows:  # else a TRUNCATE alone, or every change skipped: no MERGE to run
+                self._merge(table, name, shaped, bounds)
+        finally:
+            shaped.unpersist()
+
+    def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
+                          log_offset: int) -> None:
+        """``apply_batch`` for a small keyed batch built on the driver: its bounds come from the Arrow
+        table (no Spark job), and it reaches Spark as a local relation (``arrow_frame``), so the MERGE
+        is the batch's only Spark work."""
+        name = self.table_name(table)
+        self._truncate(name, truncate_before)
+        if changes.num_rows == 0:
+            return
+        schema = batch_struct(table)
+        bounds = BatchBounds.of_arrow(table, changes, schema[table.key[0]].dataType, self._large(name))
+        self._merge(table, name, arrow_frame(self.spark, changes, schema), bounds)
+
+    def _truncate(self, name: str, truncate_before: Position | None) -> None:
+        """Delete the rows a TRUNCATE at ``truncate_before`` removed (written before it)."""
         if truncate_before is not None:
             lsn, seq = truncate_before.lsn, truncate_before.seq
             self.spark.sql(
                 f"DELETE FROM {name} WHERE {HR_LSN} < {lsn} OR ({HR_LSN} = {lsn} AND {HR_SEQ} < {seq})"
             )
-        if HR_FROM in changes.columns:
-            changes = self._take_from_old_keys(table, name, changes)
-        # Persisted: the bounds' aggregate computes the batch once, and the MERGE reads it from there.
-        shaped = self._shaped(table, changes, (HR_OP, HR_UNCHANGED)).persist(StorageLevel.MEMORY_AND_DISK)
+
+    def _merge(self, table: TableSchema, name: str, batch: DataFrame, bounds: BatchBounds) -> None:
+        """The batch's one MERGE (``merge_statement``), from a temporary view of ``batch``."""
         view = f"hr_batch_{uuid.uuid4().hex}"
+        batch.createOrReplaceTempView(view)
         try:
-            bounds = BatchBounds.of(table, shaped)
-            if bounds.rows == 0:
-                return  # a TRUNCATE alone, or every change skipped: no MERGE to run
-            shaped.createOrReplaceTempView(view)
             self.spark.sql(merge_statement(table, name, view, bounds))
         finally:
             self.spark.catalog.dropTempView(view)
-            shaped.unpersist()
+
+    def _large(self, name: str) -> bool:
+        """The table holds at least ``LARGE_TABLE_RECORDS`` rows by its current snapshot's summary
+        (metadata the catalog has loaded: a py4j call, no job). Deleted rows still count until
+        compaction: a heuristic, it only decides whether the MERGE lists the batch's keys."""
+        jvm: Any = self.spark.sparkContext._jvm
+        session = self.spark._jsparkSession
+        # Spark loads a catalog on first use with the conf of the thread's active session; an apply
+        # worker's JVM thread has none until a query sets it, and Iceberg's lookup then silently falls
+        # back to spark_catalog (the first batch after a restart failed so). Spark SQL sets it per query.
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
+        snapshot = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, name).currentSnapshot()
+        records = snapshot.summary().get("total-records") if snapshot is not None else None
+        return records is not None and int(records) >= LARGE_TABLE_RECORDS
 
     def _take_from_old_keys(self, table: TableSchema, name: str, changes: DataFrame) -> DataFrame:
         """Rows whose key changed leaving TOAST columns unchanged (``_hr_from``: the old key) take
