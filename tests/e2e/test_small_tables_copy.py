@@ -131,6 +131,7 @@ def test_small_tables_copy_within_max_connections(source_dsn: str, tmp_path: Pat
                          snapshot={"tables_at_once": 6, "max_connections": 2})
     seen: list[int] = []
     reads: list[int] = []
+    over: list[tuple[Any, ...]] = []  # the source's view of our connections the first time there were too many
     done = threading.Event()
 
     def sample() -> None:
@@ -147,6 +148,12 @@ def test_small_tables_copy_within_max_connections(source_dsn: str, tmp_path: Pat
                     " AND active)", (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()  # type: ignore[misc]
                 seen.append(n_reads + n_snapshot)
                 reads.append(n_reads)
+                if n_reads + n_snapshot > 2 and not over:
+                    # What the connections were doing, for the failure's message (the count alone
+                    # has failed now and then, and could not tell a held read from a closing one).
+                    over.extend(conn.execute(
+                        "SELECT pid, state, left(query, 60), now() - state_change FROM pg_stat_activity"
+                        " WHERE datname = %s AND application_name = %s", (dbname, APPLICATION_NAME)).fetchall())
                 done.wait(0.005)
 
     sampler = threading.Thread(target=sample)
@@ -158,6 +165,6 @@ def test_small_tables_copy_within_max_connections(source_dsn: str, tmp_path: Pat
         done.set()
         sampler.join()
     assert max(reads) >= 1, "the sampler never saw a chunk read"
-    assert max(seen) <= 2, f"the copy held {max(seen)} source connections with max_connections 2"
+    assert max(seen) <= 2, f"the copy held {max(seen)} source connections with max_connections 2: {over}"
     for name in names[:3]:
         assert_same(pipeline, source_dsn, name)
