@@ -13,6 +13,7 @@ from __future__ import annotations
 import getpass
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from psycopg.conninfo import conninfo_to_dict
@@ -20,6 +21,9 @@ from psycopg.conninfo import conninfo_to_dict
 from headrace.core.errors import ConfigError
 from headrace.core.settings import redacted_dsn
 from headrace.targets.iceberg.config import IcebergConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # libpq parameter -> pgjdbc parameter, for those both drivers know (others are refused, not dropped).
 _JDBC_PARAMS = {
@@ -131,3 +135,18 @@ def pyiceberg_properties(settings: IcebergConfig) -> dict[str, str]:
     database = jdbc_database(settings.catalog.resolved_uri())
     warehouse = settings.warehouse if "://" in settings.warehouse else f"file://{os.path.abspath(settings.warehouse)}"
     return {"uri": database.sqlalchemy_url, "warehouse": warehouse}
+
+
+def java_table(spark: SparkSession, name: str) -> Any:
+    """The Iceberg ``Table`` (a py4j object) the Spark catalog holds for ``name`` (quoted Spark name):
+    the catalog's cached instance, so a commit through it is what Spark SQL sees next.
+
+    Spark loads a catalog on first use with the conf of the thread's active session; a worker's JVM
+    thread has none until a query sets it (Spark SQL sets it per query), and Iceberg's lookup then
+    silently falls back to spark_catalog (the first apply batch after a restart failed so). So the
+    session is made active first, for every lookup outside a query.
+    """
+    jvm: Any = spark.sparkContext._jvm
+    session = spark._jsparkSession
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, name)

@@ -6,7 +6,7 @@ with ``pyarrow.parquet`` into the table's data folder (``copy_sink``: Iceberg fi
 column, the table's codec, decimals as integers as the spec says), and the driver commits the files
 with Iceberg's own API (``register``): each file's metrics read from its footer by ``ParquetUtil``,
 then one overwrite (replace) or append, with no Spark job. The table object is the Spark catalog's
-cached instance (``Spark3Util.loadIcebergTable``), so Spark SQL sees the commit at once.
+cached instance (``catalog.java_table``), so Spark SQL sees the commit at once.
 
 A crash between a file's write and the commit leaves an orphan file in the data folder, which no
 snapshot references: ``maintenance``'s ``remove_orphan_files`` deletes it.
@@ -14,10 +14,11 @@ snapshot references: ``maintenance``'s ``remove_orphan_files`` deletes it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from headrace.core.filesink import CODECS, FileSink, WrittenFile, open_folder
 from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ
+from headrace.targets.iceberg.catalog import java_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -27,17 +28,10 @@ if TYPE_CHECKING:
 CODEC_PROPERTY = "write.parquet.compression-codec"
 
 
-def load_table(spark: SparkSession, name: str) -> Any:
-    """The Iceberg ``Table`` (a py4j object) the Spark catalog holds for ``name`` (quoted Spark name)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
-
-
 def copy_sink(spark: SparkSession, name: str, table: TableSchema) -> FileSink | None:
     """A sink into table ``name``'s data folder, or None: columns other than the row shape's (a
     table kept from an earlier shape), or a location ``pyarrow.fs`` cannot reach (``s3a://``...)."""
-    iceberg = load_table(spark, name)
+    iceberg = java_table(spark, name)
     ids = {str(f.name()): int(f.fieldId()) for f in iceberg.schema().columns()}
     if list(ids) != [*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS]:
         return None
@@ -55,7 +49,7 @@ def register(spark: SparkSession, name: str, written: list[WrittenFile], replace
     added to them; return the rows the table then holds (from the snapshot summary, no scan)."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    iceberg = load_table(spark, name)
+    iceberg = java_table(spark, name)
     api = jvm.org.apache.iceberg
     metrics_config = api.MetricsConfig.forTable(iceberg)
     if replace:

@@ -36,6 +36,7 @@ from headrace.core.names import quote_spark
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_DELTA, HR_LSN, HR_SEQ
 from headrace.core.schema import TableSchema
+from headrace.targets.iceberg.catalog import java_table
 
 INTENT_SNAPSHOT = "headrace.intent.snapshot"
 INTENT_POSITION = "headrace.intent.position"
@@ -63,9 +64,7 @@ class KeylessApply:
 
     def iceberg_table(self, name: str) -> Any:
         """The Java ``org.apache.iceberg.Table`` behind Spark name ``name``, refreshed."""
-        jvm: Any = self.spark._jvm
-        spark3util = jvm.org.apache.iceberg.spark.Spark3Util
-        table = spark3util.loadIcebergTable(self.spark._jsparkSession, name)
+        table = java_table(self.spark, name)
         table.refresh()
         return table
 

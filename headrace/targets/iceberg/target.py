@@ -22,7 +22,6 @@ import operator
 import threading
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -41,7 +40,7 @@ from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
 from headrace.targets.iceberg import files, maintenance
 from headrace.targets.iceberg.arrow_frame import arrow_frame
-from headrace.targets.iceberg.catalog import spark_catalog_conf
+from headrace.targets.iceberg.catalog import java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.keyless import KeylessApply
 from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
@@ -270,13 +269,7 @@ class IcebergTarget(Target):
         """The table holds at least ``LARGE_TABLE_RECORDS`` rows by its current snapshot's summary
         (metadata the catalog has loaded: a py4j call, no job). Deleted rows still count until
         compaction: a heuristic, it only decides whether the MERGE lists the batch's keys."""
-        jvm: Any = self.spark.sparkContext._jvm
-        session = self.spark._jsparkSession
-        # Spark loads a catalog on first use with the conf of the thread's active session; an apply
-        # worker's JVM thread has none until a query sets it, and Iceberg's lookup then silently falls
-        # back to spark_catalog (the first batch after a restart failed so). Spark SQL sets it per query.
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
-        snapshot = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, name).currentSnapshot()
+        snapshot = java_table(self.spark, name).currentSnapshot()
         records = snapshot.summary().get("total-records") if snapshot is not None else None
         return records is not None and int(records) >= LARGE_TABLE_RECORDS
 
