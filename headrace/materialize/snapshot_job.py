@@ -228,7 +228,10 @@ def copy_chunks_to_files(spark: SparkSession, table: TableSchema, reader: ChunkR
     the driver only the file's path, size and row count. A chunk ``chunk_rows`` refuses (a value
     only Spark's casts decide) writes nothing and comes back ``needs_spark``, for ``chunk_dataframe``.
     """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     routes, read, plan, lsn = reader.routes, reader.read, list(chunks), position.lsn
+    result_schema = to_arrow_schema(FILE_RESULT)
     attempt = uuid.uuid4().hex  # file names unique per job, so a retried task never meets an old file
 
     def parts(index: int) -> Iterator[pa.Table]:
@@ -253,7 +256,7 @@ def copy_chunks_to_files(spark: SparkSession, table: TableSchema, reader: ChunkR
                     if written is not None:
                         path, size = written.path, written.bytes
                 yield pa.RecordBatch.from_pydict({"chunk": [index], "path": [path], "bytes": [size],
-                                                  "rows": [count]}, schema=_FILE_RESULT_ARROW)
+                                                  "rows": [count]}, schema=result_schema)
 
     descriptors = spark.range(0, len(plan), 1, numPartitions=len(plan))
     results = descriptors.mapInArrow(write_partition, FILE_RESULT).collect()
@@ -268,8 +271,6 @@ class _NeedsSpark(Exception):
     """A batch of the chunk holds a value only Spark's casts decide."""
 
 
-_FILE_RESULT_ARROW = pa.schema([pa.field("chunk", pa.int64(), False), pa.field("path", pa.string()),
-                                pa.field("bytes", pa.int64(), False), pa.field("rows", pa.int64(), False)])
 
 
 def _exact_decimal(text: pa.ChunkedArray, precision: int | None, scale: int | None) -> pa.ChunkedArray | None:

@@ -70,13 +70,18 @@ def _require_jdbc_driver(spark: SparkSession) -> None:
         )
 
 
-def batch_struct(table: TableSchema) -> StructType:
-    """The Spark schema of a keyed table's batch: the row shape (``_shaped``), then op and unchanged."""
+def row_struct(table: TableSchema) -> StructType:
+    """The Spark schema of the Iceberg table's rows: the source columns, then the positions."""
     fields = [StructField(c.name, spark_type(c.type)) for c in table.columns]
     fields += [StructField(HR_LSN, LongType()), StructField(HR_SEQ, LongType()),
-               StructField(HR_COMMIT_TS, TimestampType()), StructField(HR_OP, StringType()),
-               StructField(HR_UNCHANGED, StringType())]
+               StructField(HR_COMMIT_TS, TimestampType())]
     return StructType(fields)
+
+
+def batch_struct(table: TableSchema) -> StructType:
+    """The Spark schema of a keyed table's batch: the row shape (``_shaped``), then op and unchanged."""
+    return StructType([*row_struct(table).fields, StructField(HR_OP, StringType()),
+                       StructField(HR_UNCHANGED, StringType())])
 
 
 class IcebergTarget(Target):
@@ -142,9 +147,7 @@ class IcebergTarget(Target):
     def _shape_matches(self, table: TableSchema, name: str) -> bool:
         """The Iceberg table has exactly the columns and types ``table`` maps to."""
         have = [(f.name, f.dataType) for f in self.spark.table(name).schema.fields]
-        want = [(c.name, spark_type(c.type)) for c in table.columns]
-        want += [(HR_LSN, LongType()), (HR_SEQ, LongType()), (HR_COMMIT_TS, TimestampType())]
-        return have == want
+        return have == [(f.name, f.dataType) for f in row_struct(table).fields]
 
     def _shaped(self, table: TableSchema, rows: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         """``rows`` reduced to the target's columns, in order, with the target's types."""
@@ -199,11 +202,8 @@ class IcebergTarget(Target):
         Iceberg commit registers it, no Spark job (the table created first if missing)."""
         sink = self.copy_sink(table, replace)
         if sink is None:  # rare (see copy_sink): the rows go through Spark after all
-            fields = [StructField(c.name, spark_type(c.type)) for c in table.columns]
-            fields += [StructField(HR_LSN, LongType()), StructField(HR_SEQ, LongType()),
-                       StructField(HR_COMMIT_TS, TimestampType())]
             columns = rows.to_pydict()
-            df = self.spark.createDataFrame(list(zip(*columns.values(), strict=True)), StructType(fields))
+            df = self.spark.createDataFrame(list(zip(*columns.values(), strict=True)), row_struct(table))
             return self.write_snapshot(table, df, Position(0, 0), replace)
         return self.register_copy_files(table, sink, [sink.write(rows, uuid.uuid4().hex)] if rows.num_rows else [],
                                         replace)
