@@ -30,9 +30,8 @@ from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
 from tests.e2e.helpers import make_config
-from tests.e2e.test_copy_on_driver import POSITION, SPARK_ONLY, _read, _scalar_columns, _values
+from tests.e2e.test_copy_on_driver import POSITION, _read, _values, create_cell_table
 from tests.e2e.test_pipeline import run_caught_up
-from tests.e2e.test_type_matrix import DDL, MATRIX
 from tests.targets.test_ducklake_target import plain_duckdb, settings_for
 
 _catalogs = itertools.count()
@@ -42,15 +41,10 @@ CHUNKS = [(0, 1), (1, OPEN_END)]  # two tasks; the second finds no rows when the
 def _taken(dsn: str) -> tuple[TableSchema, int]:
     """``public.taken``: every matrix value ``driver_rows`` takes (test_copy_on_driver checks which),
     one a row, and a row of NULLs; its schema and row count."""
-    columns = _scalar_columns()
-    cells = [(c, v) for c in columns for v in MATRIX[c][2] if (c, v) not in SPARK_ONLY]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(DDL)
-        conn.execute(f"CREATE TABLE taken (id integer PRIMARY KEY, {', '.join(f'{n} {t}' for n, t in columns.items())})")
-        for i, (column, value) in enumerate(cells, start=1):
-            conn.execute(f"INSERT INTO taken (id, {column}) VALUES ({i}, {value})")
+        n = create_cell_table(conn, "taken")
         conn.execute("INSERT INTO taken (id) VALUES (100000)")
-        return read_table_schema(conn, "public.taken"), len(cells) + 1
+        return read_table_schema(conn, "public.taken"), n + 1
 
 
 def _named(table: TableSchema, name: str) -> TableSchema:

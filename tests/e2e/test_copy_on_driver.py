@@ -44,6 +44,18 @@ def _scalar_columns() -> dict[str, str]:
             if not pg_type.endswith("[]") and name != "c_intlist"}
 
 
+def create_cell_table(conn: Any, name: str) -> int:
+    """Table ``name``: every scalar matrix value the driver takes (not the ``SPARK_ONLY`` ones), one a
+    row in its own column, keyed by ``id`` from 1; the number of rows."""
+    columns = _scalar_columns()
+    cells = [(c, v) for c in columns for v in MATRIX[c][2] if (c, v) not in SPARK_ONLY]
+    conn.execute(DDL)
+    conn.execute(f"CREATE TABLE {name} (id integer PRIMARY KEY, {', '.join(f'{n} {t}' for n, t in columns.items())})")
+    for i, (column, value) in enumerate(cells, start=1):
+        conn.execute(f"INSERT INTO {name} (id, {column}) VALUES ({i}, {value})")
+    return len(cells)
+
+
 def _read(dsn: str, table: TableSchema) -> Any:
     reader = chunk_reader(dsn, None, table, binary=True)
     return prefetched(reader, 0, OPEN_END)

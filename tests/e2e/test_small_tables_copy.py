@@ -21,9 +21,9 @@ from headrace.state.store import StateStore
 from headrace.targets.ducklake.files import SNAPSHOT_FOLDER
 from headrace.targets.ducklake.types import cast_out
 from tests.e2e.helpers import assert_same, make_config
-from tests.e2e.test_copy_on_driver import SPARK_ONLY
+from tests.e2e.test_copy_on_driver import create_cell_table
 from tests.e2e.test_pipeline import run_caught_up
-from tests.e2e.test_type_matrix import DDL, MATRIX, _arrow_values, _source
+from tests.e2e.test_type_matrix import _arrow_values, _source
 from tests.targets.test_ducklake_target import plain_duckdb
 
 KEYED = 20
@@ -54,13 +54,8 @@ def _tables(dsn: str) -> list[str]:
 def _matrix(dsn: str) -> None:
     """``public.matrix``: every scalar column of the type matrix, one awkward value a row, the values
     the driver writes (not those only Spark's range rules decide)."""
-    columns = {n: t for n, (t, _, _) in MATRIX.items() if not t.endswith("[]") and n != "c_intlist"}
-    cells = [(c, v) for c in columns for v in MATRIX[c][2] if (c, v) not in SPARK_ONLY]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(DDL)
-        conn.execute(f"CREATE TABLE matrix (id integer PRIMARY KEY, {', '.join(f'{n} {t}' for n, t in columns.items())})")
-        for i, (column, value) in enumerate(cells, start=1):
-            conn.execute(f"INSERT INTO matrix (id, {column}) VALUES ({i}, {value})")
+        create_cell_table(conn, "matrix")
 
 
 def _plain_duckdb_matrix(pipeline: Pipeline, dsn: str) -> int:
