@@ -177,6 +177,7 @@ def main() -> int:
     ap.add_argument("--compare-root", help="another checkout of headrace (the code before a change): each"
                     " target is drained by it too, same backlog, right after this checkout's drain")
     ap.add_argument("--apply", default="{}", help="extra apply settings for every pipeline, JSON")
+    ap.add_argument("--spark-conf", default="{}", help="spark.conf entries for every pipeline, JSON")
     ap.add_argument("--json", default=str(ROOT / "docs" / "backlog.json"))
     ap.add_argument("--png", default=str(ROOT / "docs" / "backlog.png"))
     args = ap.parse_args()
@@ -197,7 +198,8 @@ def main() -> int:
             folder = work / name
             folder.mkdir()
             config = write_config(folder, name, server.dsn, {"schemas": ["backlog"], "publication": "bench_backlog"},
-                                  kind, apply={"max_batch_files": files, **json.loads(args.apply)})
+                                  kind, apply={"max_batch_files": files, **json.loads(args.apply)},
+                                  spark={"conf": json.loads(args.spark_conf)})
             log = folder / "headrace.log"
             headrace = Headrace(config, log) if root is None else CodeAt(config, log, root)
             headrace.start()

@@ -74,7 +74,7 @@ class Pipeline:
         self.source = open_source(config, self.dsn)  # PostgreSQL or MySQL, by the DSN's scheme
         self._spark = spark
         # What the target and the apply workers get: the session starts when one of them needs it.
-        self._spark_on_demand = SparkOnDemand(lambda: self.spark)
+        self.spark_on_demand = SparkOnDemand(lambda: self.spark)
         self._target: Target | None = None
         self._target_lock = threading.Lock()
         self.capture: Capture | None = None
@@ -140,7 +140,7 @@ class Pipeline:
     def target(self) -> Target:
         with self._target_lock:  # the API and tests read the target from other threads
             if self._target is None:
-                spark = cast("SparkSession", self._spark_on_demand)
+                spark = cast("SparkSession", self.spark_on_demand)
                 self._target = open_target(self.config.target.kind, spark, self.config.target.settings,
                                            self.config.name)
         return self._target
@@ -202,7 +202,7 @@ class Pipeline:
                 did_work = self.table_watch.step(state)
                 if not self.operations.paused:
                     did_work |= self.copier.start(state)
-                    did_work |= self.apply_pass.run(cast("SparkSession", self._spark_on_demand), state, self.target,
+                    did_work |= self.apply_pass.run(cast("SparkSession", self.spark_on_demand), state, self.target,
                                                     self.capture.captured_lsn)
                     did_work |= self.maintenance.step(state, self.target)  # between apply passes
                 elif self.apply_pass.in_flight:
