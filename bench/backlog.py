@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,11 +38,13 @@ from harness import (
     ROOT,
     Headrace,
     compare_with_source,
+    cpu_seconds,
     insert_lsn,
     load_average,
     parse_ts,
     pyplot,
     save_figure,
+    tree_pids,
     write_config,
 )
 
@@ -49,6 +52,21 @@ from headrace.core.position import format_lsn  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres, find_server_bin  # noqa: E402
 
 REF_SLOT = "bench_recvlogical"
+
+
+class CodeAt(Headrace):
+    """``headrace run`` from another checkout (``--compare-root``): the same backlog drained by the
+    code before a change, in the same run, for a paired before/after on a shared machine."""
+
+    def __init__(self, config: Path, log: Path, root: Path) -> None:
+        super().__init__(config, log)
+        self.root = root
+
+    def start(self, *args: str) -> None:
+        env = {**os.environ, "HEADRACE_LOG_FORMAT": "json", "PYTHONPATH": str(self.root)}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "headrace.cli", "run", "-c", str(self.config), *args],
+                                         stdout=out, stderr=out, start_new_session=True, cwd=self.root, env=env)
 
 
 def seed(dsn: str, tables: int, rows: int) -> None:
@@ -89,17 +107,24 @@ def write_backlog(dsn: str, tables: int, seeded: int, changes: int, txn_changes:
     return done
 
 
-def drain(headrace: Headrace) -> tuple[float, float]:
-    """`headrace run --until-caught-up`: seconds from process start to its exit, and of those, the
+def drain(headrace: Headrace) -> tuple[float, float, float]:
+    """`headrace run --until-caught-up`: seconds from process start to its exit; of those, the
     start-up until its ``run.start`` event (imports, state checks; Spark's JVM starts after it, so the
-    first apply batch's time is reported too)."""
+    first apply batch's time is reported too); and the CPU seconds the process and its JVM used,
+    sampled every 0.2 s (on a shared machine the figure other runs' load changes least)."""
     started, wall = time.monotonic(), time.time()
     headrace.start("--until-caught-up")
-    code = headrace.wait(7200)
+    used: dict[int, float] = {}
+    assert headrace.proc is not None
+    while headrace.proc.poll() is None and time.monotonic() - started < 7200:
+        for pid, seconds in cpu_seconds(tree_pids(headrace.pid)).items():
+            used[pid] = max(used.get(pid, 0.0), seconds)
+        time.sleep(0.2)
+    code = headrace.wait(60)
     if code != 0:
         raise RuntimeError(f"headrace run --until-caught-up exited with {code}: see {headrace.log}")
     run_start = [parse_ts(e["ts"]) for e in headrace.events("run.start") if parse_ts(e["ts"]) >= wall]
-    return time.monotonic() - started, (run_start[0] - wall) if run_start else float("nan")
+    return time.monotonic() - started, (run_start[0] - wall) if run_start else float("nan"), sum(used.values())
 
 
 def recvlogical(dsn: str, publication: str, end_lsn: int) -> float:
@@ -117,9 +142,10 @@ def plot(runs: list[dict[str, Any]], reference: float, dlt: dict[str, Any], png:
     variants as horizontal lines."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for kind in sorted({r["target"] for r in runs}):
-        rs = sorted((r for r in runs if r["target"] == kind), key=lambda r: r["rows_per_batch"])
-        ax.plot([r["rows_per_batch"] for r in rs], [r["changes_per_s"] for r in rs], marker="o", label=kind)
+    for kind, code in sorted({(r["target"], r["code"]) for r in runs}):
+        rs = sorted((r for r in runs if (r["target"], r["code"]) == (kind, code)), key=lambda r: r["rows_per_batch"])
+        label = kind if code == "new" else f"{kind}, {code}"
+        ax.plot([r["rows_per_batch"] for r in rs], [r["changes_per_s"] for r in rs], marker="o", label=label)
         for r in rs:
             ax.annotate(f"{r['max_batch_files']} files", (r["rows_per_batch"], r["changes_per_s"]),
                         textcoords="offset points", xytext=(5, -10), fontsize=7)
@@ -146,31 +172,45 @@ def main() -> int:
     ap.add_argument("--batch-files", default="200", help="apply.max_batch_files values, comma list")
     ap.add_argument("--dlt-python", help="a Python with dlt[duckdb,parquet], sqlalchemy and psycopg2-binary")
     ap.add_argument("--dlt-sources", help="the sources/ folder of a dlt-hub/verified-sources checkout")
+    ap.add_argument("--dlt-variants", default="shipped,tuned",
+                    help="dlt variants to run, comma list (shipped takes ~25 min at 5M changes: tuned alone then)")
+    ap.add_argument("--compare-root", help="another checkout of headrace (the code before a change): each"
+                    " target is drained by it too, same backlog, right after this checkout's drain")
+    ap.add_argument("--apply", default="{}", help="extra apply settings for every pipeline, JSON")
+    ap.add_argument("--spark-conf", default="{}", help="spark.conf entries for every pipeline, JSON")
     ap.add_argument("--json", default=str(ROOT / "docs" / "backlog.json"))
     ap.add_argument("--png", default=str(ROOT / "docs" / "backlog.png"))
     args = ap.parse_args()
     if args.smoke:
         args.changes, args.tables, args.seed_rows = 50_000, 2, 10_000
     work = Path(tempfile.mkdtemp(prefix="headrace-backlog-"))
-    pipelines = [(kind, int(files)) for kind in args.targets.split(",") for files in args.batch_files.split(",")]
+    codes: list[tuple[str, Path | None]] = [("new", None)]
+    if args.compare_root:
+        codes.append(("before", Path(args.compare_root).resolve()))
+    pipelines = [(kind, int(files), code, root) for kind in args.targets.split(",")
+                 for files in args.batch_files.split(",") for code, root in codes]
     results: dict[str, Any] = {"tables": args.tables, "txn_changes": args.txn_changes}
     with ThrowawayPostgres() as server:
         seed(server.dsn, args.tables, args.seed_rows)
         runners = []
-        for kind, files in pipelines:
-            name = f"backlog_{kind}_{files}"
+        for kind, files, code, root in pipelines:
+            name = f"backlog_{kind}_{files}" + ("" if root is None else f"_{code}")
             folder = work / name
             folder.mkdir()
             config = write_config(folder, name, server.dsn, {"schemas": ["backlog"], "publication": "bench_backlog"},
-                                  kind, apply={"max_batch_files": files})
-            headrace = Headrace(config, folder / "headrace.log")
+                                  kind, apply={"max_batch_files": files, **json.loads(args.apply)},
+                                  spark={"conf": json.loads(args.spark_conf)})
+            log = folder / "headrace.log"
+            headrace = Headrace(config, log) if root is None else CodeAt(config, log, root)
             headrace.start()
             headrace.wait_streaming(server.dsn, name, args.tables)
             headrace.stop()
-            runners.append((kind, files, headrace))
+            runners.append((kind, files, code, headrace))
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (REF_SLOT,))
-        dlt = dlt_prepare(args.dlt_python, args.dlt_sources, server.dsn, work, args.tables) if args.dlt_python else None
+        variants = args.dlt_variants.split(",")
+        dlt = (dlt_prepare(args.dlt_python, args.dlt_sources, server.dsn, work, args.tables, variants)
+               if args.dlt_python else None)
         started = time.monotonic()
         changes = write_backlog(server.dsn, args.tables, args.seed_rows, args.changes, args.txn_changes)
         with psycopg.connect(server.dsn) as conn:
@@ -178,17 +218,21 @@ def main() -> int:
         results.update(changes=changes, write_s=round(time.monotonic() - started, 1))
         print(f"backlog: {changes} changes written in {results['write_s']} s", flush=True)
         runs = []
-        for kind, files, headrace in runners:
+        for kind, files, code, headrace in runners:
             load = load_average()
             since = time.time()
-            seconds, startup = drain(headrace)
+            seconds, startup, cpu_s = drain(headrace)
             batches = [b for b in headrace.batches() if b.at >= since and b.table.startswith("backlog.")]
             rows = sum(b.rows for b in batches)
             matches = compare_with_source(headrace.config, server.dsn, {f"backlog.t{i}": "count(*), sum(v), sum(id)"
                                                                         for i in range(args.tables)})
-            run = {"target": kind, "max_batch_files": files, "changes": changes, "seconds": round(seconds, 1),
+            flushes = [parse_ts(e["ts"]) for e in headrace.events("capture.flush") if parse_ts(e["ts"]) >= since]
+            run = {"target": kind, "code": code, "max_batch_files": files, "changes": changes,
+                   "seconds": round(seconds, 1), "cpu_s": round(cpu_s, 1),
                    "startup_s": round(startup, 1),  # until run.start (Spark starts after it)
                    "first_batch_s": round(batches[0].at - since, 1) if batches else None,
+                   # capture's last flush: the backlog all staged (apply overlaps it when batches land before)
+                   "staged_all_s": round(max(flushes) - since, 1) if flushes else None,
                    "changes_per_s": round(changes / seconds), "apply_batches": len(batches),
                    "rows_per_batch": round(rows / max(1, len(batches))), "load_avg_before": load,
                    "target_equals_source": all(m["equal"] for m in matches.values())}
@@ -201,7 +245,7 @@ def main() -> int:
             run["ratio_vs_pg_recvlogical"] = round(reference / run["seconds"], 3)
         results["headrace"] = runs
         if dlt is not None:
-            results["dlt"] = dlt_drain(dlt, changes)
+            results["dlt"] = dlt_drain(dlt, changes, variants)
     Path(args.json).write_text(json.dumps(results, indent=1))
     plot(runs, results["pg_recvlogical_changes_per_s"], results.get("dlt", {}), Path(args.png))
     print(json.dumps(results, indent=2))

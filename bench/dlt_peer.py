@@ -66,22 +66,30 @@ class DltPeer:
         return out.stdout
 
 
-def dlt_prepare(python: str, sources: str | None, dsn: str, work: Path, tables: int) -> DltPeer:
-    """Create each variant's slot now (before the backlog is written), as dlt's own helper does."""
+def dlt_prepare(python: str, sources: str | None, dsn: str, work: Path, tables: int,
+                variants: list[str] | None = None) -> DltPeer:
+    """Create each variant's slot now (before the backlog is written), as dlt's own helper does
+    (``variants``: names from ``VARIANTS``; all of them by default)."""
     if not sources or not (Path(sources) / "pg_replication").is_dir():
         raise SystemExit(f"--dlt-sources must be the sources/ folder of a dlt-hub/verified-sources checkout"
                          f" (with pg_replication/ in it); got {sources!r}")
     peer = DltPeer(python, sources, dsn, work)
     names = ",".join(f"t{i}" for i in range(tables))
-    for variant in VARIANTS:
+    unknown = set(variants or ()) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown dlt variant(s) {sorted(unknown)}: choose from {sorted(VARIANTS)}")
+    for variant in variants or VARIANTS:
         peer.run(PREPARE, dsn, names, f"bench_dlt_{variant}")
     return peer
 
 
-def dlt_drain(peer: DltPeer, changes: int) -> dict[str, Any]:
-    """Each variant drains its slot into DuckDB; seconds (process start included) and changes/s."""
+def dlt_drain(peer: DltPeer, changes: int, variants: list[str] | None = None) -> dict[str, Any]:
+    """Each variant (all by default) drains its slot into DuckDB; seconds (process start included)
+    and changes/s."""
     out: dict[str, Any] = {}
     for variant, options in VARIANTS.items():
+        if variants is not None and variant not in variants:
+            continue
         started = time.monotonic()
         try:
             printed = peer.run(DRAIN.format(options=options, fmt=FILE_FORMAT[variant]), peer.dsn,

@@ -27,9 +27,17 @@ from headrace.lineage.config import LineageConfig
 from headrace.targets.registry import TargetSection
 
 MYSQL_SCHEMES = ("mysql", "mariadb")
-# Staged rows up to which a DuckLake batch skips Spark: measured (bench/driver_batch.py) 4-9x faster than
-# Spark from 10 to 10,000 rows; the bound keeps the staged rows the driver holds at once small.
+# Staged rows up to which a keyed batch is built by DuckDB on the driver (functions called without a
+# config; a pipeline takes ``ApplyConfig.driver_rows``): measured (bench/driver_batch.py) 4-9x faster
+# than Spark from 10 to 10,000 rows on DuckLake.
 DEFAULT_DRIVER_BATCH_ROWS = 10_000
+# ``apply.driver_batch_rows`` when unset, per target (bench/driver_batch.py, 2026-11-24): DuckLake's
+# driver path is 5-7x faster than Spark at 50,000-200,000 staged rows too (both commit in DuckDB on the
+# driver; Spark's JSON parsing, window and collect are the difference); Iceberg's is 1.3-2x faster at
+# 50,000 but level at 200,000 (its MERGE from a local relation grows faster than from Spark's own
+# read). 200,000 staged rows are ~40 MiB of Arrow per apply worker in the backlog bench.
+DRIVER_BATCH_ROWS_BY_TARGET = {"ducklake": 200_000}
+DRIVER_BATCH_ROWS_OTHERS = 50_000
 
 
 def source_kind(dsn: str) -> str:
@@ -257,11 +265,30 @@ class ApplyConfig(_Frozen):
     concurrency: int = Field(4, ge=1, description="tables whose batches are applied at the same time (Spark"
                              " jobs from several driver threads, each in its own FAIR scheduler pool), one"
                              " batch per table at a time; 1 applies one table after another")
-    driver_batch_rows: int = Field(
-        DEFAULT_DRIVER_BATCH_ROWS, ge=0, description="a keyed batch of at most this many staged rows is"
+    driver_batch_rows: int | None = Field(
+        None, ge=0, description="a keyed batch of at most this many staged rows is"
         " read, deduplicated and cast by DuckDB on the driver instead of a Spark job (the same values; a"
         " value it cannot cast exactly goes through Spark): DuckLake then commits it in DuckDB, Iceberg"
-        " MERGEs it from a local relation; 0 sends every batch through Spark")
+        " MERGEs it from a local relation; 0 sends every batch through Spark; unset: 200000 on DuckLake,"
+        " 50000 on Iceberg")
+    max_batch_rows: int | None = Field(
+        None, gt=0, description="the most staged rows an apply batch of a keyed table takes (at least one"
+        " staged file); unset: driver_batch_rows on DuckLake (a backlog then drains as a row of driver"
+        " batches beside capture, not as Spark batches of everything staged), no cap on Iceberg (a MERGE's"
+        " fixed cost is better spread over large batches)")
+
+    def driver_rows(self, target_kind: str) -> int:
+        """``driver_batch_rows``, or the target's default when unset."""
+        if self.driver_batch_rows is not None:
+            return self.driver_batch_rows
+        return DRIVER_BATCH_ROWS_BY_TARGET.get(target_kind, DRIVER_BATCH_ROWS_OTHERS)
+
+    def batch_rows(self, target_kind: str) -> int | None:
+        """``max_batch_rows``, or the target's default when unset (None: no cap)."""
+        if self.max_batch_rows is not None:
+            return self.max_batch_rows
+        driver = self.driver_rows(target_kind)
+        return driver if target_kind in DRIVER_BATCH_ROWS_BY_TARGET and driver > 0 else None
 
 
 class SchemaChangesConfig(_Frozen):

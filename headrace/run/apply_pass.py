@@ -128,9 +128,10 @@ class ApplyPass:
                 if len(self._in_flight) >= limit:
                     continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
-                    planned = plan_batch(state, target, row, self.config.apply.max_batch_files,
-                                         self.config.schema_changes, self.config.values, self.cursors,
-                                         self.config.apply.driver_batch_rows)
+                    apply, kind = self.config.apply, self.config.target.kind
+                    planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
+                                         self.config.values, self.cursors, apply.driver_rows(kind),
+                                         apply.batch_rows(kind))
                 except Exception as exc:
                     self._failed(state, row, exc)
                     continue
@@ -144,13 +145,9 @@ class ApplyPass:
 
     def _dispatch(self, spark: SparkSession, target: Target, planned: PlannedBatch, captured_lsn: int) -> None:
         if self._pool is None:
-            from headrace.spark import use_pool
-
-            # Each worker thread its own FAIR pool: one big MERGE shares the cores with small ones.
-            self._pool = ThreadPoolExecutor(self.config.apply.concurrency, "headrace-apply",
-                                            initializer=lambda: use_pool(spark, threading.current_thread().name))
+            self._pool = ThreadPoolExecutor(self.config.apply.concurrency, "headrace-apply")
         self._dispatched[planned.row.oid] = self._passes
-        future = self._pool.submit(execute_batch, spark, target, planned)
+        future = self._pool.submit(_execute, spark, target, planned)
         self._in_flight[planned.row.oid] = _InFlight(planned, future, captured_lsn)
         future.add_done_callback(lambda _done: self.wake())
 
@@ -224,6 +221,21 @@ class ApplyPass:
                 and past_snapshot(row, captured_lsn):
             state.caught_up(row.oid)
             event(log, "table.streaming", table=row.qualified_name)
+
+
+_worker = threading.local()
+
+
+def _execute(spark: SparkSession, target: Target, planned: PlannedBatch) -> ChangeBatch:
+    """``execute_batch`` on an apply worker, whose Spark jobs run in a FAIR pool of its own (one big
+    MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
+    batches are all built on the driver never starts it (``run.spark_on_demand``)."""
+    if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
+        from headrace.spark import use_pool
+
+        use_pool(spark, threading.current_thread().name)
+        _worker.pool_set = True
+    return execute_batch(spark, target, planned)
 
 
 def past_snapshot(row: TableRow, captured_lsn: int) -> bool:

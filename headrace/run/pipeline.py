@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, redacted_dsn
@@ -35,6 +35,7 @@ from headrace.run.failure import Failures
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import Observers
 from headrace.run.outage import OutageWatch, ride_out
+from headrace.run.spark_on_demand import SparkOnDemand
 from headrace.run.table_watch import TableWatch
 from headrace.run.tracking import TableTracking
 from headrace.run.view import CaptureStatus
@@ -72,6 +73,8 @@ class Pipeline:
         self.state_dsn = config.source.resolved_state_dsn()  # a MySQL source needs a PostgreSQL for state
         self.source = open_source(config, self.dsn)  # PostgreSQL or MySQL, by the DSN's scheme
         self._spark = spark
+        # What the target and the apply workers get: the session starts when one of them needs it.
+        self.spark_on_demand = SparkOnDemand(lambda: self.spark)
         self._target: Target | None = None
         self._target_lock = threading.Lock()
         self.capture: Capture | None = None
@@ -137,7 +140,8 @@ class Pipeline:
     def target(self) -> Target:
         with self._target_lock:  # the API and tests read the target from other threads
             if self._target is None:
-                self._target = open_target(self.config.target.kind, self.spark, self.config.target.settings,
+                spark = cast("SparkSession", self.spark_on_demand)
+                self._target = open_target(self.config.target.kind, spark, self.config.target.settings,
                                            self.config.name)
         return self._target
 
@@ -198,7 +202,8 @@ class Pipeline:
                 did_work = self.table_watch.step(state)
                 if not self.operations.paused:
                     did_work |= self.copier.start(state)
-                    did_work |= self.apply_pass.run(self.spark, state, self.target, self.capture.captured_lsn)
+                    did_work |= self.apply_pass.run(cast("SparkSession", self.spark_on_demand), state, self.target,
+                                                    self.capture.captured_lsn)
                     did_work |= self.maintenance.step(state, self.target)  # between apply passes
                 elif self.apply_pass.in_flight:
                     did_work |= self.apply_pass.harvest(state, self.target)
