@@ -20,6 +20,7 @@ from headrace.core.errors import ConfigError
 from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
+from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
@@ -167,3 +168,34 @@ def test_a_first_batch_on_a_fresh_thread_finds_its_catalog(spark: SparkSession, 
     worker.join()
     assert not errors, errors
     assert rows_of(fresh, TABLE)[9] == (9, "nine", None, None, "d9", 200, 0)
+
+
+def test_a_batch_over_many_data_files_writes_one_delete_file(spark: SparkSession, target: IcebergTarget) -> None:
+    """Position deletes are scoped to the partition (``write.delete.granularity``): a batch that deletes
+    rows from three data files writes one delete file, not one per data file plus a rewrite of each
+    file's earlier deletes, and DuckDB (a reader that is not ours) reads what Spark reads."""
+    target.ensure_table(TABLE)
+    name = target.table_name(TABLE)
+    rows = spark.range(1, 301, numPartitions=3).selectExpr(
+        "id", "cast(id AS string) AS `odd name, ``quoted```", "CAST(NULL AS decimal(20,4)) AS amount",
+        "CAST(NULL AS array<string>) AS tags", "concat('doc', id) AS doc", "100L AS _hr_lsn", "0L AS _hr_seq",
+        "TIMESTAMP '2024-01-01 00:00:00' AS _hr_commit_ts")
+    target.write_snapshot(TABLE, rows, Position(100))
+    for lsn in (200, 300):  # keys in every data file: an update and a delete in each third
+        changes = [("U", lsn, 0, None, lsn // 100, "u", None, None, "x"), ("D", lsn, 1, None, 100 + lsn // 100, *[None] * 4),
+                   ("U", lsn, 2, None, 200 + lsn // 100, "u", None, None, "y"), ("I", lsn, 3, None, 1000 + lsn, "i", None, None, "z")]
+        target.apply_arrow_batch(TABLE, to_arrow(batch_df(spark, TABLE, changes)), None, lsn)
+    added = [int(r[0]) for r in spark.sql(
+        f"SELECT coalesce(summary['added-delete-files'], '0') FROM {name}.snapshots ORDER BY committed_at"
+    ).collect()]
+    assert added[-2:] == [1, 1]  # the two batches' MERGEs (file granularity: 3, then 4 and 3 removed)
+    assert spark.sql(f"SELECT count(*) FROM {name}.delete_files").first()[0] == 2  # type: ignore[index]
+    spark_rows = sorted((r[0], r[4]) for r in rows_of(target, TABLE).values())
+    con = duckdb_with("avro", "iceberg")
+    try:
+        scan = f"iceberg_scan('{iceberg_metadata_location(target.settings, 'public', 'orders')}')"
+        duck_rows = sorted(con.execute(f"SELECT id, doc FROM {scan}").fetchall())
+    finally:
+        con.close()
+    assert duck_rows == spark_rows
+    assert len(spark_rows) == 300 - 2 + 2 and (2, "x") in spark_rows and (102, "doc102") not in spark_rows

@@ -53,6 +53,13 @@ TABLE_PROPERTIES = {
     "write.delete.mode": WRITE_MODE,
     "write.update.mode": WRITE_MODE,
     "write.merge.mode": WRITE_MODE,
+    # One position-delete file per batch (per write task), as Iceberg wrote them before 1.8. Its default
+    # since, "file", writes one delete file per data file the batch touches and rewrites that data file's
+    # earlier delete file into it (read, merged, written again): a small batch of random keys touches
+    # every data file, so each batch wrote ~one delete file per data file in the table (19 at 25 data
+    # files, 130 at 130) and its cost grew with every batch until compaction. Readers (DuckDB,
+    # pyiceberg, Spark) apply either kind; compaction (``maintenance``) removes both.
+    "write.delete.granularity": "partition",
 }
 
 
