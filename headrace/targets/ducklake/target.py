@@ -116,9 +116,8 @@ class DuckLakeTarget(Target):
 
     def _register(self, table: TableSchema, written: list[str], replace: bool, discard: list[str]) -> int:
         """One DuckLake transaction swaps (or adds) the Parquet files ``written`` in: registered with
-        ``ducklake_add_data_files`` (no rewrite), or for tables with UUID/JSON/TIME columns (text in
-        the row shape) copied by DuckDB with ``INSERT ... SELECT`` casts (no rows through Python), the
-        files (or folders) ``discard`` then deleted."""
+        ``ducklake_add_data_files`` (no rewrite), or for tables with UUID/JSON/TIME columns (text in the
+        row shape) copied by DuckDB with ``INSERT ... SELECT`` casts, the files or folders ``discard`` then deleted."""
         direct = all(registers_directly(c.type) for c in table.columns)
         with self._lock, self._transaction(table):
             self._clear_for_copy(table, replace)
