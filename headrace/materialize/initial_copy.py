@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from headrace.config import PipelineConfig, SchemaChangesConfig
 from headrace.core.errors import SourceError
 from headrace.core.faults import crash_point
+from headrace.core.filesink import FileSink
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
 from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
@@ -44,6 +45,7 @@ from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.permits import Permits
 from headrace.materialize.snapshot_job import (
+    ChunkFile,
     ValueCounts,
     chunk_dataframe,
     copy_chunks_to_files,
@@ -55,13 +57,17 @@ from headrace.outage import lost_connection
 from headrace.source import open_source
 from headrace.source.base import ChunkRead, CopySnapshot, Source
 from headrace.state.lifecycle import TableState
-from headrace.state.progress import ProgressStore
+from headrace.state.progress import Chunk, ProgressStore
 from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("headrace.snapshot")
+
+# Chunks a copy task writes one after another in a group's job: a group holds this many per task. Two
+# make a group ~64 MB of heap a core (default chunk_pages), so few commits, and little redone after a crash.
+CHUNKS_PER_TASK = 2
 
 FailHandler = Callable[[StateStore, TableRow, Exception, TableState], None]
 
@@ -206,6 +212,15 @@ class InitialCopy:
               snapshot_lsn=self.source.format_position(snapshot_lsn))
         started = time.monotonic()
         position = Position(snapshot_lsn, 0)
+        reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
+        sink = None if resume or len(todo) < 2 else self._copy_sink(schema, reader)
+        if sink is not None:
+            copied = self._copy_in_files(progress, row.oid, schema, reader, sink, todo, position, permits,
+                                         (len(chunks) - len(todo), len(chunks), done_rows, started))
+            if copied is None:
+                return  # stopped: progress is kept; the next run resumes here
+            done_rows += copied
+            todo = []
         table_rows = 0
         group_size = permits.total
         for start in range(0, len(todo), group_size):
@@ -226,10 +241,7 @@ class InitialCopy:
                         reader = prefetched(reader, *ranges[0])
                     if not resume:
                         after = self._write_on_driver(schema, reader, position, replace=start == 0)
-                elif not resume:
-                    after = self._write_files(schema, reader, ranges, position, permits, replace=start == 0,
-                                              counted=counted)
-                if after is None and len(todo) != 1:
+                else:
                     held.enter_context(permits.take(len(group)))  # the job's tasks read the chunks
                 if after is None:
                     df = chunk_dataframe(self.spark, schema, reader, ranges, position,
@@ -241,9 +253,7 @@ class InitialCopy:
                     if after is None:
                         after = self.target.write_snapshot(schema, df, position, replace=start == 0)
                     rows, table_rows = after - table_rows, after
-            for read in counted:  # the write above ran the scan that counted them
-                if (changed := read()) and self.on_values_changed is not None:
-                    self.on_values_changed(name, changed)
+            self._values_changed(name, counted)
             for seen in positions:
                 # A keyless table's changes cannot converge by key: its one chunk's own snapshot
                 # position is the table's, so the changes it already holds are not applied again.
@@ -272,33 +282,83 @@ class InitialCopy:
             return None
         return self.target.write_snapshot_arrow(schema, rows, replace=replace)
 
-    def _write_files(self, schema: TableSchema, reader: ChunkRead, ranges: list[tuple[int, int]],
-                     position: Position, permits: Permits, replace: bool,
-                     counted: list[Callable[[], ValueCounts]]) -> int | None:
-        """Copy a group of chunks with tasks that write Parquet themselves into the target's
-        ``copy_sink``, registered in one commit; the chunks whose values need Spark's casts are then
-        appended through ``write_snapshot``. None (nothing done): the group takes the Spark path (a
-        target or storage without a sink, a source with per-row positions, column types Spark casts).
-        Returns the rows the table then holds."""
+    def _copy_sink(self, schema: TableSchema, reader: ChunkRead) -> FileSink | None:
+        """Where a fresh copy's tasks write Parquet themselves (the target's ``copy_sink``, one folder for
+        the whole copy), or None: the copy takes the Spark path (a target or storage without a sink, a
+        source with per-row positions, column types only Spark casts)."""
         if reader.per_row_position or not takes_chunk_rows(schema, reader.routes):
             return None
-        sink = self.target.copy_sink(schema, replace)
-        if sink is None:
-            return None
-        with permits.take(len(ranges)):  # the job's tasks read the chunks
-            results = copy_chunks_to_files(self.spark, schema, reader, ranges, position, sink)
-        written = [r.file for r in results if r.file is not None]
-        after = self.target.register_copy_files(schema, sink, written, replace)
-        rest = [ranges[r.chunk] for r in results if r.needs_spark]
-        if rest:
-            event(log, "snapshot.spark_chunks", table=schema.qualified_name, chunks=len(rest),
-                  reason="values only Spark's casts decide (infinities, BC or far-future dates, NaN numeric)")
-            with permits.take(len(rest)):
-                df = chunk_dataframe(self.spark, schema, reader, rest, position,
-                                     value_rules(schema.qualified_name, self.target, self.config.values.infinity),
-                                     counted.append)
-                after = self.target.write_snapshot(schema, df, position, replace=False)
+        return self.target.copy_sink(schema, True)
+
+    def _copy_in_files(self, progress: ProgressStore, oid: int, schema: TableSchema, reader: ChunkRead,
+                       sink: FileSink, todo: list[Chunk], position: Position, permits: Permits,
+                       report: tuple[int, int, int, float]) -> int | None:
+        """Copy ``todo`` with tasks that write Parquet into ``sink``, a group of chunks a Spark job, each
+        group registered in one commit and then marked done; the rows copied, or None when stopped.
+
+        The next group's job runs while a group commits (one job at a time, so the source connections
+        stay those of one job's tasks), and a job has one task per core it may use (at most the
+        permits, each task copying its share of the group): the cores never wait for a commit, nor for
+        one task left over. Measured on 20M rows: docs/benchmarks.md, "Initial copy". Chunks whose
+        values need Spark's casts are appended through ``write_snapshot`` after their group's files.
+        """
+        name = schema.qualified_name
+        tasks = max(1, min(permits.total, self.spark.sparkContext.defaultParallelism))
+        size = tasks * CHUNKS_PER_TASK
+        groups = [todo[i:i + size] for i in range(0, len(todo), size)]
+        ended = threading.Event()  # the commits stopped: jobs not yet started do not start
+
+        def job(group: list[Chunk]) -> list[ChunkFile] | None:
+            if self.stop.is_set() or ended.is_set():
+                return None
+            ranges = [(c.start_page, c.end_page) for c in group]
+            with permits.take(min(tasks, len(group))):  # the job's tasks read the chunks
+                return copy_chunks_to_files(self.spark, schema, reader, ranges, position, sink, tasks)
+
+        done_before, total, rows_before, started = report
+        copied = table_rows = 0
+        with ThreadPoolExecutor(1, thread_name_prefix="copy-job") as jobs:
+            futures = [jobs.submit(job, group) for group in groups]
+            try:
+                for i, (group, future) in enumerate(zip(groups, futures, strict=True)):
+                    results = future.result()
+                    if results is None:
+                        event(log, "snapshot.paused", table=name, chunks_done=done_before + i * size)
+                        return None
+                    after = self.target.register_copy_files(schema, sink, [r.file for r in results if r.file],
+                                                            replace=i == 0)
+                    rest = [group[r.chunk] for r in results if r.needs_spark]
+                    if rest:
+                        after = self._copy_with_spark(schema, reader, rest, position, permits, tasks)
+                    rows, table_rows = after - table_rows, after
+                    crash_point("snapshot.after_chunk")
+                    progress.mark_done(oid, group, position.lsn, rows)
+                    copied += rows
+                    self._report(name, done_before + i * size + len(group), total, rows_before + copied, started)
+            finally:
+                ended.set()
+        return copied
+
+    def _copy_with_spark(self, schema: TableSchema, reader: ChunkRead, rest: list[Chunk], position: Position,
+                         permits: Permits, tasks: int) -> int:
+        """Append chunks whose values only Spark's casts decide; the rows the table then holds."""
+        name = schema.qualified_name
+        event(log, "snapshot.spark_chunks", table=name, chunks=len(rest),
+              reason="values only Spark's casts decide (infinities, BC or far-future dates, NaN numeric)")
+        counted: list[Callable[[], ValueCounts]] = []
+        with permits.take(min(tasks, len(rest))):
+            df = chunk_dataframe(self.spark, schema, reader, [(c.start_page, c.end_page) for c in rest], position,
+                                 value_rules(name, self.target, self.config.values.infinity), counted.append,
+                                 tasks=tasks)
+            after = self.target.write_snapshot(schema, df, position, replace=False)
+        self._values_changed(name, counted)
         return after
+
+    def _values_changed(self, name: str, counted: list[Callable[[], ValueCounts]]) -> None:
+        """Report the values the casts changed, once the write that counted them ran."""
+        for read in counted:
+            if (changed := read()) and self.on_values_changed is not None:
+                self.on_values_changed(name, changed)
 
     def _merge(self, state: StateStore, row: TableRow, schema: TableSchema, df: DataFrame) -> int:
         """Merge re-copied chunks by key with the position rule (they may overlap copied rows)."""

@@ -59,8 +59,10 @@ def chunk_dataframe(
     rules: ValueRules | None = None,
     on_changed: Callable[[Callable[[], ValueCounts]], None] | None = None,
     on_position: Callable[[Callable[[], int | None]], None] | None = None,
+    tasks: int | None = None,
 ) -> DataFrame:
-    """Rows of ``table`` in ``chunks`` as ``reader`` reads them, in the Target row shape.
+    """Rows of ``table`` in ``chunks`` as ``reader`` reads them, in the Target row shape, read by
+    ``tasks`` Spark tasks (``chunk_tasks``).
 
     Lazy: the copy runs when the DataFrame is written (a snapshot the reader imports must stay
     valid until then). Every row carries ``position`` (seq 0), or its chunk's own position when the
@@ -79,15 +81,10 @@ def chunk_dataframe(
     plan = list(chunks)
 
     def copy_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        # Runs on an executor; the input holds the index of the chunk this partition copies.
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                start, end = plan[index]
-                yield from read(start, end)
+        for index in chunk_indexes(batches):
+            yield from read(*plan[index])
 
-    # spark.range with one partition per chunk puts exactly one chunk index in each task.
-    descriptors = spark.range(0, len(plan), 1, numPartitions=len(plan))
-    text = descriptors.mapInArrow(copy_partition, read_schema)
+    text = chunk_tasks(spark, len(plan), tasks).mapInArrow(copy_partition, read_schema)
     # The text each column's casts see: a SPLIT column's text holds only the values outside the
     # binary range (infinities, BC, beyond 9999), the only ones the range rules change.
     texts = {i: F.col(f"t{i}" if route is Route.SPLIT else f"c{i}")
@@ -220,13 +217,15 @@ class ChunkFile:
 
 
 def copy_chunks_to_files(spark: SparkSession, table: TableSchema, reader: ChunkRead,
-                         chunks: list[tuple[int, int]], position: Position, sink: FileSink) -> list[ChunkFile]:
-    """Copy ``chunks`` in one Spark job whose tasks write Parquet into ``sink`` themselves.
+                         chunks: list[tuple[int, int]], position: Position, sink: FileSink,
+                         tasks: int | None = None) -> list[ChunkFile]:
+    """Copy ``chunks`` in one Spark job whose ``tasks`` write Parquet into ``sink`` themselves.
 
-    One task per chunk, as in ``chunk_dataframe``, but no Spark rows: each task reads its chunk,
-    builds the row shape in Arrow (``chunk_rows``) and writes it with ``pyarrow.parquet``, sending
-    the driver only the file's path, size and row count. A chunk ``chunk_rows`` refuses (a value
-    only Spark's casts decide) writes nothing and comes back ``needs_spark``, for ``chunk_dataframe``.
+    Tasks as in ``chunk_dataframe`` (``chunk_tasks``), but no Spark rows: a task reads each of its
+    chunks, builds the row shape in Arrow (``chunk_rows``) and writes it with ``pyarrow.parquet``, one
+    file a chunk, sending the driver only each file's path, size and row count. A chunk ``chunk_rows``
+    refuses (a value only Spark's casts decide) writes nothing and comes back ``needs_spark``, for
+    ``chunk_dataframe``.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -243,23 +242,20 @@ def copy_chunks_to_files(spark: SparkSession, table: TableSchema, reader: ChunkR
             yield rows
 
     def write_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        # Runs on an executor; the input holds the index of the chunk this partition copies.
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                path, size, count = None, 0, -1
-                try:
-                    written = sink.write_parts(parts(index), f"{attempt}-{index:05d}", empty=False)
-                except _NeedsSpark:
-                    pass  # the partial file is gone; the chunk goes to chunk_dataframe
-                else:
-                    count = 0 if written is None else written.rows
-                    if written is not None:
-                        path, size = written.path, written.bytes
-                yield pa.RecordBatch.from_pydict({"chunk": [index], "path": [path], "bytes": [size],
-                                                  "rows": [count]}, schema=result_schema)
+        for index in chunk_indexes(batches):
+            path, size, count = None, 0, -1
+            try:
+                written = sink.write_parts(parts(index), f"{attempt}-{index:05d}", empty=False)
+            except _NeedsSpark:
+                pass  # the partial file is gone; the chunk goes to chunk_dataframe
+            else:
+                count = 0 if written is None else written.rows
+                if written is not None:
+                    path, size = written.path, written.bytes
+            yield pa.RecordBatch.from_pydict({"chunk": [index], "path": [path], "bytes": [size],
+                                              "rows": [count]}, schema=result_schema)
 
-    descriptors = spark.range(0, len(plan), 1, numPartitions=len(plan))
-    results = descriptors.mapInArrow(write_partition, FILE_RESULT).collect()
+    results = chunk_tasks(spark, len(plan), tasks).mapInArrow(write_partition, FILE_RESULT).collect()
     out = []
     for r in sorted(results, key=lambda r: r["chunk"]):
         written = WrittenFile(r["path"], r["bytes"], r["rows"]) if r["path"] is not None else None
@@ -271,6 +267,21 @@ class _NeedsSpark(Exception):
     """A batch of the chunk holds a value only Spark's casts decide."""
 
 
+def chunk_tasks(spark: SparkSession, count: int, tasks: int | None) -> DataFrame:
+    """The indexes ``0..count-1`` of a job's chunks spread over ``tasks`` Spark tasks (None: one task
+    a chunk), for a ``mapInArrow`` that copies each index it gets (``chunk_indexes``).
+
+    ``spark.range`` gives each partition a contiguous run of indexes. Fewer tasks than chunks bound
+    the source connections a job holds at once to ``tasks`` however many cores run it (a task reads
+    its chunks one after another), and keep those cores evenly busy.
+    """
+    return spark.range(0, count, 1, numPartitions=max(1, min(count, tasks or count)))
+
+
+def chunk_indexes(batches: Iterable[pa.RecordBatch]) -> Iterator[int]:
+    """On an executor: the chunk indexes of a ``chunk_tasks`` partition."""
+    for batch in batches:
+        yield from batch.column(0).to_pylist()
 
 
 def _exact_decimal(text: pa.ChunkedArray, precision: int | None, scale: int | None) -> pa.ChunkedArray | None:

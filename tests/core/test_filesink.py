@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from headrace.core.filesink import FileSink, open_folder
+from headrace.core.filesink import FileSink, dictionary_columns, open_folder
 
 
 def test_open_folder_takes_local_paths_and_file_uris_and_refuses_hadoop_only_schemes(tmp_path: Path) -> None:
@@ -49,3 +49,19 @@ def test_a_chunk_given_up_midway_leaves_no_file(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
     assert sink.write_parts(iter([pa.table({"id": pa.array([], pa.int64())})]), "none", empty=False) is None
     assert not list(tmp_path.iterdir())
+
+
+def test_only_repetitive_columns_get_a_dictionary_and_values_read_back_unchanged(tmp_path: Path) -> None:
+    fs, path = open_folder(str(tmp_path))  # type: ignore[misc]
+    n = 50_000
+    rows = pa.table({"id": pa.array(range(n), pa.int64()), "status": [("new", "paid")[i % 2] for i in range(n)],
+                     "note": [f"note {i}" for i in range(n)], "flag": [i % 3 == 0 for i in range(n)],
+                     "ts": pa.nulls(n, pa.timestamp("us", tz="UTC"))})
+    assert dictionary_columns(rows) == ["status", "ts"]
+    FileSink(str(tmp_path), fs, path).write(rows, "f")
+    file = pq.ParquetFile(tmp_path / "f.parquet")
+    encodings = {file.schema.column(i).name: file.metadata.row_group(0).column(i).encodings
+                 for i in range(len(rows.columns))}
+    assert "RLE_DICTIONARY" in encodings["status"] and "RLE_DICTIONARY" not in encodings["id"]
+    assert "RLE_DICTIONARY" not in encodings["note"]
+    assert file.read().equals(rows)

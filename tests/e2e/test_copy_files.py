@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import threading
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,18 @@ from headrace.control.status import pipeline_status
 from headrace.core.names import quote_ident
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
+from headrace.materialize.initial_copy import CHUNKS_PER_TASK
 from headrace.materialize.snapshot_job import chunk_dataframe, copy_chunks_to_files, driver_rows
 from headrace.pipeline import Pipeline
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.source.postgres.catalog import read_table_schema
-from headrace.source.postgres.copy import OPEN_END
+from headrace.source.postgres.copy import APPLICATION_NAME, OPEN_END
 from headrace.source.postgres.source import chunk_reader
+from headrace.targets.ducklake.files import SNAPSHOT_FOLDER
 from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
-from tests.e2e.helpers import make_config
+from tests.e2e.helpers import assert_same, make_config
 from tests.e2e.test_copy_on_driver import POSITION, _read, _values, create_cell_table
 from tests.e2e.test_pipeline import run_caught_up
 from tests.targets.test_ducklake_target import plain_duckdb, settings_for
@@ -164,3 +167,47 @@ def test_a_chunk_only_spark_decides_is_copied_by_spark_beside_the_task_files(
     assert table["snapshot"]["chunks_total"] > 3
     got = {r["id"]: r["d"] for r in pipeline.target.read_table(spans).collect()}
     assert got == {**{g: date(2024, 1, 1) + timedelta(days=g) for g in range(1, 401)}, 1000: date(9999, 12, 31)}
+
+
+def test_a_big_table_copies_in_overlapping_jobs_within_max_connections(
+        source_dsn: str, tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """DuckLake, many chunks: a group's job runs while the one before commits, and the source never
+    sees more than max_connections copy connections. The uuid column makes DuckLake copy each group's
+    files in and delete them, one by one: never the files of the next group in the same folder."""
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE wide (id int PRIMARY KEY, u uuid, pad text)")
+        conn.execute("INSERT INTO wide SELECT g, md5(g::text)::uuid, repeat('x', 300) FROM generate_series(1, 600) g")
+    config = make_config(source_dsn, tmp_path, ["public.wide"], "ducklake",
+                         snapshot={"chunk_pages": 2, "max_connections": 3})
+    dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
+    seen: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            while not done.is_set():
+                # As in test_small_tables_copy: a read's backend closing after its ROLLBACK is not held.
+                seen.append(conn.execute(
+                    "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
+                    " AND NOT (state = 'idle' AND query = 'ROLLBACK')) + (SELECT count(*) FROM"
+                    " pg_replication_slots WHERE database = %s AND slot_name LIKE %s AND active)",
+                    (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()[0])  # type: ignore[index]
+                done.wait(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    pipeline = Pipeline(config, spark=spark)
+    try:
+        with caplog.at_level(logging.INFO, logger="headrace.snapshot"):
+            run_caught_up(pipeline)
+    finally:
+        done.set()
+        sampler.join()
+    progress = [r for r in caplog.records if r.getMessage() == "snapshot.progress"]
+    (table,) = pipeline_status(config)["tables"]
+    assert table["snapshot"]["chunks_total"] >= 3 * 2 * CHUNKS_PER_TASK  # 3+ groups of 2 tasks' chunks
+    assert len(progress) == -(-table["snapshot"]["chunks_total"] // (2 * CHUNKS_PER_TASK))
+    assert max(seen) <= 3, f"the copy held {max(seen)} source connections with max_connections 3"
+    assert assert_same(pipeline, source_dsn, "public.wide") == 600
+    copies = Path(config.target.settings.data_path) / SNAPSHOT_FOLDER  # type: ignore[union-attr]
+    assert not [f for f in copies.rglob("*") if f.is_file()], "copied-in files left behind"

@@ -18,6 +18,7 @@ import yaml
 
 from headrace.config import parse_config
 from headrace.control.status import pipeline_status
+from headrace.materialize.initial_copy import CHUNKS_PER_TASK
 from headrace.pipeline import Pipeline
 from headrace.state.progress import ProgressStore
 from tests.e2e.helpers import assert_same, make_config
@@ -81,7 +82,8 @@ def test_kill_mid_copy_resumes_with_the_chunks_left(source_dsn: str, tmp_path: P
     try:
         oid = next(iter(progress.progress()))
         before = {c.number: c for c in progress.chunks(oid) if c.done}
-        assert len(before) == 3  # the 4th group was written but not recorded: it is redone
+        # Three groups of one task's CHUNKS_PER_TASK chunks; the 4th was written but not recorded: redone.
+        assert len(before) == 3 * CHUNKS_PER_TASK
         # Rows move between pages while no snapshot holds the copy (as many rounds as the old 2 s gave).
         _churn(source_dsn, threading.Event(), 10_000, rounds=100)
         # The resuming run is the same pipeline in this process (the session's Spark starts no JVM).

@@ -120,6 +120,10 @@ def select_statement(table: TableSchema, start: int, end: int) -> sql.Composed:
             items.append(sql.SQL("CASE WHEN {} THEN {}::{} END").format(inside, ident, sql.SQL(cast)))
             # date and timestamps have no cast to text: ::text calls their output function.
             items.append(sql.SQL("CASE WHEN NOT ({}) THEN {}::text END").format(inside, ident))
+        elif col.type.kind is TypeKind.DECIMAL:
+            # numeric has no cast to text in pg_cast, so ::text is an I/O conversion: numeric_out, the
+            # very text format() prints, for ~10% less server CPU a COPY (bench table).
+            items.append(sql.SQL("{}::text").format(ident))
         else:
             # format() prints with the type's output function, as COPY's text does (a cast to text
             # need not: boolean::text is 'true', inet::text adds '/32', char(n)::text trims). It

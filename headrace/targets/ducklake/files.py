@@ -82,10 +82,14 @@ def attempt_folders(root: str) -> Iterator[Path]:
     yield from Path(root).iterdir()
 
 
-def remove(folder: str) -> None:
-    """Delete a local folder of snapshot files (object stores: left to DuckLake's cleanup)."""
-    if "://" not in folder:
-        shutil.rmtree(folder, ignore_errors=True)
+def remove(path: str) -> None:
+    """Delete a local snapshot file or folder of them (object stores: left to DuckLake's cleanup)."""
+    if "://" in path:
+        return
+    if Path(path).is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        Path(path).unlink(missing_ok=True)
 
 
 def remove_unregistered_attempts(con: duckdb.DuckDBPyConnection, lock: threading.Lock, lake: str, root: str) -> None:

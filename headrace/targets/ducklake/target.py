@@ -88,34 +88,36 @@ class DuckLakeTarget(Target):
         """Spark writes Parquet under the data path; one DuckLake transaction swaps (or adds) it in
         (``register_copy_files``)."""
         self.ensure_table(table)
-        folder = self._attempt_folder(table)
+        folder = self._attempt_folder(table, replace)
         files.write_parquet(self.spark, table, rows, folder)
         with self._lock:
             written = [r[0] for r in self._con.execute("SELECT file FROM glob(?)", [f"{folder}/*.parquet"]).fetchall()]
-        return self._register(table, folder, written, replace)
+        return self._register(table, written, replace, discard=[folder])
 
     def copy_sink(self, table: TableSchema, replace: bool) -> FileSink | None:
-        """A new attempt folder (as ``write_snapshot``'s); None where ``pyarrow.fs`` cannot reach it."""
-        folder = self._attempt_folder(table)
+        """A new attempt folder for every part of one copy; None where ``pyarrow.fs`` cannot reach it."""
+        folder = self._attempt_folder(table, replace)
         opened = open_folder(folder)
         return FileSink(folder, *opened) if opened is not None else None
 
     def register_copy_files(self, table: TableSchema, sink: FileSink, written: list[WrittenFile],
                             replace: bool) -> int:
-        """Register a copy's files as ``write_snapshot`` does Spark's."""
-        return self._register(table, sink.location, [w.path for w in written], replace)
+        """Register a copy's files as ``write_snapshot`` does Spark's (discarding these files only: the
+        folder is the whole copy's, its next files may be under way); the rows the table then holds."""
+        return self._register(table, [w.path for w in written], replace, discard=[w.path for w in written])
 
-    def _attempt_folder(self, table: TableSchema) -> str:
-        """A new folder for one copy attempt's files; earlier attempts' unregistered folders go."""
+    def _attempt_folder(self, table: TableSchema, first: bool) -> str:
+        """A new folder for a copy's files; at its ``first`` part (only: a copy's own folder is one until
+        its first commit), earlier attempts' unregistered folders go."""
         root = files.snapshot_root(self.settings.data_path, self._schema(table), table.target_table)
-        files.remove_unregistered_attempts(self._con, self._lock, L, root)
+        if first:
+            files.remove_unregistered_attempts(self._con, self._lock, L, root)
         return f"{root}/{uuid.uuid4().hex}"
 
-    def _register(self, table: TableSchema, folder: str, written: list[str], replace: bool) -> int:
+    def _register(self, table: TableSchema, written: list[str], replace: bool, discard: list[str]) -> int:
         """One DuckLake transaction swaps (or adds) the Parquet files ``written`` in: registered with
-        ``ducklake_add_data_files`` (no rewrite), or for tables with UUID/JSON/TIME columns (text in
-        the row shape) copied by DuckDB with ``INSERT ... SELECT`` casts (no rows through Python), the
-        files then deleted."""
+        ``ducklake_add_data_files`` (no rewrite), or for tables with UUID/JSON/TIME columns (text in the
+        row shape) copied by DuckDB with ``INSERT ... SELECT`` casts, the files or folders ``discard`` then deleted."""
         direct = all(registers_directly(c.type) for c in table.columns)
         with self._lock, self._transaction(table):
             self._clear_for_copy(table, replace)
@@ -128,7 +130,8 @@ class DuckLakeTarget(Target):
                 self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
             count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
         if not direct:
-            files.remove(folder)
+            for path in discard:
+                files.remove(path)
         return int(count)
 
     def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
