@@ -54,6 +54,16 @@ def test_catalog_name_cannot_switch_warehouse(
     IcebergTarget(spark, target.settings, pipeline="p")  # the same warehouse again is fine
 
 
+def three_data_files(spark: SparkSession, target: IcebergTarget) -> None:
+    """Rows 1..300 of ``TABLE`` at position 100 in three data files of disjoint key ranges (spark.range
+    splits 1..300 into contiguous thirds)."""
+    rows = spark.range(1, 301, numPartitions=3).selectExpr(
+        "id", "cast(id AS string) AS `odd name, ``quoted```", "CAST(NULL AS decimal(20,4)) AS amount",
+        "CAST(NULL AS array<string>) AS tags", "concat('doc', id) AS doc", "100L AS _hr_lsn", "0L AS _hr_seq",
+        "TIMESTAMP '2024-01-01 00:00:00' AS _hr_commit_ts")
+    target.write_snapshot(TABLE, rows, Position(100))
+
+
 def test_merge_of_keys_in_one_file_reads_and_touches_no_other_file(
     spark: SparkSession, target: IcebergTarget, tmp_path: Path
 ) -> None:
@@ -61,12 +71,7 @@ def test_merge_of_keys_in_one_file_reads_and_touches_no_other_file(
     runs (so it never opened them), its deletes name only the one file, and the rows are right."""
     target.ensure_table(TABLE)
     name = target.table_name(TABLE)
-    # Three data files of disjoint key ranges (spark.range splits 1..300 into contiguous thirds).
-    rows = spark.range(1, 301, numPartitions=3).selectExpr(
-        "id", "cast(id AS string) AS `odd name, ``quoted```", "CAST(NULL AS decimal(20,4)) AS amount",
-        "CAST(NULL AS array<string>) AS tags", "concat('doc', id) AS doc", "100L AS _hr_lsn", "0L AS _hr_seq",
-        "TIMESTAMP '2024-01-01 00:00:00' AS _hr_commit_ts")
-    target.write_snapshot(TABLE, rows, Position(100))
+    three_data_files(spark, target)
     files = {r.file_path: (r.lo, r.hi) for r in spark.sql(
         f"SELECT file_path, readable_metrics.id.lower_bound AS lo, readable_metrics.id.upper_bound AS hi"
         f" FROM {name}.data_files").collect()}
@@ -176,11 +181,7 @@ def test_a_batch_over_many_data_files_writes_one_delete_file(spark: SparkSession
     file's earlier deletes, and DuckDB (a reader that is not ours) reads what Spark reads."""
     target.ensure_table(TABLE)
     name = target.table_name(TABLE)
-    rows = spark.range(1, 301, numPartitions=3).selectExpr(
-        "id", "cast(id AS string) AS `odd name, ``quoted```", "CAST(NULL AS decimal(20,4)) AS amount",
-        "CAST(NULL AS array<string>) AS tags", "concat('doc', id) AS doc", "100L AS _hr_lsn", "0L AS _hr_seq",
-        "TIMESTAMP '2024-01-01 00:00:00' AS _hr_commit_ts")
-    target.write_snapshot(TABLE, rows, Position(100))
+    three_data_files(spark, target)
     for lsn in (200, 300):  # keys in every data file: an update and a delete in each third
         changes = [("U", lsn, 0, None, lsn // 100, "u", None, None, "x"), ("D", lsn, 1, None, 100 + lsn // 100, *[None] * 4),
                    ("U", lsn, 2, None, 200 + lsn // 100, "u", None, None, "y"), ("I", lsn, 3, None, 1000 + lsn, "i", None, None, "z")]
