@@ -31,13 +31,6 @@ MYSQL_SCHEMES = ("mysql", "mariadb")
 # config; a pipeline takes ``ApplyConfig.driver_rows``): measured (bench/driver_batch.py) 4-9x faster
 # than Spark from 10 to 10,000 rows on DuckLake.
 DEFAULT_DRIVER_BATCH_ROWS = 10_000
-# ``apply.driver_batch_rows`` when unset, per target (bench/driver_batch.py, 2026-11-24): DuckLake's
-# driver path is 5-7x faster than Spark at 50,000-200,000 staged rows too (both commit in DuckDB on the
-# driver; Spark's JSON parsing, window and collect are the difference); Iceberg's is 1.3-2x faster at
-# 50,000 but level at 200,000 (its MERGE from a local relation grows faster than from Spark's own
-# read). 200,000 staged rows are ~40 MiB of Arrow per apply worker in the backlog bench.
-DRIVER_BATCH_ROWS_BY_TARGET = {"ducklake": 200_000}
-DRIVER_BATCH_ROWS_OTHERS = 50_000
 
 
 def source_kind(dsn: str) -> str:
@@ -277,18 +270,16 @@ class ApplyConfig(_Frozen):
         " batches beside capture, not as Spark batches of everything staged), no cap on Iceberg (a MERGE's"
         " fixed cost is better spread over large batches)")
 
-    def driver_rows(self, target_kind: str) -> int:
-        """``driver_batch_rows``, or the target's default when unset."""
-        if self.driver_batch_rows is not None:
-            return self.driver_batch_rows
-        return DRIVER_BATCH_ROWS_BY_TARGET.get(target_kind, DRIVER_BATCH_ROWS_OTHERS)
+    def driver_rows(self, target_default: int) -> int:
+        """``driver_batch_rows``, or the target's own (``Target.driver_batch_rows``) when unset."""
+        return target_default if self.driver_batch_rows is None else self.driver_batch_rows
 
-    def batch_rows(self, target_kind: str) -> int | None:
-        """``max_batch_rows``, or the target's default when unset (None: no cap)."""
+    def batch_rows(self, target_default: int, caps_batches: bool) -> int | None:
+        """``max_batch_rows``, or when unset ``driver_rows`` for a target that ``caps_batches`` (None: no cap)."""
         if self.max_batch_rows is not None:
             return self.max_batch_rows
-        driver = self.driver_rows(target_kind)
-        return driver if target_kind in DRIVER_BATCH_ROWS_BY_TARGET and driver > 0 else None
+        driver = self.driver_rows(target_default)
+        return driver if caps_batches and driver > 0 else None
 
 
 class SchemaChangesConfig(_Frozen):

@@ -128,10 +128,10 @@ class ApplyPass:
                 if len(self._in_flight) >= limit:
                     continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
-                    apply, kind = self.config.apply, self.config.target.kind
+                    apply, own = self.config.apply, target.driver_batch_rows
                     planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
-                                         self.config.values, self.cursors, apply.driver_rows(kind),
-                                         apply.batch_rows(kind))
+                                         self.config.values, self.cursors, apply.driver_rows(own),
+                                         apply.batch_rows(own, target.caps_batches))
                 except Exception as exc:
                     self._failed(state, row, exc)
                     continue

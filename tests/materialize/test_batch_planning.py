@@ -16,6 +16,8 @@ from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.index import StagedFile
 from headrace.materialize.apply import next_batch
 from headrace.state.store import StateStore, TableRow
+from headrace.targets.ducklake.target import DuckLakeTarget
+from headrace.targets.iceberg.target import IcebergTarget
 
 KEYED = TableSchema(21, "public", "keyed", (Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),), ("id",))
 
@@ -60,8 +62,10 @@ def test_a_batch_ends_at_a_schema_change_whatever_the_cap(state: StateStore) -> 
 
 def test_the_row_cap_and_the_driver_bound_by_target() -> None:
     default = ApplyConfig()
-    assert default.driver_rows("ducklake") == 200_000 and default.batch_rows("ducklake") == 200_000
-    assert default.driver_rows("iceberg") == 50_000 and default.batch_rows("iceberg") is None
-    assert ApplyConfig(driver_batch_rows=0).batch_rows("ducklake") is None  # driver batches off: no cap
+    duck = (DuckLakeTarget.driver_batch_rows, DuckLakeTarget.caps_batches)
+    ice = (IcebergTarget.driver_batch_rows, IcebergTarget.caps_batches)
+    assert default.driver_rows(duck[0]) == 200_000 and default.batch_rows(*duck) == 200_000
+    assert default.driver_rows(ice[0]) == 50_000 and default.batch_rows(*ice) is None
+    assert ApplyConfig(driver_batch_rows=0).batch_rows(*duck) is None  # driver batches off: no cap
     set_ = ApplyConfig(driver_batch_rows=5, max_batch_rows=1000)
-    assert set_.driver_rows("ducklake") == 5 and set_.batch_rows("iceberg") == 1000
+    assert set_.driver_rows(duck[0]) == 5 and set_.batch_rows(*ice) == 1000

@@ -52,6 +52,8 @@ class FaultyTarget(Target):
         self.stores_cursor = inner.stores_cursor
         self.applies_arrow = inner.applies_arrow
         self.copies_arrow = inner.copies_arrow
+        self.driver_batch_rows = inner.driver_batch_rows
+        self.caps_batches = inner.caps_batches
         self._lock = threading.Lock()  # the run loop, the copy thread and a test call in concurrently
         self._armed = [_Armed(f, f.times) for f in faults]
         self.injected: list[tuple[str, str]] = []  # (call, table) of every failure injected so far
