@@ -1,10 +1,13 @@
-"""Small change batches read, deduplicated and cast by DuckDB on the driver: no Spark job.
+"""Change batches read, deduplicated and cast by DuckDB on the driver: no Spark job.
 
 A Spark batch costs about half a second of jobs and JVM round trips whatever its size; for a batch of
-a few hundred staged rows that is nearly all of its cost. A target that takes Arrow batches
-(``Target.applies_arrow``: DuckLake, which applies in DuckDB anyway) gets such batches built here
-instead: the same Arrow table ``read_change_batch`` followed by ``toArrow`` gives (same columns,
-types and values), from the staged files read with pyarrow and one DuckDB query.
+a few hundred staged rows that is nearly all of its cost, and up to a few hundred thousand rows DuckDB
+on the driver is still faster than Spark on two cores. A target that takes Arrow batches
+(``Target.applies_arrow``: DuckLake, which applies in DuckDB anyway, and Iceberg, which hands the
+batch to one MERGE as a local relation) gets batches of up to its driver bound
+(``apply.driver_batch_rows``, unset: ``Target.driver_batch_rows``) built here instead: the same Arrow
+table ``read_change_batch`` followed by ``toArrow`` gives (same columns, types and values), from the
+staged files read with pyarrow and one DuckDB query.
 
 The query is ``headrace.materialize.batch`` written in SQL: the same order of changes (commit LSN,
 ordinal, sub-ordinal), key changes split into a delete of the old key and the new row, the last
@@ -76,7 +79,8 @@ def _connection() -> duckdb.DuckDBPyConnection:
     """This thread's in-memory DuckDB (apply workers build batches at the same time)."""
     con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
     if con is None:
-        # One thread: a batch is small, and the cores belong to Spark and the other workers.
+        # One thread each: apply workers build several tables' batches at once, and the cores are
+        # shared with capture and Spark.
         con = duckdb.connect(config={"threads": 1})
         con.execute("SET TimeZone = 'UTC'")
         register_functions(con)
