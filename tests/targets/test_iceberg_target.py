@@ -134,12 +134,15 @@ def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, mor_target: 
     assert {r[0]: r for r in rows_of(target, TABLE).values()} == before
 
 
+@pytest.mark.parametrize("mode", ["copy_on_write", "merge_on_read"])
 def test_a_batch_built_on_the_driver_writes_what_the_spark_batch_writes(
-    spark: SparkSession, target: IcebergTarget
+    spark: SparkSession, request: pytest.FixtureRequest, mode: str
 ) -> None:
     """``apply_arrow_batch`` (bounds from Arrow, the batch as a local relation) and ``apply_batch``
     leave the same rows after the same batches: TOAST columns left unchanged, deletes, a batch of
-    more keys than the MERGE lists, a replay, a truncate."""
+    more keys than the MERGE lists, a replay, a truncate; in either write mode (``write_mode``: the
+    contract suite's small tables are copy-on-write)."""
+    target: IcebergTarget = request.getfixturevalue("target" if mode == "copy_on_write" else "mor_target")
     twin = replace(TABLE, oid=TABLE.oid + 1, name="orders_twin")
     doc, odd = unchanged_token("doc"), unchanged_token("odd name, `quoted`")
     batches = [
