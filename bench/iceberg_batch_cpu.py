@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--from", dest="start", type=int, default=20, help="per-thread CPU from this batch on")
     ap.add_argument("--size", type=int, default=100, help="changes per batch")
     ap.add_argument("--rows", type=int, default=2_000, help="rows in the table before the batches")
+    ap.add_argument("--cow-below", type=int, default=100_000, help="target.iceberg.copy_on_write_below_rows"
+                    " (0: merge-on-read at any size)")
     ap.add_argument("--conf", action="append", default=[], help="a Spark setting k=v")
     ap.add_argument("--prop", action="append", default=[], help="an Iceberg table property k=v")
     args = ap.parse_args()
@@ -71,7 +73,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="headrace-iceberg-cpu-"))
     conf = dict(c.split("=", 1) for c in args.conf)
     spark = build_session("local[2]", conf=conf, target_conf=iceberg_session_conf({}, jdbc_driver=False))
-    target = IcebergTarget(spark, IcebergConfig(warehouse=str(work / "wh"), catalog_name="bench"), "bench")
+    target = IcebergTarget(spark, IcebergConfig(warehouse=str(work / "wh"), catalog_name="bench",
+                                                   copy_on_write_below_rows=args.cow_below), "bench")
     target.ensure_table(TABLE)
     rng = random.Random(1)
     driver_batch.ROWS = args.rows  # stage() draws updated and deleted keys from 1..ROWS
