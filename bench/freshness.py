@@ -46,6 +46,7 @@ from harness import (
     load_average,
     pct,
     pyplot,
+    target_config,
     wait_for,
     write_config,
 )
@@ -127,8 +128,11 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
     create_tables(server.dsn, args.tables, idle)
     apply = {} if args.driver_batch_rows is None else {"driver_batch_rows": args.driver_batch_rows}
+    target = {}
+    if kind == "iceberg" and args.iceberg_cow_below is not None:
+        target = {"iceberg": {**target_config(kind, work)["iceberg"], "copy_on_write_below_rows": args.iceberg_cow_below}}
     config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind,
-                          staging={"flush_seconds": args.flush_seconds}, apply=apply)
+                          staging={"flush_seconds": args.flush_seconds}, apply=apply, target=target)
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     try:
@@ -204,6 +208,8 @@ def main() -> int:
     ap.add_argument("--flush-seconds", type=float, default=1.0, help="staging.flush_seconds")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")
+    ap.add_argument("--iceberg-cow-below", type=int, help="target.iceberg.copy_on_write_below_rows (0: every"
+                    " table merge-on-read, as before it existed)")
     ap.add_argument("--pgbench-minutes", type=float, help="pgbench mode: run pgbench this long instead")
     ap.add_argument("--pgbench-scale", type=int, default=10)
     ap.add_argument("--pgbench-clients", type=int, default=4)

@@ -63,6 +63,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--from", dest="start", type=int, default=20, help="per-thread CPU from this batch on")
     ap.add_argument("--size", type=int, default=100, help="changes per batch")
+    ap.add_argument("--rows", type=int, default=2_000, help="rows in the table before the batches")
+    ap.add_argument("--cow-below", type=int, default=100_000, help="target.iceberg.copy_on_write_below_rows"
+                    " (0: merge-on-read at any size)")
     ap.add_argument("--conf", action="append", default=[], help="a Spark setting k=v")
     ap.add_argument("--prop", action="append", default=[], help="an Iceberg table property k=v")
     args = ap.parse_args()
@@ -70,10 +73,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="headrace-iceberg-cpu-"))
     conf = dict(c.split("=", 1) for c in args.conf)
     spark = build_session("local[2]", conf=conf, target_conf=iceberg_session_conf({}, jdbc_driver=False))
-    target = IcebergTarget(spark, IcebergConfig(warehouse=str(work / "wh"), catalog_name="bench"), "bench")
+    target = IcebergTarget(spark, IcebergConfig(warehouse=str(work / "wh"), catalog_name="bench",
+                                                   copy_on_write_below_rows=args.cow_below), "bench")
     target.ensure_table(TABLE)
     rng = random.Random(1)
-    driver_batch.ROWS = 2_000  # stage() draws updated and deleted keys from 1..ROWS
+    driver_batch.ROWS = args.rows  # stage() draws updated and deleted keys from 1..ROWS
     seed, _ = stage(work / "seed.parquet", driver_batch.ROWS, 1, rng)
     target.apply_batch(TABLE, read_change_batch(spark, [seed], TABLE, None).changes, None, 1)
     rules = ValueRules("public.bench", "stop", keep_infinity=target.keeps_infinity)
@@ -103,6 +107,9 @@ def main() -> None:
     print(f"conf {conf} props {args.prop}")
     print(f"median wall {statistics.median(walls[args.start:]):.3f} s, CPU {statistics.median(cpus[args.start:]):.3f} s"
           f" (batches {args.start}-{args.batches - 1}); jobs {statistics.median(jobs)}, stages {statistics.median(stages)}")
+    windows = [f"{w}-{min(w + 20, args.batches) - 1}: {statistics.median(cpus[w:w + 20]):.2f}"
+               for w in range(0, args.batches, 20)]
+    print(f"median CPU by 20 batches (driver + JVM, s): {', '.join(windows)}")
     print(f"JVM CPU per batch {own / n:.3f} s, child processes {children / n:.3f} s; by thread:")
     for name, seconds in by_thread.most_common(10):
         print(f"  {name:18} {seconds / n:.3f} s")

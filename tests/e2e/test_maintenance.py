@@ -75,6 +75,8 @@ def test_maintain_command_after_small_batches_compacts_and_expires(
         pg_server: ThrowawayPostgres) -> None:
     _create(source_dsn)
     target: Target = jdbc_target(pg_server, tmp_path) if target_kind == "iceberg-jdbc" else target_kind
+    if isinstance(target, dict):  # merge-on-read (as a large table is): the delete files a pass applies away
+        target["iceberg"]["copy_on_write_below_rows"] = 0
     raw = _raw(source_dsn, tmp_path, target, enabled=False)
     config = parse_config(raw)
     run_caught_up(Pipeline(config))

@@ -22,6 +22,7 @@ from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.targets.ducklake.files import to_arrow
+from headrace.targets.iceberg.catalog import java_table
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
 from tests.targets.conftest import batch_df, rows_of, snapshot_df
@@ -36,6 +37,13 @@ def target(spark: SparkSession, tmp_path: Path) -> IcebergTarget:
     # A catalog per test: Spark caches a catalog by name, with the warehouse it first saw.
     settings = IcebergConfig(warehouse=str(tmp_path / "wh"), catalog_name=f"hr_ice_{next(_catalogs)}")
     return IcebergTarget(spark, settings, pipeline="p")
+
+
+@pytest.fixture
+def mor_target(spark: SparkSession, target: IcebergTarget) -> IcebergTarget:
+    """The same target with every keyed table written merge-on-read whatever its size (as a large table
+    is, ``write_mode``): what the tests of position deletes and of the bounded MERGE's scan look at."""
+    return IcebergTarget(spark, target.settings.model_copy(update={"copy_on_write_below_rows": 0}), pipeline="p")
 
 
 def test_table_names_are_quoted_in_the_catalog(spark: SparkSession, target: IcebergTarget) -> None:
@@ -65,10 +73,11 @@ def three_data_files(spark: SparkSession, target: IcebergTarget) -> None:
 
 
 def test_merge_of_keys_in_one_file_reads_and_touches_no_other_file(
-    spark: SparkSession, target: IcebergTarget, tmp_path: Path
+    spark: SparkSession, mor_target: IcebergTarget, tmp_path: Path
 ) -> None:
     """The MERGE is bounded by the batch's keys: with the other data files moved away it still
     runs (so it never opened them), its deletes name only the one file, and the rows are right."""
+    target = mor_target
     target.ensure_table(TABLE)
     name = target.table_name(TABLE)
     three_data_files(spark, target)
@@ -99,9 +108,11 @@ def test_merge_of_keys_in_one_file_reads_and_touches_no_other_file(
     assert got == want
 
 
-def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, target: IcebergTarget) -> None:
-    """After random-key merges, a maintenance pass leaves data files of disjoint key ranges (what
-    lets a MERGE bounded by its batch's keys skip files) and the same rows."""
+def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, mor_target: IcebergTarget) -> None:
+    """After random-key merges (merge-on-read, as into a large table), a maintenance pass leaves data
+    files of disjoint key ranges (what lets a MERGE bounded by its batch's keys skip files) and the
+    same rows."""
+    target = mor_target
     target.ensure_table(TABLE)
     name = target.table_name(TABLE)
     spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.target-file-size-bytes'='16000')")
@@ -123,12 +134,15 @@ def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, target: Iceb
     assert {r[0]: r for r in rows_of(target, TABLE).values()} == before
 
 
+@pytest.mark.parametrize("mode", ["copy_on_write", "merge_on_read"])
 def test_a_batch_built_on_the_driver_writes_what_the_spark_batch_writes(
-    spark: SparkSession, target: IcebergTarget
+    spark: SparkSession, request: pytest.FixtureRequest, mode: str
 ) -> None:
     """``apply_arrow_batch`` (bounds from Arrow, the batch as a local relation) and ``apply_batch``
     leave the same rows after the same batches: TOAST columns left unchanged, deletes, a batch of
-    more keys than the MERGE lists, a replay, a truncate."""
+    more keys than the MERGE lists, a replay, a truncate; in either write mode (``write_mode``: the
+    contract suite's small tables are copy-on-write)."""
+    target: IcebergTarget = request.getfixturevalue("target" if mode == "copy_on_write" else "mor_target")
     twin = replace(TABLE, oid=TABLE.oid + 1, name="orders_twin")
     doc, odd = unchanged_token("doc"), unchanged_token("odd name, `quoted`")
     batches = [
@@ -175,10 +189,11 @@ def test_a_first_batch_on_a_fresh_thread_finds_its_catalog(spark: SparkSession, 
     assert rows_of(fresh, TABLE)[9] == (9, "nine", None, None, "d9", 200, 0)
 
 
-def test_a_batch_over_many_data_files_writes_one_delete_file(spark: SparkSession, target: IcebergTarget) -> None:
+def test_a_batch_over_many_data_files_writes_one_delete_file(spark: SparkSession, mor_target: IcebergTarget) -> None:
     """Position deletes are scoped to the partition (``write.delete.granularity``): a batch that deletes
     rows from three data files writes one delete file, not one per data file plus a rewrite of each
     file's earlier deletes, and DuckDB (a reader that is not ours) reads what Spark reads."""
+    target = mor_target
     target.ensure_table(TABLE)
     name = target.table_name(TABLE)
     three_data_files(spark, target)
@@ -200,3 +215,41 @@ def test_a_batch_over_many_data_files_writes_one_delete_file(spark: SparkSession
         con.close()
     assert duck_rows == spark_rows
     assert len(spark_rows) == 300 - 2 + 2 and (2, "x") in spark_rows and (102, "doc102") not in spark_rows
+
+
+def test_the_write_mode_follows_the_table_size(spark: SparkSession, target: IcebergTarget) -> None:
+    """A keyed table below ``copy_on_write_below_rows`` is written copy-on-write (no delete file), one of
+    twice that merge-on-read, and back when deletes shrink it; the rows are the same in every mode,
+    a replay changes nothing, and DuckDB reads what Spark reads."""
+    sized = IcebergTarget(spark, target.settings.model_copy(update={"copy_on_write_below_rows": 400}), pipeline="p")
+    sized.ensure_table(TABLE)
+    name = sized.table_name(TABLE)
+    three_data_files(spark, sized)  # 300 rows
+    java = java_table(spark, name)
+
+    def apply(lsn: int, changes: list[tuple[object, ...]]) -> tuple[str, int]:
+        sized.apply_arrow_batch(TABLE, to_arrow(batch_df(spark, TABLE, changes)), None, lsn)
+        deletes = spark.sql(f"SELECT count(*) FROM {name}.delete_files").first()[0]  # type: ignore[index]
+        return java.properties().get("write.merge.mode"), int(deletes)
+
+    touch = [("U", 200, 0, None, 10, "ten", None, None, "u"), ("D", 200, 1, None, 150, *[None] * 4),
+             ("U", 200, 2, None, 290, "u", None, None, "u")]
+    assert apply(200, touch) == ("copy-on-write", 0)  # 300 rows < 400
+    grow = [("I", 300, i, None, 1000 + i, "g", None, None, "g") for i in range(600)]
+    assert apply(300, grow) == ("copy-on-write", 0)  # decided before the batch: 299 rows
+    assert apply(400, [("U", 400, 0, None, 20, "twenty", None, None, "v"),
+                       ("D", 400, 1, None, 160, *[None] * 4)]) == ("merge-on-read", 1)  # 899 >= 800
+    shrink = [("D", 500, i, None, 1000 + i, *[None] * 4) for i in range(600)]
+    assert apply(500, shrink) == ("merge-on-read", 2)  # 898 rows
+    assert apply(600, [("U", 600, 0, None, 30, "thirty", None, None, "w")])[0] == "copy-on-write"  # 298 live
+    assert apply(200, touch)[0] == "copy-on-write"  # a replay
+    want = {i: (str(i), f"doc{i}") for i in range(1, 301) if i not in (150, 160)}
+    want.update({10: ("ten", "u"), 290: ("u", "u"), 20: ("twenty", "v"), 30: ("thirty", "w")})
+    assert {r[0]: (r[1], r[4]) for r in rows_of(sized, TABLE).values()} == want
+    con = duckdb_with("avro", "iceberg")
+    try:
+        scan = f"iceberg_scan('{iceberg_metadata_location(sized.settings, 'public', 'orders')}')"
+        duck = {r[0]: (r[1], r[2]) for r in con.execute(f'SELECT id, "odd name, `quoted`", doc FROM {scan}').fetchall()}
+    finally:
+        con.close()
+    assert duck == want

@@ -53,3 +53,8 @@ class IcebergConfig(Frozen):
     catalog: IcebergCatalogConfig = Field(
         IcebergCatalogConfig(), description="the catalog; default: a Hadoop catalog on the warehouse path"
     )
+    copy_on_write_below_rows: int = Field(
+        100_000, ge=0, description="a keyed table with fewer rows is written copy-on-write (no delete files,"
+        " a constant cost per batch), a larger one merge-on-read (back to copy-on-write only below this"
+        " again, to merge-on-read from twice it); 0: always merge-on-read (see targets/iceberg/write_mode.py)"
+    )

@@ -38,7 +38,7 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
-from headrace.targets.iceberg import files, maintenance
+from headrace.targets.iceberg import files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
@@ -230,13 +230,14 @@ class IcebergTarget(Target):
         if not table.key:
             KeylessApply(self.spark).apply(table, name, changes, truncate_before)
             return
+        large = self._prepare(name)
         self._truncate(name, truncate_before)
         if HR_FROM in changes.columns:
             changes = self._take_from_old_keys(table, name, changes)
         # Persisted: the bounds' aggregate computes the batch once, and the MERGE reads it from there.
         shaped = self._shaped(table, changes, (HR_OP, HR_UNCHANGED)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            bounds = BatchBounds.of(table, shaped, self._large(name))
+            bounds = BatchBounds.of(table, shaped, large)
             if bounds.rows:  # else a TRUNCATE alone, or every change skipped: no MERGE to run
                 self._merge(table, name, shaped, bounds)
         finally:
@@ -248,11 +249,12 @@ class IcebergTarget(Target):
         table (no Spark job), and it reaches Spark as a local relation (``arrow_frame``), so the MERGE
         is the batch's only Spark work."""
         name = self.table_name(table)
+        large = self._prepare(name)
         self._truncate(name, truncate_before)
         if changes.num_rows == 0:
             return
         schema = batch_struct(table)
-        bounds = BatchBounds.of_arrow(table, changes, schema[table.key[0]].dataType, self._large(name))
+        bounds = BatchBounds.of_arrow(table, changes, schema[table.key[0]].dataType, large)
         self._merge(table, name, arrow_frame(self.spark, changes, schema), bounds)
 
     def _truncate(self, name: str, truncate_before: Position | None) -> None:
@@ -272,13 +274,14 @@ class IcebergTarget(Target):
         finally:
             self.spark.catalog.dropTempView(view)
 
-    def _large(self, name: str) -> bool:
-        """The table holds at least ``LARGE_TABLE_RECORDS`` rows by its current snapshot's summary
-        (metadata the catalog has loaded: a py4j call, no job). Deleted rows still count until
-        compaction: a heuristic, it only decides whether the MERGE lists the batch's keys."""
-        snapshot = java_table(self.spark, name).currentSnapshot()
-        records = snapshot.summary().get("total-records") if snapshot is not None else None
-        return records is not None and int(records) >= LARGE_TABLE_RECORDS
+    def _prepare(self, name: str) -> bool:
+        """Before a keyed batch: the table's write mode set for its size (``write_mode``); True if it is
+        large (``LARGE_TABLE_RECORDS`` live rows: the MERGE then lists up to ``KEY_LIST_LIMIT`` keys).
+        Both from metadata the catalog has loaded: py4j calls, no job (a commit only when the mode changes)."""
+        iceberg_table = java_table(self.spark, name)
+        rows = write_mode.live_rows(iceberg_table)
+        write_mode.follow_size(iceberg_table, rows, self.settings.copy_on_write_below_rows)
+        return rows is not None and rows >= LARGE_TABLE_RECORDS
 
     def _take_from_old_keys(self, table: TableSchema, name: str, changes: DataFrame) -> DataFrame:
         """Rows whose key changed leaving TOAST columns unchanged (``_hr_from``: the old key) take
