@@ -27,14 +27,13 @@ import psycopg
 from headrace.capture.backpressure import Backpressure
 from headrace.capture.buffer import TableBuffer, buffered_bytes, stage
 from headrace.capture.flusher import Flusher, FlushJob
-from headrace.capture.staging import remove_orphans, write_waiting
+from headrace.capture.staging import count_changes, remove_orphans, write_files, write_waiting
 from headrace.config import PipelineConfig
 from headrace.core.backoff import Backoff
 from headrace.core.changes import Begin, Commit, Delete, Insert, Message, Relation, Truncate, Update
 from headrace.core.errors import TransientError
 from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
-from headrace.log.facts import FileFacts
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
 from headrace.logs import event
@@ -326,11 +325,6 @@ class Capture:
         return (rows >= (policy.flush_rows if idle else policy.flush_rows_busy)
                 or buffered_bytes(buffers) >= policy.flush_bytes)
 
-    def _write(self, oid: int, tb: TableBuffer) -> StagedFile:
-        location, size = self.staging.write(oid, tb.buffer)
-        return StagedFile(oid, location, len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema,
-                          tb.buffer.facts)
-
     def _make_room(self, index: LogIndex, stream: ChangeStream, stop: threading.Event, flusher: Flusher,
                    buffers: dict[int, TableBuffer], pending_end: int) -> bool:
         """Backpressure, at a transaction boundary: when over the bound, make what is buffered
@@ -366,7 +360,7 @@ class Capture:
         index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
         if files:
             crash_point("capture.after_register")
-            self._count(files)
+            count_changes(self.changes_captured, files)
             self.on_staged()  # the run loop applies them now, not at its next timed pass
         self.captured_lsn = max(self.captured_lsn, end_lsn)
         self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
@@ -375,34 +369,11 @@ class Capture:
             event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
                   captured_lsn=self.source.format_position(end_lsn))
 
-    def _count(self, files: list[StagedFile]) -> None:
-        """Add the registered files' rows to ``changes_captured`` (per table and op)."""
-        counts = self.changes_captured
-        for f in files:
-            facts = f.facts or FileFacts()
-            for op, n in (("I", facts.inserts), ("U", facts.updates), ("D", facts.deletes), ("T", facts.truncates)):
-                if n:
-                    counts[(f.table_oid, op)] = counts.get((f.table_oid, op), 0) + n
-
     def _write_waiting(self, buffers: list[tuple[int, TableBuffer]], halt: threading.Event) -> list[StagedFile]:
         """The flusher's thread: one file per buffered table, waiting while staging cannot take them
         (``capture.staging``) until ``halt``. Capture's thread keeps the connection alive meanwhile."""
         def write(written: list[StagedFile]) -> None:
-            if len(buffers) == 1 or self._writers is None:
-                written.extend(self._write(oid, tb) for oid, tb in buffers)
-                return
-            # The tables' files side by side: Parquet encoding and fsync release the GIL, and the
-            # filesystem commits concurrent fsyncs together. Every write is waited for, so a failed
-            # one leaves the others' files in ``written`` (deleted before a retry).
-            futures = [self._writers.submit(self._write, oid, tb) for oid, tb in buffers]
-            failure: BaseException | None = None
-            for future in futures:
-                try:
-                    written.append(future.result())
-                except BaseException as exc:  # noqa: BLE001 - raised below, after the others finished
-                    failure = failure or exc
-            if failure is not None:
-                raise failure
+            write_files(self.staging, buffers, written, self._writers)
 
         def report(error: str | None) -> None:
             self.storage_error = error
