@@ -74,6 +74,7 @@ class Capture:
         self._acked = 0  # the position last confirmed to the stream
         self._submitted = 0  # the end of the last flush handed to the flusher
         self._writers: ThreadPoolExecutor | None = None  # a flush's files, written side by side
+        self._halt = threading.Event()  # the current flusher's: ends its wait for staging space
         self._source: Any = None  # the source connection of the current attempt
         self._streamed = False  # the current connection attempt registered a flush
         self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
@@ -179,6 +180,7 @@ class Capture:
         flusher = Flusher(lambda buffers: self._write_waiting(buffers, flusher.halt),
                           lambda files, end_lsn: self._register(flush_index, files, end_lsn))
         self._writers = ThreadPoolExecutor(max_workers=FILE_WRITERS, thread_name_prefix="capture-write")
+        self._halt = flusher.halt
         self._acked = self.captured_lsn
         self._submitted = self.captured_lsn  # end of the last flush handed to the flusher
         buffers: dict[int, TableBuffer] = {}
@@ -317,6 +319,10 @@ class Capture:
         does not time the replication connection out."""
         stream.acknowledge(self.captured_lsn)
         self._acked = max(self._acked, self.captured_lsn)
+        if self._stop.is_set():
+            # Stopping while the flusher waits for staging space: it gives up (as capture itself
+            # did before the flush had a thread), so stopping never waits for a full disk.
+            self._halt.set()
 
     def _full(self, buffers: dict[int, TableBuffer], spilled_rows: int, idle: bool) -> bool:
         """The flush policy's size limit (rows or bytes) is reached (``idle``: the flusher is)."""
