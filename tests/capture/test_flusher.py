@@ -8,13 +8,17 @@ ones, with PostgreSQL and staged files, run in the e2e crash and pipeline tests)
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from headrace.capture.buffer import TableBuffer
 from headrace.capture.flusher import Flusher, FlushJob
+from headrace.capture.staging import write_files
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.index import StagedFile
+from headrace.log.store import StagingStore
 
 SCHEMA = TableSchema(1, "public", "t", (Column("id", ColumnType(TypeKind.INT, "integer"), 23),), ("id",))
 
@@ -93,3 +97,19 @@ def test_a_full_queue_makes_capture_wait_and_keep_the_connection_alive() -> None
         flusher.close()
     assert kept_alive.is_set()
     assert registered == [110, 210, 310]
+
+
+def test_files_written_side_by_side_are_all_kept_when_one_fails(tmp_path: Path) -> None:
+    staging = StagingStore.open(tmp_path / "staging")
+    good = [(1, _job(100, 3, None).buffers[0][1]), (2, _job(200, 2, None).buffers[0][1])]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        written: list[StagedFile] = []
+        write_files(staging, good, written, pool)
+        assert sorted(f.rows for f in written) == [2, 3]
+        assert all(staging.exists(f.path) for f in written)
+        # A write that fails (an empty buffer has no LSN range) is raised once the others are done,
+        # and their files are in ``written`` for the caller to delete.
+        written = []
+        with pytest.raises(ValueError):
+            write_files(staging, [*good, (3, TableBuffer(SCHEMA))], written, pool)
+        assert len(written) == 2
