@@ -212,6 +212,12 @@ class StagingConfig(_Frozen):
     path: str = Field(description="staging folder")
     flush_rows: int = Field(50_000, gt=0, description="flush when this many changes are buffered")
     flush_bytes: int = Field(64 << 20, gt=0, description="flush when buffered changes reach this size")
+    flush_rows_under_load: int | None = Field(
+        None, gt=0, description="while the previous flush is still being written (capture reads faster than"
+        " staging takes files), capture keeps buffering up to this many changes (or flush_bytes) before it"
+        " hands the next flush over: fewer, larger files under load, the same small ones when quiet; unset:"
+        " 4 x flush_rows (at most a quarter of max_pending_rows when that is set)"
+    )
     flush_seconds: float = Field(2.0, gt=0, description="flush at most this long after the first change")
     heartbeat_seconds: float = Field(
         10.0, gt=0, description="when idle, emit a heartbeat so the slot advances past others' WAL"
@@ -226,6 +232,16 @@ class StagingConfig(_Frozen):
     max_pending_bytes: int | None = Field(
         None, gt=0, description="backpressure: the same bound in staged-file bytes; unset = no bound"
     )
+
+    @property
+    def flush_rows_busy(self) -> int:
+        """``flush_rows_under_load`` as set, or its default."""
+        if self.flush_rows_under_load is not None:
+            return max(self.flush_rows, self.flush_rows_under_load)
+        rows = 4 * self.flush_rows
+        if self.max_pending_rows is not None:
+            rows = min(rows, self.max_pending_rows // 4)
+        return max(self.flush_rows, rows)
 
 
 class SnapshotConfig(_Frozen):

@@ -1,4 +1,4 @@
-"""Capture's staged files in the store: leftovers of a crash, and a staging store that cannot take files.
+"""Capture's staged files in the store: writing them, leftovers of a crash, and a store that cannot take files.
 
 A flush writes its files before registering them; a crash or a full disk between the two leaves
 files no one registered. Those are deleted before capture writes again, and their changes are read
@@ -11,8 +11,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
+from headrace.capture.buffer import TableBuffer
 from headrace.core.backoff import Backoff
+from headrace.log.facts import FileFacts
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
 from headrace.logs import event
@@ -71,3 +74,42 @@ def write_waiting(write: Callable[[list[StagedFile]], None], staging: StagingSto
         if failures:
             report(None)
             event(log, "capture.staging_available", waited_attempts=failures)
+
+
+def staged_file(staging: StagingStore, oid: int, tb: TableBuffer) -> StagedFile:
+    """Write one table's buffer as a staged file (durably); the file as the log index registers it."""
+    location, size = staging.write(oid, tb.buffer)
+    return StagedFile(oid, location, len(tb.buffer), size, tb.buffer.min_lsn, tb.buffer.max_lsn, tb.schema,
+                      tb.buffer.facts)
+
+
+def write_files(staging: StagingStore, buffers: list[tuple[int, TableBuffer]], written: list[StagedFile],
+                pool: ThreadPoolExecutor | None) -> None:
+    """One staged file per buffer, appended to ``written`` as each is finished; side by side on
+    ``pool`` when there are several.
+
+    Side by side because Parquet encoding and fsync release the GIL, and the filesystem commits
+    concurrent fsyncs together. Every write is waited for, so a failed one leaves the others' files
+    in ``written`` (for the caller to delete) before its error is raised.
+    """
+    if len(buffers) == 1 or pool is None:
+        written.extend(staged_file(staging, oid, tb) for oid, tb in buffers)
+        return
+    futures = [pool.submit(staged_file, staging, oid, tb) for oid, tb in buffers]
+    failure: BaseException | None = None
+    for future in futures:
+        try:
+            written.append(future.result())
+        except BaseException as exc:  # noqa: BLE001 - raised below, after the others finished
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+def count_changes(counts: dict[tuple[int, str], int], files: list[StagedFile]) -> None:
+    """Add the files' rows to ``counts`` (per table and op: capture's ``changes_captured``)."""
+    for f in files:
+        facts = f.facts or FileFacts()
+        for op, n in (("I", facts.inserts), ("U", facts.updates), ("D", facts.deletes), ("T", facts.truncates)):
+            if n:
+                counts[(f.table_oid, op)] = counts.get((f.table_oid, op), 0) + n
