@@ -78,11 +78,13 @@ class InitialCopy:
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkSession,
                  target: Target | Callable[[], Target], on_error: FailHandler, stop: threading.Event,
                  on_values_changed: Callable[[str, ValueCounts], None] | None = None,
-                 source: Source | None = None, spark_warm: Callable[[], bool] | None = None) -> None:
+                 source: Source | None = None, spark_warm: Callable[[], bool] | None = None,
+                 warm_spark: Callable[[], None] | None = None) -> None:
         """``spark`` may be a stand-in that starts the session on first use, and ``target`` a function
         opening the target (which may start it too): the round takes its snapshot and plans meanwhile.
-        ``spark_warm`` says whether the session has started and warmed up (None: it has); until then, in
-        local mode, a copy's groups are copied on the driver (``chunk_files.copy_chunks_on_driver``)."""
+        ``warm_spark`` starts warming the session (in the background) for a copy about to write files,
+        and ``spark_warm`` says whether it is warm (None: it is); until then, in local mode, the copy's
+        groups are copied on the driver (``chunk_files.copy_chunks_on_driver``)."""
         self.config = config
         self.dsn = dsn
         self.source = source or open_source(config, dsn)
@@ -90,6 +92,7 @@ class InitialCopy:
         self.spark = spark
         self._target = target
         self._spark_warm = spark_warm
+        self._warm_spark = warm_spark
         self.on_error = on_error
         self.stop = stop
         self.on_values_changed = on_values_changed
@@ -318,6 +321,8 @@ class InitialCopy:
         values need Spark's casts are appended through ``write_snapshot`` after their group's files.
         """
         name = schema.qualified_name
+        if self._warm_spark is not None:
+            self._warm_spark()  # from here on the JVM's work is this copy's: its table is made (Iceberg)
         warm = self._spark_warm or (lambda: True)
         # In local mode the driver's cores are Spark's: known before the session runs, and the driver
         # may copy on them while it starts (on a cluster, the executors are the copy's cores).

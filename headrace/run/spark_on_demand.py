@@ -8,9 +8,11 @@ the session starts when one of them first reaches for it (a copy, a batch too bi
 driver, an Iceberg target, which needs it at once).
 
 A copy round starts it in the background instead (``start_in_background``): the JVM comes up while
-the round takes its snapshot and plans its chunks, and a session this run started is then warmed
-(``warm_up``: the copy's Python workers started and their imports done), while the copy's first
-chunks are copied on the driver (``materialize.initial_copy``). Measured on 20M rows: the first
+the round takes its snapshot and plans its chunks. A copy about to write a big table's files has a
+session this run started warmed (``warm_in_background``, ``warm_up``: the copy's Python workers
+started and their imports done) while its first chunks are copied on the driver
+(``materialize.initial_copy``); only then, so that an Iceberg table's creation (Spark SQL, on the
+critical path) does not share the JVM with it. Measured on 20M rows: the first
 Spark job of a fresh session took 2-8 s longer than the next one, the JVM's first job and the
 Python workers' start (docs/benchmarks.md, "Initial copy").
 """
@@ -35,8 +37,8 @@ class SparkOnDemand:
     """Stands in for a ``SparkSession``: any attribute read starts the session (once, whichever
     thread asks first) and is then the session's own.
 
-    ``warm_up`` (None: nothing to warm, e.g. a session handed in) runs once after a background start,
-    on the new session.
+    ``warm_up`` (None: nothing to warm, e.g. a session handed in) runs once, when a copy asks
+    (``warm_in_background``).
     """
 
     def __init__(self, start: Callable[[], SparkSession],
@@ -45,7 +47,7 @@ class SparkOnDemand:
         self.warm_up = warm_up
         self._session: SparkSession | None = None
         self._lock = threading.Lock()
-        self._background: threading.Thread | None = None
+        self._background: dict[str, threading.Thread] = {}  # by name: the start, the warm-up
         self._background_lock = threading.Lock()
         self._warmed = threading.Event()
 
@@ -57,10 +59,10 @@ class SparkOnDemand:
     @property
     def warm(self) -> bool:
         """A Spark job now runs at its steady pace: nothing to warm (a session handed in, ``warm_up``
-        None), or the session runs and a background start's warm-up has ended."""
+        None), or the session runs and ``warm_in_background``'s warm-up has ended."""
         if self.warm_up is None:
             return True
-        return self._session is not None and (self._background is None or self._warmed.is_set())
+        return self._session is not None and self._warmed.is_set()
 
     def session(self) -> SparkSession:
         """The session, started now if it was not."""
@@ -71,33 +73,47 @@ class SparkOnDemand:
         return self._session
 
     def start_in_background(self) -> None:
-        """Start the session, then warm it, on a thread of its own: for a caller that will need it
-        soon and has other work meanwhile. Does nothing when the session runs already (it was started
-        by a use, or handed in: warm as it is) or a background start is under way."""
-        with self._background_lock:
-            if self._background is not None or self._session is not None:
-                return
-            self._background = threading.Thread(target=self._start_and_warm, name="spark-start", daemon=True)
-            self._background.start()
+        """Start the session on a thread of its own, now: for a caller that will need it soon and has
+        other work meanwhile. Does nothing when it runs already or a background start is under way."""
+        self._in_background("spark-start", self.session)
+
+    def warm_in_background(self) -> None:
+        """Start the session if need be, then warm it (``warm_up``), on a thread of its own; once."""
+        if self.warm_up is not None:
+            self._in_background("spark-warm", self._start_and_warm)
 
     def wait_warm(self, timeout: float | None = None) -> bool:
-        """Wait for a background start and its warm-up to end; whether they did (True when none runs)."""
-        return self._background is None or self._warmed.wait(timeout)
+        """Wait for ``warm_in_background`` to end; whether it did (True when nothing is to warm)."""
+        return self.warm_up is None or self._warmed.wait(timeout)
+
+    def _in_background(self, name: str, work: Callable[[], object]) -> None:
+        with self._background_lock:
+            if name in self._background:
+                return
+            if name == "spark-start" and self._session is not None:
+                return
+            self._background[name] = threading.Thread(target=self._quietly, args=(work,), name=name, daemon=True)
+            self._background[name].start()
 
     def _start_and_warm(self) -> None:
         try:
             session = self.session()
-            if self.warm_up is not None:
-                began = time.monotonic()
-                self.warm_up(session)
-                event(log, "spark.warm", seconds=round(time.monotonic() - began, 2))
+            assert self.warm_up is not None
+            began = time.monotonic()
+            self.warm_up(session)
+            event(log, "spark.warm", seconds=round(time.monotonic() - began, 2))
+        finally:
+            self._warmed.set()
+
+    @staticmethod
+    def _quietly(work: Callable[[], object]) -> None:
+        try:
+            work()
         except Exception as exc:
             # Not this thread's to report: the next use of the session starts it again and fails
             # where a table or the run can say so (a warm-up failing leaves a working session).
-            event(log, "spark.warm_failed", logging.WARNING, error=str(exc).strip().splitlines()[0][:300]
+            event(log, "spark.background_failed", logging.WARNING, error=str(exc).strip().splitlines()[0][:300]
                   if str(exc).strip() else type(exc).__name__)
-        finally:
-            self._warmed.set()
 
     def __getattr__(self, name: str) -> Any:
         # Only names this class does not define come here: everything of the session's own.

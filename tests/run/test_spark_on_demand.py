@@ -35,7 +35,7 @@ def test_the_session_starts_on_first_use_and_once(spark: Any) -> None:
     assert lazy.range(3).count() == 3  # the session's own methods, on the session
 
 
-def test_a_background_start_warms_the_session_once_and_says_when_it_is_warm(spark: Any) -> None:
+def test_a_background_start_then_a_warm_up_once_and_it_says_when_it_is_warm(spark: Any) -> None:
     release = threading.Event()
     warmed: list[Any] = []
 
@@ -47,11 +47,13 @@ def test_a_background_start_warms_the_session_once_and_says_when_it_is_warm(spar
     assert not lazy.warm  # not started: a job now would pay the start
     lazy.start_in_background()
     lazy.start_in_background()  # under way already: nothing more
+    lazy.warm_in_background()
+    lazy.warm_in_background()  # once
     assert not lazy.wait_warm(0.05) and not lazy.warm  # warming
     release.set()
-    assert lazy.wait_warm(30) and lazy.warm
+    assert lazy.wait_warm(30) and lazy.warm and lazy.started
     assert warmed == [spark]
-    lazy.start_in_background()  # running: nothing to start or warm again
+    lazy.warm_in_background()
     assert warmed == [spark]
 
 
@@ -60,7 +62,7 @@ def test_a_failed_warm_up_leaves_a_warm_working_session_and_a_handed_in_one_is_w
         raise RuntimeError("no workers")
 
     lazy = SparkOnDemand(lambda: spark, warm_up)
-    lazy.start_in_background()
+    lazy.warm_in_background()
     assert lazy.wait_warm(30) and lazy.warm  # the copy goes on with Spark's jobs
     assert lazy.range(2).count() == 2
     assert SparkOnDemand(lambda: spark).warm  # nothing to warm: Spark's jobs from the first group
