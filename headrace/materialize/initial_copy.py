@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyspark.sql import functions as F
 
@@ -72,27 +72,40 @@ CHUNKS_PER_TASK = 2
 FailHandler = Callable[[StateStore, TableRow, Exception, TableState], None]
 
 
+class SparkWarmth(Protocol):
+    """How far the run's Spark session is (``run.spark_on_demand.SparkOnDemand``)."""
+
+    @property
+    def started(self) -> bool:
+        """The session runs."""
+
+    @property
+    def warm(self) -> bool:
+        """A Spark job now runs at its steady pace."""
+
+    def warm_in_background(self) -> None:
+        """Start the session if need be and warm it, on a thread of its own."""
+
+
 class InitialCopy:
     """Copies the tables that need it, one round per call of ``run``."""
 
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkSession,
                  target: Target | Callable[[], Target], on_error: FailHandler, stop: threading.Event,
                  on_values_changed: Callable[[str, ValueCounts], None] | None = None,
-                 source: Source | None = None, spark_warm: Callable[[], bool] | None = None,
-                 warm_spark: Callable[[], None] | None = None) -> None:
+                 source: Source | None = None, warmth: SparkWarmth | None = None) -> None:
         """``spark`` may be a stand-in that starts the session on first use, and ``target`` a function
         opening the target (which may start it too): the round takes its snapshot and plans meanwhile.
-        ``warm_spark`` starts warming the session (in the background) for a copy about to write files,
-        and ``spark_warm`` says whether it is warm (None: it is); until then, in local mode, the copy's
-        groups are copied on the driver (``chunk_files.copy_chunks_on_driver``)."""
+        ``warmth`` (None: the session is warm) tells whether that session has started and is warm; a
+        copy whose first group finds it not started yet has it warmed in the background and, in local
+        mode, copies its groups on the driver until then (``chunk_files.copy_chunks_on_driver``)."""
         self.config = config
         self.dsn = dsn
         self.source = source or open_source(config, dsn)
         self.state_dsn = state_dsn
         self.spark = spark
         self._target = target
-        self._spark_warm = spark_warm
-        self._warm_spark = warm_spark
+        self._warmth = warmth
         self.on_error = on_error
         self.stop = stop
         self.on_values_changed = on_values_changed
@@ -321,14 +334,21 @@ class InitialCopy:
         values need Spark's casts are appended through ``write_snapshot`` after their group's files.
         """
         name = schema.qualified_name
-        if self._warm_spark is not None:
-            self._warm_spark()  # from here on the JVM's work is this copy's: its table is made (Iceberg)
-        warm = self._spark_warm or (lambda: True)
         # In local mode the driver's cores are Spark's: known before the session runs, and the driver
-        # may copy on them while it starts (on a cluster, the executors are the copy's cores).
+        # copies on them while it starts and warms (on a cluster, the executors are the copy's cores).
+        # Only a copy that finds the session not started yet: one that had to wait for it anyway (an
+        # Iceberg table is created through Spark) lets its first job warm it, which measured faster
+        # there than a warm-up job beside driver threads on two busy cores (docs/benchmarks.md).
+        warmth = self._warmth
         cores = local_cores(self.config.spark.master, self.config.spark.conf)
-        local = cores is not None
-        if cores is None or warm():
+        on_driver = cores is not None and warmth is not None and not warmth.started
+        if on_driver and warmth is not None:
+            warmth.warm_in_background()
+
+        def warm() -> bool:
+            return warmth is None or warmth.warm
+
+        if cores is None or not on_driver:
             cores = self.spark.sparkContext.defaultParallelism  # the session's own figure, where it runs
         tasks = max(1, min(permits.total, cores))
         size = tasks * CHUNKS_PER_TASK
@@ -344,7 +364,7 @@ class InitialCopy:
             ranges = [(c.start_page, c.end_page) for c in group]
             with permits.take(min(tasks, len(group))):  # the job's tasks (or threads) read the chunks
                 began = time.monotonic()
-                if local and not warm():
+                if on_driver and not warm():
                     # Spark is still starting or warming up: the driver's threads copy this group meanwhile.
                     lanes[i] = "driver"
                     files = copy_chunks_on_driver(schema, reader, ranges, position, sink, tasks)

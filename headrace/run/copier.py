@@ -57,13 +57,11 @@ class Copier:
         todo = [r.oid for r in state.tables() if r.state.needs_copy or retry_copy(r, now)]
         if not todo:
             return False
-        # Spark starts while the round takes its snapshot and plans (and warms up for a big copy); the round opens
+        # Spark starts while the round takes its snapshot and plans (a big copy may warm it); the round opens
         # the target itself (an Iceberg target waits for the session): nothing here waits for the JVM.
         self._spark.start_in_background()
-        spark = self._spark
-        copy = InitialCopy(self.config, self.dsn, self.state_dsn, cast("SparkSession", spark), self._target,
-                           self._fail, self._stop, self._observer.values_changed, self.source,
-                           spark_warm=lambda: spark.warm, warm_spark=spark.warm_in_background)
+        copy = InitialCopy(self.config, self.dsn, self.state_dsn, cast("SparkSession", self._spark), self._target,
+                           self._fail, self._stop, self._observer.values_changed, self.source, warmth=self._spark)
         self._thread = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
         self._thread.start()
         return True

@@ -47,9 +47,11 @@ def test_groups_copied_on_the_driver_until_spark_is_warm_then_by_spark(source_ds
                          snapshot={"chunk_pages": 2, "max_connections": 3})
     pipeline = Pipeline(config, spark=spark)
     seen = _Seen()
-    # The session is handed in (warm as it is): a warm-up held until the first group has committed stands
-    # for a fresh session's start, so the first groups go to the driver and the later ones to Spark.
-    pipeline.spark_on_demand.warm_up = lambda session: seen.first.wait(60)
+    # The session is handed in (started at once, warm as it is): a start held until the first group has
+    # committed, then a warm-up, stand for a fresh session's, so the first groups go to the driver and the
+    # later ones to Spark.
+    pipeline.spark_on_demand._start = lambda: spark if seen.first.wait(60) else None
+    pipeline.spark_on_demand.warm_up = lambda session: None
     dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
     connections: list[int] = []
     done = threading.Event()
