@@ -8,11 +8,10 @@ the session starts when one of them first reaches for it (a copy, a batch too bi
 driver, an Iceberg target, which needs it at once).
 
 A copy round starts it in the background instead (``start_in_background``): the JVM comes up while
-the round takes its snapshot and plans its chunks. A copy about to write a big table's files has a
-session this run started warmed (``warm_in_background``, ``warm_up``: the copy's Python workers
-started and their imports done) while its first chunks are copied on the driver
-(``materialize.initial_copy``); only then, so that an Iceberg table's creation (Spark SQL, on the
-critical path) does not share the JVM with it. Measured on 20M rows: the first
+the round takes its snapshot and plans its chunks. A copy about to write a big table's files that
+finds the session not started yet (DuckLake: nothing before needed it) has it warmed
+(``warm_in_background``, ``warm_up``: the copy's Python workers started and their imports done)
+while its first groups are copied on the driver (``materialize.initial_copy``). Measured on 20M rows: the first
 Spark job of a fresh session took 2-8 s longer than the next one, the JVM's first job and the
 Python workers' start (docs/benchmarks.md, "Initial copy").
 """
