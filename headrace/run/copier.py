@@ -1,10 +1,10 @@
 """The initial-copy round: the tables that need a copy (or a retried one), copied in a thread of their own.
 
 Copies run beside the apply loop, so the other tables keep streaming meanwhile. A round starts
-Spark in the background (``SparkOnDemand.start_in_background``) and copies on the driver until it
-is warm. Stopping lets the
-running copy finish its current chunk group; what is left resumes at the next round (progress is
-kept per chunk).
+Spark in the background (``SparkOnDemand.start_in_background``) instead of waiting for it; a big
+copy that finds it not started yet copies on the driver until it is warm (``initial_copy``).
+Stopping lets the running copy finish its current chunk group; what is left resumes at the next
+round (progress is kept per chunk).
 """
 
 from __future__ import annotations
