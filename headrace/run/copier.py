@@ -2,7 +2,7 @@
 
 Copies run beside the apply loop, so the other tables keep streaming meanwhile. A round starts
 Spark in the background (``SparkOnDemand.start_in_background``) instead of waiting for it; a big
-copy that finds it not started yet copies on the driver until it is warm (``initial_copy``).
+copy copies on the driver until it is warm (``initial_copy``).
 Stopping lets the running copy finish its current chunk group; what is left resumes at the next
 round (progress is kept per chunk).
 """
