@@ -194,6 +194,7 @@ def headrace_copy(dsn: str, work: Path, rows: int, target: str, master: str, bin
                        rows_read_back=seen["target"][0],
                        detail={"copy_s": copied.get("seconds"), "startup_s": startup_seconds(events),
                                "process_start_s": process_start_seconds(events, launched),
+                               "timeline": copy_timeline(events, launched),
                                "output_mb": round(output / 2**20, 1)})
 
 
@@ -229,6 +230,20 @@ def process_start_seconds(events: list[dict[str, Any]], launched: float) -> floa
     """From the process's launch to its ``run.start`` event: Python, imports, the config."""
     start = next((e for e in events if e["event"] == "run.start"), None)
     return round(event_time(start) - launched, 2) if start else None
+
+
+def copy_timeline(events: list[dict[str, Any]], launched: float) -> dict[str, Any]:
+    """Seconds from the process's launch to each step of the copy (the first of each event), and how
+    many chunk groups the driver's threads and Spark's jobs copied (``snapshot.progress``'s lane)."""
+    steps = ("run.start", "snapshot.exported", "snapshot.start", "spark.started", "spark.warm", "snapshot.progress",
+             "snapshot.done", "table.streaming")
+    out: dict[str, Any] = {}
+    for e in events:
+        if e["event"] in steps and e["event"] not in out:
+            out[e["event"]] = round(event_time(e) - launched, 2)
+    lanes = [e.get("lane") for e in events if e["event"] == "snapshot.progress"]
+    out["driver_groups"], out["spark_groups"] = lanes.count("driver"), lanes.count("spark")
+    return out
 
 
 def startup_seconds(events: list[dict[str, Any]]) -> float | None:

@@ -96,10 +96,13 @@ def note(record: dict[str, Any]) -> str:
         return "faster of " + " / ".join(f"{s} s" for s in d["reads_s"])
     if record["method"].startswith("headrace"):
         parts = [d.get(k) or 0 for k in ("process_start_s", "startup_s", "copy_s")]
-        return (f"process start {d.get('process_start_s')} s, Spark/slot/snapshot {d.get('startup_s')} s, "
+        t = d.get("timeline") or {}
+        lanes = (f"; groups copied by the driver {t['driver_groups']}, by Spark {t['spark_groups']} (Spark up at "
+                 f"{t.get('spark.started')} s, warm at {t.get('spark.warm')} s)" if "driver_groups" in t else "")
+        return (f"process start {d.get('process_start_s')} s, to the copy's start {d.get('startup_s')} s, "
                 f"copy {d.get('copy_s')} s (`snapshot.done`; {record.get('copy_rows_per_s', 0):,} rows/s), "
                 f"then {record['seconds'] - sum(parts):.1f} s to streaming and exit; "
-                f"wrote {d.get('output_mb')} MB")
+                f"wrote {d.get('output_mb')} MB{lanes}")
     if record["method"].startswith("dlt"):
         stages = d.get("stages", {})
         return (f"pipeline {d.get('pipeline_s')} s: extract {stages.get('extract')}, normalize "

@@ -8,16 +8,23 @@ jars and SQL extensions, a JDBC driver) comes from its plugin (``headrace.target
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headrace.logs import event
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger("headrace.spark")
 
 # Keys holding lists: a target's entries and the user's are joined, not replaced (separator).
 _LISTS = {"spark.jars": ",", "spark.sql.extensions": ",", "spark.driver.extraClassPath": os.pathsep}
@@ -58,6 +65,7 @@ def build_session(
     """
     from pyspark.sql import SparkSession
 
+    started = time.monotonic()
     conf = merged_conf(target_conf or {}, conf or {})
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -100,6 +108,7 @@ def build_session(
     if not master.startswith("local"):
         session.sparkContext.addPyFile(_package_zip())
     session.sparkContext.setLogLevel("WARN")
+    event(log, "spark.started", master=master, seconds=round(time.monotonic() - started, 2))
     return session
 
 
@@ -107,3 +116,20 @@ def use_pool(spark: SparkSession, pool: str) -> None:
     """Run this thread's Spark jobs in scheduler pool ``pool`` (FAIR mode shares the cores between
     pools). PySpark pins each Python thread to a JVM thread, so the setting is the thread's own."""
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", pool)
+
+
+def local_cores(master: str, conf: Mapping[str, str] | None = None) -> int | None:
+    """The task slots a ``local`` master gives (``local`` 1, ``local[N]`` N, ``local[*]`` every core,
+    ``local[N,F]`` N; ``spark.default.parallelism`` first when set): known before the session starts.
+    None for any other master (a cluster's cores are known once its executors register)."""
+    if conf and conf.get("spark.default.parallelism", "").strip().isdigit():
+        return max(1, int(conf["spark.default.parallelism"]))
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    cores = match.group(1)
+    if cores is None:
+        return 1
+    if cores == "*":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, int(cores))

@@ -1,6 +1,7 @@
 """The initial copy as a Spark job: one task per chunk, each read by the source's chunk reader.
 
-The driver only plans chunks; rows never pass through it. The source says how each column comes
+The driver only plans chunks; rows never pass through it. A copy written as Parquet by its tasks
+themselves (no Spark rows) is ``chunk_files``. The source says how each column comes
 (``source.base.ChunkRead``): typed (PostgreSQL's binary COPY into Arrow) or as PostgreSQL text,
 cast by Spark with the same expressions as the change stream, so a value looks the same in the
 target whichever path wrote it. A source whose chunks each have their own snapshot (MySQL) adds a
@@ -10,9 +11,8 @@ target whichever path wrote it. A source whose chunks each have their own snapsh
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,7 +20,6 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts, spark_type
@@ -199,72 +198,6 @@ def chunk_rows(table: TableSchema, routes: list[Route], batches: list[pa.RecordB
     fields += [pa.field(HR_LSN, pa.int64()), pa.field(HR_SEQ, pa.int64()),
                pa.field(HR_COMMIT_TS, pa.timestamp("us", tz="UTC"))]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-
-
-# What a file-writing copy task reports for each chunk: no rows, only where they went.
-FILE_RESULT = StructType([StructField("chunk", LongType(), False), StructField("path", StringType(), True),
-                          StructField("bytes", LongType(), False), StructField("rows", LongType(), False)])
-
-
-@dataclass(frozen=True)
-class ChunkFile:
-    """What a copy task did with chunk ``chunk`` (an index into the job's ranges): wrote ``file``
-    (None: an empty chunk), or left it to Spark's casts (``needs_spark``)."""
-
-    chunk: int
-    file: WrittenFile | None
-    needs_spark: bool = False
-
-
-def copy_chunks_to_files(spark: SparkSession, table: TableSchema, reader: ChunkRead,
-                         chunks: list[tuple[int, int]], position: Position, sink: FileSink,
-                         tasks: int | None = None) -> list[ChunkFile]:
-    """Copy ``chunks`` in one Spark job whose ``tasks`` write Parquet into ``sink`` themselves.
-
-    Tasks as in ``chunk_dataframe`` (``chunk_tasks``), but no Spark rows: a task reads each of its
-    chunks, builds the row shape in Arrow (``chunk_rows``) and writes it with ``pyarrow.parquet``, one
-    file a chunk, sending the driver only each file's path, size and row count. A chunk ``chunk_rows``
-    refuses (a value only Spark's casts decide) writes nothing and comes back ``needs_spark``, for
-    ``chunk_dataframe``.
-    """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    routes, read, plan, lsn = reader.routes, reader.read, list(chunks), position.lsn
-    result_schema = to_arrow_schema(FILE_RESULT)
-    attempt = uuid.uuid4().hex  # file names unique per job, so a retried task never meets an old file
-
-    def parts(index: int) -> Iterator[pa.Table]:
-        # Batch by batch as PostgreSQL sends them, so the write overlaps the read.
-        for batch in read(*plan[index]):
-            rows = chunk_rows(table, routes, [batch], lsn)
-            if rows is None:
-                raise _NeedsSpark
-            yield rows
-
-    def write_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for index in chunk_indexes(batches):
-            path, size, count = None, 0, -1
-            try:
-                written = sink.write_parts(parts(index), f"{attempt}-{index:05d}", empty=False)
-            except _NeedsSpark:
-                pass  # the partial file is gone; the chunk goes to chunk_dataframe
-            else:
-                count = 0 if written is None else written.rows
-                if written is not None:
-                    path, size = written.path, written.bytes
-            yield pa.RecordBatch.from_pydict({"chunk": [index], "path": [path], "bytes": [size],
-                                              "rows": [count]}, schema=result_schema)
-
-    results = chunk_tasks(spark, len(plan), tasks).mapInArrow(write_partition, FILE_RESULT).collect()
-    out = []
-    for r in sorted(results, key=lambda r: r["chunk"]):
-        written = WrittenFile(r["path"], r["bytes"], r["rows"]) if r["path"] is not None else None
-        out.append(ChunkFile(r["chunk"], written, needs_spark=r["rows"] < 0))
-    return out
-
-
-class _NeedsSpark(Exception):
-    """A batch of the chunk holds a value only Spark's casts decide."""
 
 
 def chunk_tasks(spark: SparkSession, count: int, tasks: int | None) -> DataFrame:

@@ -1,8 +1,10 @@
 """The initial-copy round: the tables that need a copy (or a retried one), copied in a thread of their own.
 
-Copies run beside the apply loop, so the other tables keep streaming meanwhile. Stopping lets the
-running copy finish its current chunk group; what is left resumes at the next round (progress is
-kept per chunk).
+Copies run beside the apply loop, so the other tables keep streaming meanwhile. A round starts
+Spark in the background (``SparkOnDemand.start_in_background``) instead of waiting for it; a big
+copy copies on the driver until it is warm (``initial_copy``).
+Stopping lets the running copy finish its current chunk group; what is left resumes at the next
+round (progress is kept per chunk).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from headrace.config import PipelineConfig
 from headrace.core.interfaces import Target
 from headrace.materialize.initial_copy import FailHandler, InitialCopy
 from headrace.run.observer import RunObserver
+from headrace.run.spark_on_demand import SparkOnDemand
 from headrace.source.base import Source
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
@@ -27,7 +30,7 @@ if TYPE_CHECKING:  # pyspark loads only when a Spark job runs
 class Copier:
     """Starts copy rounds and stops them (at a run's end, or to ride out an outage)."""
 
-    def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: Callable[[], SparkSession],
+    def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkOnDemand,
                  target: Callable[[], Target], fail: FailHandler, observer: RunObserver,
                  source: Source | None = None) -> None:
         self.config = config
@@ -54,8 +57,11 @@ class Copier:
         todo = [r.oid for r in state.tables() if r.state.needs_copy or retry_copy(r, now)]
         if not todo:
             return False
-        copy = InitialCopy(self.config, self.dsn, self.state_dsn, self._spark(), self._target(), self._fail,
-                           self._stop, self._observer.values_changed, self.source)
+        # Spark starts while the round takes its snapshot and plans (a big copy may warm it); the round opens
+        # the target itself (an Iceberg target waits for the session): nothing here waits for the JVM.
+        self._spark.start_in_background()
+        copy = InitialCopy(self.config, self.dsn, self.state_dsn, cast("SparkSession", self._spark), self._target,
+                           self._fail, self._stop, self._observer.values_changed, self.source, warmth=self._spark)
         self._thread = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
         self._thread.start()
         return True

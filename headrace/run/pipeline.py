@@ -26,6 +26,7 @@ from headrace.core.interfaces import Target
 from headrace.lineage.emitter import Lineage
 from headrace.log.store import StagingStore
 from headrace.logs import event
+from headrace.materialize.chunk_files import warm_copy_workers
 from headrace.materialize.retention import collect_applied
 from headrace.run import startup
 from headrace.run.apply_pass import ApplyPass, RunStats, caught_up
@@ -73,8 +74,9 @@ class Pipeline:
         self.state_dsn = config.source.resolved_state_dsn()  # a MySQL source needs a PostgreSQL for state
         self.source = open_source(config, self.dsn)  # PostgreSQL or MySQL, by the DSN's scheme
         self._spark = spark
-        # What the target and the apply workers get: the session starts when one of them needs it.
-        self.spark_on_demand = SparkOnDemand(lambda: self.spark)
+        # What the target and the apply workers get: the session starts when one of them needs it, or
+        # ahead of a copy round; a session started here is warmed for the copy's tasks, one handed in is not.
+        self.spark_on_demand = SparkOnDemand(lambda: self.spark, None if spark is not None else warm_copy_workers)
         self._target: Target | None = None
         self._target_lock = threading.Lock()
         self.capture: Capture | None = None
@@ -90,7 +92,7 @@ class Pipeline:
         self.tracking = TableTracking(config, self.dsn, lambda: self.capture, lambda: self.target, self.source)
         self.operations = Operations(config.name, self.tracking)  # commands, run by the loop between steps
         self.maintenance.on_done = self.operations.wake  # the table it compacted applies again at once
-        self.copier = Copier(config, self.dsn, self.state_dsn, lambda: self.spark, lambda: self.target,
+        self.copier = Copier(config, self.dsn, self.state_dsn, self.spark_on_demand, lambda: self.target,
                              self._fail, self.observers, self.source)
         self.staging = StagingStore.for_pipeline(config.staging.path, config.name)  # staged files, any pyarrow.fs
         self.table_watch = TableWatch(config, self.dsn, self.tracking, self.observers, self._fail,

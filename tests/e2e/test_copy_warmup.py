@@ -1,0 +1,108 @@
+"""While the run's Spark session starts and warms up, a copy's first groups are copied by the driver's
+threads (local mode), then the rest by Spark's jobs: the same files, the same rows, within
+``snapshot.max_connections``; and the driver's files hold what Spark's tasks write, value for value."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from headrace.materialize.chunk_files import copy_chunks_on_driver, copy_chunks_to_files
+from headrace.pipeline import Pipeline
+from headrace.source.postgres.copy import APPLICATION_NAME
+from headrace.source.postgres.source import chunk_reader
+from headrace.targets.ducklake.target import DuckLakeTarget
+from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.test_copy_files import CHUNKS, _named, _taken
+from tests.e2e.test_copy_on_driver import POSITION, _values
+from tests.e2e.test_pipeline import run_caught_up
+from tests.targets.test_ducklake_target import plain_duckdb, settings_for
+
+
+class _Seen(logging.Handler):
+    """Sets ``first`` at the copy's first progress event (a group committed) and keeps each group's lane."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.first = threading.Event()
+        self.lanes: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == "snapshot.progress":
+            self.lanes.append(record.__dict__["lane"])
+            self.first.set()
+
+
+def test_groups_copied_on_the_driver_until_spark_is_warm_then_by_spark(source_dsn: str, tmp_path: Path,
+                                                                         spark: Any) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE warming (id int PRIMARY KEY, amount numeric(12,2), at timestamptz, pad text)")
+        conn.execute("INSERT INTO warming SELECT g, g / 7.0, '2024-01-01'::timestamptz + g * interval '1 minute',"
+                     " repeat('x', 300) FROM generate_series(1, 600) g")
+    config = make_config(source_dsn, tmp_path, ["public.warming"], "ducklake",
+                         snapshot={"chunk_pages": 2, "max_connections": 3})
+    pipeline = Pipeline(config, spark=spark)
+    seen = _Seen()
+    # The session is handed in (started at once, warm as it is): a start held until the first group has
+    # committed, then a warm-up, stand for a fresh session's, so the first groups go to the driver and the
+    # later ones to Spark.
+    pipeline.spark_on_demand._start = lambda: spark if seen.first.wait(60) else None
+    pipeline.spark_on_demand.warm_up = lambda session: None
+    dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
+    connections: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            while not done.is_set():
+                connections.append(conn.execute(
+                    "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
+                    " AND NOT (state = 'idle' AND query = 'ROLLBACK')) + (SELECT count(*) FROM"
+                    " pg_replication_slots WHERE database = %s AND slot_name LIKE %s AND active)",
+                    (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()[0])  # type: ignore[index]
+                done.wait(0.005)
+
+    snapshot_log = logging.getLogger("headrace.snapshot")
+    level = snapshot_log.level
+    snapshot_log.addHandler(seen)
+    snapshot_log.setLevel(logging.INFO)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        run_caught_up(pipeline)
+    finally:
+        done.set()
+        sampler.join()
+        snapshot_log.removeHandler(seen)
+        snapshot_log.setLevel(level)
+    assert seen.lanes[0] == "driver" and seen.lanes[-1] == "spark", seen.lanes
+    assert max(connections) <= 3, f"the copy held {max(connections)} source connections with max_connections 3"
+    assert assert_same(pipeline, source_dsn, "public.warming") == 600
+
+
+def test_the_driver_threads_write_what_spark_tasks_write(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    taken, n = _taken(source_dsn)
+    settings = settings_for("duckdb", tmp_path)
+    target = DuckLakeTarget(spark, settings, "p1")
+    try:
+        for name, copy in (("by_tasks", lambda t, r, s: copy_chunks_to_files(spark, t, r, CHUNKS, POSITION, s)),
+                           ("by_driver", lambda t, r, s: copy_chunks_on_driver(t, r, CHUNKS, POSITION, s, 2))):
+            table = _named(taken, name)
+            target.ensure_table(table)
+            sink = target.copy_sink(table, replace=True)
+            assert sink is not None
+            done = copy(table, chunk_reader(source_dsn, None, taken, True), sink)
+            assert [c.chunk for c in done] == [0, 1] and not any(c.needs_spark for c in done)
+            assert target.register_copy_files(table, sink, [c.file for c in done if c.file], replace=True) == n
+    finally:
+        target.close()
+    con = plain_duckdb(settings)
+    try:
+        assert _values(con, "lake.public.by_driver", taken) == _values(con, "lake.public.by_tasks", taken)
+    finally:
+        con.close()
+
