@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 
@@ -43,7 +43,7 @@ from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.materialize.chunk_files import ChunkFile, copy_chunks_on_driver, copy_chunks_to_files
+from headrace.materialize.chunk_files import ChunkFile, CopyLanes, SparkWarmth
 from headrace.materialize.permits import Permits
 from headrace.materialize.snapshot_job import (
     ValueCounts,
@@ -55,7 +55,6 @@ from headrace.materialize.snapshot_job import (
 from headrace.outage import lost_connection
 from headrace.source import open_source
 from headrace.source.base import ChunkRead, CopySnapshot, Source
-from headrace.spark import local_cores
 from headrace.state.lifecycle import TableState
 from headrace.state.progress import Chunk, ProgressStore
 from headrace.state.store import StateStore, TableRow
@@ -70,17 +69,6 @@ log = logging.getLogger("headrace.snapshot")
 CHUNKS_PER_TASK = 2
 
 FailHandler = Callable[[StateStore, TableRow, Exception, TableState], None]
-
-
-class SparkWarmth(Protocol):
-    """How far the run's Spark session is (``run.spark_on_demand.SparkOnDemand``)."""
-
-    @property
-    def warm(self) -> bool:
-        """A Spark job now runs at its steady pace."""
-
-    def warm_in_background(self) -> None:
-        """Start the session if need be and warm it, on a thread of its own."""
 
 
 class InitialCopy:
@@ -330,44 +318,18 @@ class InitialCopy:
         values need Spark's casts are appended through ``write_snapshot`` after their group's files.
         """
         name = schema.qualified_name
-        # In local mode the driver's cores are Spark's: known before the session runs, and the driver
-        # copies on them while it starts and warms (on a cluster, the executors are the copy's cores).
-        # The warm-up starts here, once the copy's table exists: an Iceberg table's CREATE (Spark SQL,
-        # on the critical path) does not share the JVM with it. Measured on 20M rows: DuckLake 11-26%
-        # less end to end, Iceberg 3-8% (docs/benchmarks.md, "Initial copy").
-        warmth = self._warmth
-        cores = local_cores(self.config.spark.master, self.config.spark.conf)
-        on_driver = cores is not None and warmth is not None
-        if warmth is not None:
-            warmth.warm_in_background()
-
-        def warm() -> bool:
-            return warmth is None or warmth.warm
-
-        if cores is None or not on_driver:
-            cores = self.spark.sparkContext.defaultParallelism  # the session's own figure, where it runs
-        tasks = max(1, min(permits.total, cores))
+        lanes = CopyLanes(self.spark, self.config.spark.master, self.config.spark.conf, self._warmth,
+                          permits.total)
+        tasks = lanes.tasks
         size = tasks * CHUNKS_PER_TASK
         groups = [todo[i:i + size] for i in range(0, len(todo), size)]
         ended = threading.Event()  # the commits stopped: jobs not yet started do not start
 
-        job_seconds: dict[int, float] = {}
-        lanes: dict[int, str] = {}
-
         def job(i: int, group: list[Chunk]) -> list[ChunkFile] | None:
             if self.stop.is_set() or ended.is_set():
                 return None
-            ranges = [(c.start_page, c.end_page) for c in group]
             with permits.take(min(tasks, len(group))):  # the job's tasks (or threads) read the chunks
-                began = time.monotonic()
-                if on_driver and not warm():
-                    # Spark is still starting or warming up: the driver's threads copy this group meanwhile.
-                    lanes[i] = "driver"
-                    files = copy_chunks_on_driver(schema, reader, ranges, position, sink, tasks)
-                else:
-                    files = copy_chunks_to_files(self.spark, schema, reader, ranges, position, sink, tasks)
-                job_seconds[i] = time.monotonic() - began
-                return files
+                return lanes.copy(i, schema, reader, [(c.start_page, c.end_page) for c in group], position, sink)
 
         done_before, total, rows_before, started = report
         copied = table_rows = 0
@@ -392,8 +354,7 @@ class InitialCopy:
                     copied += rows
                     # Where the group's time went: who copied it, its job, the wait for it, its commit.
                     self._report(name, done_before + i * size + len(group), total, rows_before + copied, started,
-                                 lane=lanes.get(i, "spark"), job_s=round(job_seconds.get(i, 0.0), 2),
-                                 waited_s=round(committing - waited, 2), commit_s=round(time.monotonic() - committing, 2))
+                                 **lanes.timing(i), waited_s=round(committing - waited, 2), commit_s=round(time.monotonic() - committing, 2))
             finally:
                 ended.set()
         return copied
@@ -440,7 +401,6 @@ class InitialCopy:
             sys.stderr.write(f"\r{name} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks "
                              f"{rows:,} rows" + ("\n" if done == total else ""))
             sys.stderr.flush()
-
 
 
 def schema_at_snapshot(source: Source, conn: Any, tracked: TableSchema, snap: CopySnapshot,
