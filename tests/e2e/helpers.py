@@ -28,6 +28,7 @@ from headrace.core.names import quote_spark
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.catalog import read_table_schema
+from headrace.source.postgres.copy import APPLICATION_NAME
 
 _catalogs = itertools.count()
 # HEADRACE_TEST_DUCKLAKE_CATALOG=sqlite runs every e2e test written for "ducklake" on a SQLite
@@ -296,3 +297,32 @@ def capture_while(config: PipelineConfig, dsn: str, work: list[str], pause: floa
         stop.set()
         thread.join(30)
         state.close()
+
+
+@contextlib.contextmanager
+def copy_connections(source_dsn: str) -> Iterator[list[int]]:
+    """While the block runs, sample every 5 ms the source connections a copy holds: its chunk reads
+    and the session holding its exported snapshot. A read closes its connection right after its
+    ROLLBACK and the backend takes a while to exit (shown idle after that ROLLBACK): released, not
+    held, so not counted."""
+    dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
+    seen: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            while not done.is_set():
+                seen.append(conn.execute(
+                    "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
+                    " AND NOT (state = 'idle' AND query = 'ROLLBACK')) + (SELECT count(*) FROM"
+                    " pg_replication_slots WHERE database = %s AND slot_name LIKE %s AND active)",
+                    (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()[0])  # type: ignore[index]
+                done.wait(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        sampler.join()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import threading
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,13 @@ from headrace.materialize.snapshot_job import chunk_dataframe, driver_rows
 from headrace.pipeline import Pipeline
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.source.postgres.catalog import read_table_schema
-from headrace.source.postgres.copy import APPLICATION_NAME, OPEN_END
+from headrace.source.postgres.copy import OPEN_END
 from headrace.source.postgres.source import chunk_reader
 from headrace.targets.ducklake.files import SNAPSHOT_FOLDER
 from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
-from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.helpers import assert_same, copy_connections, make_config
 from tests.e2e.test_copy_on_driver import POSITION, _read, _values, create_cell_table
 from tests.e2e.test_pipeline import run_caught_up
 from tests.targets.test_ducklake_target import plain_duckdb, settings_for
@@ -142,11 +141,7 @@ def test_ducklake_copy_files_hold_what_spark_writes_and_hand_back_spark_only_chu
         assert done[0].file is not None and done[1].file is None
     finally:
         target.close()
-    con = plain_duckdb(settings)
-    try:
-        assert _values(con, "lake.public.by_files", taken) == _values(con, "lake.public.by_spark", taken)
-    finally:
-        con.close()
+    assert_same_values(settings, taken, "by_files", "by_spark")
 
 
 def test_a_chunk_only_spark_decides_is_copied_by_spark_beside_the_task_files(
@@ -180,30 +175,9 @@ def test_a_big_table_copies_in_overlapping_jobs_within_max_connections(
         conn.execute("INSERT INTO wide SELECT g, md5(g::text)::uuid, repeat('x', 300) FROM generate_series(1, 600) g")
     config = make_config(source_dsn, tmp_path, ["public.wide"], "ducklake",
                          snapshot={"chunk_pages": 2, "max_connections": 3})
-    dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
-    seen: list[int] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        with psycopg.connect(source_dsn, autocommit=True) as conn:
-            while not done.is_set():
-                # As in test_small_tables_copy: a read's backend closing after its ROLLBACK is not held.
-                seen.append(conn.execute(
-                    "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
-                    " AND NOT (state = 'idle' AND query = 'ROLLBACK')) + (SELECT count(*) FROM"
-                    " pg_replication_slots WHERE database = %s AND slot_name LIKE %s AND active)",
-                    (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()[0])  # type: ignore[index]
-                done.wait(0.005)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     pipeline = Pipeline(config, spark=spark)
-    try:
-        with caplog.at_level(logging.INFO, logger="headrace.snapshot"):
-            run_caught_up(pipeline)
-    finally:
-        done.set()
-        sampler.join()
+    with copy_connections(source_dsn) as seen, caplog.at_level(logging.INFO, logger="headrace.snapshot"):
+        run_caught_up(pipeline)
     progress = [r for r in caplog.records if r.getMessage() == "snapshot.progress"]
     (table,) = pipeline_status(config)["tables"]
     assert table["snapshot"]["chunks_total"] >= 3 * 2 * CHUNKS_PER_TASK  # 3+ groups of 2 tasks' chunks
@@ -212,3 +186,12 @@ def test_a_big_table_copies_in_overlapping_jobs_within_max_connections(
     assert assert_same(pipeline, source_dsn, "public.wide") == 600
     copies = Path(config.target.settings.data_path) / SNAPSHOT_FOLDER  # type: ignore[union-attr]
     assert not [f for f in copies.rglob("*") if f.is_file()], "copied-in files left behind"
+
+
+def assert_same_values(settings: Any, table: TableSchema, left: str, right: str) -> None:
+    """DuckLake tables ``left`` and ``right`` (copies of ``table``) hold the same values, read by a plain DuckDB."""
+    con = plain_duckdb(settings)
+    try:
+        assert _values(con, f"lake.public.{left}", table) == _values(con, f"lake.public.{right}", table)
+    finally:
+        con.close()

@@ -13,14 +13,13 @@ import psycopg
 
 from headrace.materialize.chunk_files import copy_chunks_on_driver, copy_chunks_to_files
 from headrace.pipeline import Pipeline
-from headrace.source.postgres.copy import APPLICATION_NAME
 from headrace.source.postgres.source import chunk_reader
 from headrace.targets.ducklake.target import DuckLakeTarget
-from tests.e2e.helpers import assert_same, make_config
-from tests.e2e.test_copy_files import CHUNKS, _named, _taken
-from tests.e2e.test_copy_on_driver import POSITION, _values
+from tests.e2e.helpers import assert_same, copy_connections, make_config
+from tests.e2e.test_copy_files import CHUNKS, _named, _taken, assert_same_values
+from tests.e2e.test_copy_on_driver import POSITION
 from tests.e2e.test_pipeline import run_caught_up
-from tests.targets.test_ducklake_target import plain_duckdb, settings_for
+from tests.targets.test_ducklake_target import settings_for
 
 
 class _Seen(logging.Handler):
@@ -52,31 +51,14 @@ def test_groups_copied_on_the_driver_until_spark_is_warm_then_by_spark(source_ds
     # later ones to Spark.
     pipeline.spark_on_demand._start = lambda: spark if seen.first.wait(60) else None
     pipeline.spark_on_demand.warm_up = lambda session: None
-    dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
-    connections: list[int] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        with psycopg.connect(source_dsn, autocommit=True) as conn:
-            while not done.is_set():
-                connections.append(conn.execute(
-                    "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
-                    " AND NOT (state = 'idle' AND query = 'ROLLBACK')) + (SELECT count(*) FROM"
-                    " pg_replication_slots WHERE database = %s AND slot_name LIKE %s AND active)",
-                    (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()[0])  # type: ignore[index]
-                done.wait(0.005)
-
     snapshot_log = logging.getLogger("headrace.snapshot")
     level = snapshot_log.level
     snapshot_log.addHandler(seen)
     snapshot_log.setLevel(logging.INFO)
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     try:
-        run_caught_up(pipeline)
+        with copy_connections(source_dsn) as connections:
+            run_caught_up(pipeline)
     finally:
-        done.set()
-        sampler.join()
         snapshot_log.removeHandler(seen)
         snapshot_log.setLevel(level)
     assert seen.lanes[0] == "driver" and seen.lanes[-1] == "spark", seen.lanes
@@ -100,9 +82,5 @@ def test_the_driver_threads_write_what_spark_tasks_write(source_dsn: str, tmp_pa
             assert target.register_copy_files(table, sink, [c.file for c in done if c.file], replace=True) == n
     finally:
         target.close()
-    con = plain_duckdb(settings)
-    try:
-        assert _values(con, "lake.public.by_driver", taken) == _values(con, "lake.public.by_tasks", taken)
-    finally:
-        con.close()
+    assert_same_values(settings, taken, "by_driver", "by_tasks")
 
