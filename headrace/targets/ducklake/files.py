@@ -60,18 +60,13 @@ def write_parquet(spark: SparkSession, table: TableSchema, rows: DataFrame, fold
     from pyspark.sql import functions as F
 
     names = [*table.column_names, *POSITION_COLUMNS]
-    conf = spark.conf
-    key = "spark.sql.parquet.outputTimestampType"
-    previous = conf.get(key, None)
-    # Spark's default INT96 timestamps are not a DuckLake type; micros are (with/without zone).
-    conf.set(key, "TIMESTAMP_MICROS")
-    try:
-        rows.select(*[F.col(quote_spark(n)) for n in names]).write.mode("errorifexists").parquet(folder)
-    finally:
-        if previous is None:
-            conf.unset(key)
-        else:
-            conf.set(key, previous)
+    # Spark's default INT96 timestamps are not a DuckLake type; micros are (with/without zone). Set for
+    # the session and left set: copies of several tables write at once, and restoring the earlier value
+    # after one write switched another table's write in flight back to INT96 (DuckLake then refused its
+    # files: "Expected TIMESTAMP WITH TIME ZONE, found type TIMESTAMP"). No other Spark write of ours
+    # goes through Spark's own Parquet writer (Iceberg has its own; staged files are pyarrow's).
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    rows.select(*[F.col(quote_spark(n)) for n in names]).write.mode("errorifexists").parquet(folder)
 
 
 def attempt_folders(root: str) -> Iterator[Path]:
