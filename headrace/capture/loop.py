@@ -273,8 +273,7 @@ class Capture:
                 # registering commit) paid less often. Quiet, the flusher is idle: nothing changes.
                 idle = rows > 0 and flusher.idle
                 due = rows > 0 and (
-                    rows >= (policy.flush_rows if idle else policy.flush_rows_busy)
-                    or buffered_bytes(buffers) >= policy.flush_bytes
+                    self._full(buffers, spilled_rows, idle)
                     or (idle and first_change_at is not None
                         and time.monotonic() - first_change_at >= policy.flush_seconds)
                     or stop.is_set()
