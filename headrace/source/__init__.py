@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headrace.config import MYSQL_SCHEMES, source_kind
+from headrace.source.config import MYSQL_SCHEMES, source_kind
 
 if TYPE_CHECKING:
     from headrace.config import PipelineConfig

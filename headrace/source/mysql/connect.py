@@ -12,9 +12,9 @@ from urllib.parse import unquote, urlsplit
 
 import pymysql
 
-from headrace.config import MYSQL_SCHEMES
 from headrace.core.errors import ConfigError, SourceError, TransientError
 from headrace.core.settings import redacted_dsn
+from headrace.source.config import MYSQL_SCHEMES
 
 DEFAULT_PORT = 3306
 # Server and client error codes (mysqld_error.h, errmsg.h).
