@@ -5,7 +5,10 @@ row's values as JSON text, the TOAST columns sent as "unchanged", and the old ke
 moved the row to another key.
 
 ``stage`` runs once per change: what depends only on the table's columns (JSON keys, key positions)
-is worked out once per buffer (``TableBuffer``), not per row.
+is worked out once per buffer (``TableBuffer``), not per row. A change the source hands over still
+in its bytes (``UndecodedChange``: PostgreSQL's I/U/D messages, when ``headrace._speedups`` is
+built) is staged from them with those keys, and decoded only when that declines (an unchanged TOAST
+value the old row does not give, anything unusual): the same rows, with no Python value per column.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Truncate, Update, Value
 from headrace.core.schema import TableSchema
+from headrace.core.undecoded import UndecodedChange
 from headrace.log.codec import RowEncoder, StagingBuffer, row_encoder
 
 
@@ -26,10 +30,12 @@ class TableBuffer:
     row: RowEncoder = field(init=False, repr=False)  # the whole row's columns
     key: RowEncoder = field(init=False, repr=False)  # the key's columns (every column without a key)
     key_at: tuple[int, ...] = field(init=False, repr=False)  # their positions in the row
+    keyless: bool = field(init=False, repr=False)  # no key: the old row is an update's identity
 
     def __post_init__(self) -> None:
         names = self.schema.column_names
         self.row = row_encoder(names)
+        self.keyless = not self.schema.key
         key = self.schema.key or names
         self.key = row_encoder(tuple(key))
         self.key_at = tuple(names.index(name) for name in key)
@@ -40,8 +46,8 @@ def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
     return sum(tb.buffer.nbytes for tb in buffers.values())
 
 
-def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relations: dict[int, TableSchema],
-          buffers: dict[int, TableBuffer]) -> int:
+def stage(ev: Insert | Update | Delete | Truncate | UndecodedChange, txn: Begin, seq: int,
+          relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> int:
     """Append ``ev`` (the ``seq``-th change of ``txn``) to its table's buffer; the bytes it added to
     the buffers (``buffered_bytes``). Changes of tables with no RELATION seen yet are not this
     pipeline's."""
@@ -50,9 +56,7 @@ def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relatio
         for oid in ev.relation_oids:
             if oid in relations:
                 buf = _buffer(oid, relations, buffers).buffer
-                before = buf.nbytes
-                buf.append("T", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, None)
-                added += buf.nbytes - before
+                added += buf.append("T", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, None)
         return added
     oid = ev.relation_oid  # type: ignore[union-attr]
     tb = buffers.get(oid)
@@ -61,11 +65,16 @@ def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relatio
             return 0
         tb = _buffer(oid, relations, buffers)
     buf = tb.buffer
-    before = buf.nbytes
+    if isinstance(ev, UndecodedChange):
+        staged = ev.staged(tb.row.keys, tb.key.keys, tb.key_at, tb.keyless)
+        if staged is not None:
+            op, data, old_key = staged
+            return buf.append(op, txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, None, old_key)
+        ev = ev.decode()
     match ev:
         case Insert():
             data, unchanged = tb.row.encode(ev.new)
-            buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
+            return buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
         case Update():
             new, old = ev.new, ev.old
             old_key = None
@@ -74,7 +83,7 @@ def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relatio
                     # REPLICA IDENTITY FULL sends the whole old row (TOAST values inline), so a TOAST
                     # value the update left untouched is known here: stage it, not "unchanged".
                     new = tuple(o if v is UNCHANGED else v for v, o in zip(new, old, strict=True))
-                if not tb.schema.key:
+                if tb.keyless:
                     # No key: the old row is the identity of the row the update replaces.
                     old_key, _ = tb.row.encode(old)
                 else:
@@ -82,12 +91,12 @@ def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relatio
                     if old_vals != _pick(new, tb.key_at):
                         old_key, _ = tb.key.encode(old_vals)
             data, unchanged = tb.row.encode(new)
-            buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
+            return buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
         case Delete():
             # The key's values (the whole old row without a key).
             data, _ = tb.key.encode(_pick(ev.old, tb.key_at))
-            buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
-    return buf.nbytes - before
+            return buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
+    return 0
 
 
 def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer:

@@ -34,6 +34,7 @@ from headrace.core.changes import Begin, Commit, Delete, Insert, Message, Relati
 from headrace.core.errors import TransientError
 from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
+from headrace.core.undecoded import UndecodedChange
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
 from headrace.logs import event
@@ -219,7 +220,7 @@ class Capture:
                 buffered = buffered_bytes(buffers)
                 for _lsn, ev in events:
                     match ev:
-                        case Insert() | Update() | Delete() | Truncate():
+                        case UndecodedChange() | Insert() | Update() | Delete() | Truncate():
                             if skip:
                                 continue  # already registered before a restart
                             seq += 1

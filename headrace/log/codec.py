@@ -126,8 +126,8 @@ class StagingBuffer:
         data: str | None,
         unchanged: str | None = None,
         old_key: str | None = None,
-    ) -> None:
-        """Add one staged row."""
+    ) -> int:
+        """Add one staged row; the bytes it adds to ``nbytes``."""
         self.op.append(op)
         self.lsn.append(lsn)
         self.seq.append(seq)
@@ -136,7 +136,9 @@ class StagingBuffer:
         self.unchanged.append(unchanged)
         self.data.append(data)
         self.old_key.append(old_key)
-        self.nbytes += 48 + len(data or "") + len(old_key or "")
+        added = 48 + len(data or "") + len(old_key or "")
+        self.nbytes += added
+        return added
 
     @property
     def facts(self) -> FileFacts:

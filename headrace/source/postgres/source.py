@@ -128,7 +128,7 @@ class PostgresSource(Source):
         # keepalives' wal_end on its own, and each confirmation must be bounded in state first
         # (acked_lsn) so start-up can tell our advances from someone else's. Capture's flush confirms.
         return ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name, start,
-                                 status_interval=STATUS_INTERVAL_S)
+                                 status_interval=STATUS_INTERVAL_S, raw_changes=True)
 
     def relation_schema(self, conn: Conn, stream: ChangeStream, ev: Relation, known: TableSchema) -> TableSchema:
         return catalog.relation_to_schema(ev, self.types(conn), known, conn=conn)
