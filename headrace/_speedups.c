@@ -5,8 +5,9 @@
  *               (headrace.source.postgres.pgoutput._tuple).
  * encode_object: a row's values as a JSON object with precomputed keys, escaped exactly as
  *               json.dumps(..., ensure_ascii=False) escapes (headrace.log.codec.RowEncoder.encode).
- * stage_change: a pgoutput INSERT/UPDATE/DELETE message straight to its staged _data and _old_key
- *               JSON, with no Python value per column (headrace.capture.buffer.stage_message).
+ * stage_change: a pgoutput INSERT/UPDATE/DELETE message straight to its staged row (the _data and
+ *               _old_key JSON) in a StagingBuffer, with no Python value per column
+ *               (headrace.source.postgres.pgoutput.RawChange, called by headrace.capture.buffer.stage).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -274,28 +275,44 @@ done:
     return result;
 }
 
-/* stage_change(msg: bytes, row_keys: tuple[str, ...], key_keys: tuple[str, ...],
- *              key_at: tuple[int, ...], keyless: bool) -> (op, data, old_key) | None
+/* stage_change(msg: bytes, layout: (row_keys, key_keys, key_at, keyless), columns: tuple of 8 lists,
+ *              lsn: int, seq: int, ts_us: int, xid: int) -> int | None
  * A pgoutput INSERT, UPDATE or DELETE message staged straight from its bytes, as
- * headrace.capture.buffer.stage stages the decoded event: op 'I'/'U'/'D', the _data JSON and the
- * _old_key JSON (or None). row_keys and key_keys are RowEncoder.keys of the row's and the key's
- * columns, key_at the key's positions in the row. None leaves the message to the Python path
- * (decode, then stage): an unchanged TOAST value ('u') that the old row does not fill, a column
- * count that is not the relation's, text that is not UTF-8, or anything malformed. */
+ * headrace.capture.buffer.stage stages the decoded event: one row appended to columns (the
+ * StagingBuffer's _op, _lsn, _seq, _ts, _xid, _unchanged_cols, _data, _old_key lists); returns the
+ * bytes StagingBuffer.append would count for it. row_keys and key_keys are RowEncoder.keys of the
+ * row's and the key's columns, key_at the key's positions in the row, keyless true when the table has
+ * no key (every column is the key, and an update's old row is its identity). None, with nothing
+ * appended, leaves the message to the Python path (decode, then stage): an unchanged TOAST value
+ * ('u') the old row does not give, a column count that is not the relation's, text that is not
+ * UTF-8, or anything malformed. */
 static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) ||
-        !PyTuple_CheckExact(args[2]) || !PyTuple_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "stage_change(msg: bytes, row_keys: tuple, key_keys: tuple, key_at: tuple, keyless: bool)");
+    if (nargs != 7 || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) ||
+        PyTuple_GET_SIZE(args[1]) != 4 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "stage_change(msg: bytes, layout: tuple of 4, columns: tuple of 8 lists, "
+                                         "lsn, seq, ts_us, xid)");
         return NULL;
+    }
+    PyObject *layout = args[1], *columns = args[2];
+    for (int i = 0; i < 8; i++) {
+        if (!PyList_CheckExact(PyTuple_GET_ITEM(columns, i))) {
+            PyErr_SetString(PyExc_TypeError, "stage_change: columns must be 8 lists");
+            return NULL;
+        }
     }
     const char *buf = PyBytes_AS_STRING(args[0]);
     Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
-    PyObject *row_keys = args[1], *key_keys = args[2];
+    PyObject *row_keys = PyTuple_GET_ITEM(layout, 0), *key_keys = PyTuple_GET_ITEM(layout, 1);
+    PyObject *key_at_obj = PyTuple_GET_ITEM(layout, 2);
+    if (!PyTuple_CheckExact(row_keys) || !PyTuple_CheckExact(key_keys) || !PyTuple_CheckExact(key_at_obj)) {
+        PyErr_SetString(PyExc_TypeError, "stage_change: layout must hold three tuples and a bool");
+        return NULL;
+    }
     Py_ssize_t ncols = PyTuple_GET_SIZE(row_keys), nkey = PyTuple_GET_SIZE(key_keys);
-    int keyless = PyObject_IsTrue(args[4]);
+    int keyless = PyObject_IsTrue(PyTuple_GET_ITEM(layout, 3));
     if (keyless < 0)
         return NULL;
-    if (PyTuple_GET_SIZE(args[3]) != nkey || len < 6)
+    if (PyTuple_GET_SIZE(key_at_obj) != nkey || len < 6)
         Py_RETURN_NONE;
     Val small[64];
     Py_ssize_t small_at[16];
@@ -309,7 +326,7 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     Val *old = vals, *new = vals + ncols;
     for (Py_ssize_t i = 0; i < nkey; i++) {
-        at[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], i));
+        at[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(key_at_obj, i));
         if (at[i] == -1 && PyErr_Occurred())
             goto done;
         if (at[i] < 0 || at[i] >= ncols)
@@ -377,7 +394,20 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
         goto fall_back;
     if (data == NULL)
         goto done;
-    result = Py_BuildValue("(COO)", (int)op, data, old_key == NULL ? Py_None : old_key);
+    {
+        PyObject *row[8] = {PyUnicode_FromOrdinal(op), args[3], args[4], args[5], args[6], Py_None, data,
+                            old_key == NULL ? Py_None : old_key};
+        if (row[0] == NULL)
+            goto done;
+        int failed = 0;
+        for (int i = 0; i < 8 && !failed; i++)
+            failed = PyList_Append(PyTuple_GET_ITEM(columns, i), row[i]) < 0;
+        Py_DECREF(row[0]);
+        if (failed)
+            goto done;
+        Py_ssize_t added = 48 + PyUnicode_GET_LENGTH(data) + (old_key == NULL ? 0 : PyUnicode_GET_LENGTH(old_key));
+        result = PyLong_FromSsize_t(added);
+    }
     goto done;
 fall_back:
     result = Py_None;
@@ -396,7 +426,7 @@ static PyMethodDef methods[] = {
     {"decode_tuple", decode_tuple, METH_VARARGS, "pgoutput TupleData at pos: (values, position after), or None."},
     {"encode_object", encode_object, METH_VARARGS, "JSON object of precomputed keys and str/None values, or None."},
     {"stage_change", (PyCFunction)(void (*)(void))stage_change, METH_FASTCALL,
-     "A pgoutput I/U/D message as (op, _data, _old_key) with precomputed keys, or None."},
+     "A pgoutput I/U/D message appended to a StagingBuffer's columns: the bytes it counts, or None."},
     {NULL, NULL, 0, NULL},
 };
 

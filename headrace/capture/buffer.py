@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Truncate, Update, Value
 from headrace.core.schema import TableSchema
-from headrace.core.undecoded import UndecodedChange
+from headrace.core.undecoded import StageLayout, UndecodedChange
 from headrace.log.codec import RowEncoder, StagingBuffer, row_encoder
 
 
@@ -31,6 +31,7 @@ class TableBuffer:
     key: RowEncoder = field(init=False, repr=False)  # the key's columns (every column without a key)
     key_at: tuple[int, ...] = field(init=False, repr=False)  # their positions in the row
     keyless: bool = field(init=False, repr=False)  # no key: the old row is an update's identity
+    layout: StageLayout = field(init=False, repr=False)  # the above, for an UndecodedChange's stager
 
     def __post_init__(self) -> None:
         names = self.schema.column_names
@@ -39,6 +40,7 @@ class TableBuffer:
         key = self.schema.key or names
         self.key = row_encoder(tuple(key))
         self.key_at = tuple(names.index(name) for name in key)
+        self.layout = (self.row.keys, self.key.keys, self.key_at, self.keyless)
 
 
 def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
@@ -66,10 +68,10 @@ def stage(ev: Insert | Update | Delete | Truncate | UndecodedChange, txn: Begin,
         tb = _buffer(oid, relations, buffers)
     buf = tb.buffer
     if isinstance(ev, UndecodedChange):
-        staged = ev.staged(tb.row.keys, tb.key.keys, tb.key_at, tb.keyless)
+        staged = ev.stage(ev.buf, tb.layout, buf.columns, txn.final_lsn, seq, txn.commit_ts_us, txn.xid)
         if staged is not None:
-            op, data, old_key = staged
-            return buf.append(op, txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, None, old_key)
+            buf.nbytes += staged
+            return staged
         ev = ev.decode()
     match ev:
         case Insert():

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from headrace.capture.buffer import TableBuffer, stage
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Update, Value
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.log.codec import StagingBuffer
 from headrace.source.postgres import pgoutput
 from headrace.source.postgres.pgoutput import MalformedMessage, RawChange, decode
 
@@ -72,6 +73,13 @@ def staged_rows(schema: TableSchema, events: list[object]) -> tuple[list[dict[st
     return buf.to_table().to_pylist(), buf.nbytes
 
 
+def native(msg: bytes, tb: TableBuffer) -> tuple[int | None, list[tuple[object, ...]]]:
+    """The stager's answer for ``msg`` alone, and the rows it appended."""
+    buf = StagingBuffer()
+    added = RawChange(msg).stage(msg, tb.layout, buf.columns, TXN.final_lsn, 1, TXN.commit_ts_us, TXN.xid)
+    return added, list(zip(*buf.columns, strict=True))
+
+
 @st.composite
 def tables_and_messages(draw: st.DrawFn) -> tuple[TableSchema, list[bytes]]:
     ncols = draw(st.integers(1, 7))
@@ -99,7 +107,7 @@ def test_staged_from_bytes_is_staged_from_the_decoded_event(case: tuple[TableSch
     expected = staged_rows(schema, [decode(m) for m in messages])
     assert staged_rows(schema, [RawChange(m) for m in messages]) == expected
     with pytest.MonkeyPatch.context() as patch:  # the Python path: every RawChange decoded
-        patch.setattr(pgoutput, "native_stage", None)
+        patch.setattr(RawChange, "stage", staticmethod(pgoutput._decode_instead))
         assert staged_rows(schema, [RawChange(m) for m in messages]) == expected
 
 
@@ -107,39 +115,39 @@ def test_staged_from_bytes_is_staged_from_the_decoded_event(case: tuple[TableSch
 @given(st.integers(1, 40), st.data())
 def test_the_native_stager_takes_every_change_without_unchanged_toast(ncols: int, data: st.DataObject) -> None:
     """Only an unchanged TOAST value the old row does not give (or an odd message) is declined."""
-    schema = _schema(ncols, (0,))
-    tb = TableBuffer(schema)
+    tb = TableBuffer(_schema(ncols, (0,)))
     row = st.tuples(*[st.one_of(st.none(), texts)] * ncols)
     old, new = data.draw(row), data.draw(row)
     for op, marker in (("I", "N"), ("U", "N"), ("U", "K"), ("U", "O"), ("D", "K"), ("D", "O")):
-        assert RawChange(message(op, marker, old, new)).staged(tb.row.keys, tb.key.keys, tb.key_at, False) is not None
+        added, rows = native(message(op, marker, old, new), tb)
+        assert added is not None and len(rows) == 1 and rows[0][0] == op
     if ncols > 1:  # FULL identity fills an unchanged value from the old row; the others cannot
         toasted = (new[0], UNCHANGED, *new[2:])
-        keys = (tb.row.keys, tb.key.keys, tb.key_at, False)
-        assert RawChange(message("U", "O", old, toasted)).staged(*keys) is not None
-        assert RawChange(message("U", "N", old, toasted)).staged(*keys) is None
-        assert RawChange(message("U", "K", old, toasted)).staged(*keys) is None
+        assert native(message("U", "O", old, toasted), tb)[0] is not None
+        assert native(message("U", "N", old, toasted), tb) == (None, [])
+        assert native(message("U", "K", old, toasted), tb) == (None, [])
 
 
 def test_odd_messages_are_left_to_the_decoder_and_its_errors() -> None:
     schema = _schema(2, (0,))
-    keys = (TableBuffer(schema).row.keys, TableBuffer(schema).key.keys, (0,), False)
+    tb = TableBuffer(schema)
     good = message("I", "N", (), ("1", "x"))
-    names = schema.column_names
-    assert RawChange(good).staged(*keys) == ("I", json.dumps(dict(zip(names, ("1", "x"), strict=True)), separators=(",", ":")), None)
+    data = json.dumps(dict(zip(schema.column_names, ("1", "x"), strict=True)), separators=(",", ":"))
+    assert native(good, tb) == (48 + len(data), [("I", TXN.final_lsn, 1, TXN.commit_ts_us, TXN.xid, None, data, None)])
     for cut in range(6, len(good)):  # truncated: declined, and decoding names it
-        assert RawChange(good[:cut]).staged(*keys) is None
+        assert native(good[:cut], tb) == (None, [])
         with pytest.raises(MalformedMessage):
             stage(RawChange(good[:cut]), TXN, 1, {OID: schema}, {})
-    assert RawChange(message("I", "N", (), ("1",))).staged(*keys) is None  # a column count not the relation's
+    assert native(message("I", "N", (), ("1",)), tb) == (None, [])  # a column count not the relation's
     not_utf8 = b"I" + struct.pack(">I", OID) + b"N\x00\x02t\x00\x00\x00\x011t\x00\x00\x00\x01\xff"
-    assert RawChange(not_utf8).staged(*keys) is None
+    assert native(not_utf8, tb) == (None, [])
     with pytest.raises(MalformedMessage, match="not UTF-8"):
         stage(RawChange(not_utf8), TXN, 1, {OID: schema}, {})
-    assert RawChange(b"I" + struct.pack(">I", OID) + b"X\x00\x00").staged(*keys) is None  # not 'N'
-    binary = b"I" + struct.pack(">I", OID) + b"N\x00\x02b\x00\x00\x00\x011n"
-    assert RawChange(binary).staged(*keys) is None
+    assert native(b"I" + struct.pack(">I", OID) + b"X\x00\x00", tb) == (None, [])  # not 'N'
+    assert native(b"I" + struct.pack(">I", OID) + b"N\x00\x02b\x00\x00\x00\x011n", tb) == (None, [])  # binary
     assert stage(RawChange(good), TXN, 1, {}, {}) == 0  # not this pipeline's table
+    with pytest.raises(TypeError):
+        speedups.stage_change(good, tb.layout, (), 1, 1, 1, 1)
 
 
 # Real bytes from the server: REPLICA IDENTITY FULL, key moves, unchanged TOAST, keyless tables.
@@ -185,9 +193,8 @@ def test_server_changes_stage_alike_from_bytes_and_from_events(conn: psycopg.Con
                                            tuple(Column(c.name, TEXT, c.type_oid) for c in rel.columns), key)  # type: ignore[union-attr]
     changes = [m for m in msgs if m[:1] in (b"I", b"U", b"D")]
     assert len(changes) == 8 + 3 + 2 + 1 + 3 + 2 + 1 + 2
-    natively = sum(isinstance(decode(m), Insert | Update | Delete) and RawChange(m).staged(
-        *(lambda tb: (tb.row.keys, tb.key.keys, tb.key_at, tb.keyless))(TableBuffer(schemas[RawChange(m).relation_oid])))
-        is not None for m in changes)
+    natively = sum(isinstance(decode(m), Insert | Update | Delete)
+                   and native(m, TableBuffer(schemas[RawChange(m).relation_oid]))[0] is not None for m in changes)
     assert natively == len(changes) - 1  # only k's update of the TOASTed row 1 is decoded
 
     def staged(events: list[object]) -> dict[int, list[dict[str, object]]]:

@@ -32,7 +32,7 @@ from headrace.core.changes import (
 from headrace.core.errors import UnsupportedError
 from headrace.core.undecoded import UndecodedChange
 
-__all__ = ["PG_EPOCH_OFFSET_US", "MalformedMessage", "RawChange", "decode", "native_stage"]
+__all__ = ["PG_EPOCH_OFFSET_US", "MalformedMessage", "NATIVE_STAGING", "RawChange", "decode"]
 
 # PostgreSQL timestamps count microseconds from 2000-01-01 00:00 UTC; headrace uses the Unix epoch.
 PG_EPOCH_OFFSET_US = 946_684_800 * 1_000_000
@@ -61,39 +61,39 @@ except ImportError:  # not built: the Python loop below
     _native_decode = None
 _native_tuple: Callable[[bytes, int, object], tuple[tuple[Value, ...], int] | None] | None = _native_decode
 
-# The native stager of whole INSERT/UPDATE/DELETE messages (``RawChange``): without it, the stream
-# decodes every message as before.
+# The native stager of whole INSERT/UPDATE/DELETE messages (``RawChange``); without it the stream
+# hands over decoded events only, as before.
 try:
     from headrace._speedups import stage_change as _native_stage_change
 except ImportError:
     _native_stage_change = None
-native_stage: Callable[[bytes, tuple[str, ...], tuple[str, ...], tuple[int, ...], bool],
-                       tuple[str, str, str | None] | None] | None = _native_stage_change
+NATIVE_STAGING = _native_stage_change is not None
 
 
 class MalformedMessage(ValueError):
     """The bytes are not a pgoutput v1 message (truncated, or an unknown message type)."""
 
 
+def _decode_instead(*_args: object) -> None:
+    """The stager without ``headrace._speedups``: every change is decoded."""
+    return None
+
+
 class RawChange(UndecodedChange):
-    """An INSERT, UPDATE or DELETE message left in its bytes: capture stages it straight from them
-    (``headrace._speedups.stage_change``) and decodes it only when that declines.
+    """An INSERT, UPDATE or DELETE message left in its bytes: capture has it staged straight from
+    them (``headrace._speedups.stage_change``) and decodes it only when that declines.
 
     Capture alone spent about half its time per change making a Python value per column, a tuple
     and an event, only to join them into the staged JSON at once (cProfile, bench/capture.py).
     """
 
-    __slots__ = ("buf",)
+    __slots__ = ()
+
+    stage = staticmethod(_native_stage_change or _decode_instead)
 
     def __init__(self, buf: bytes) -> None:
         self.buf = buf
         self.relation_oid = _unpack_u32(buf, 1)[0]
-
-    def staged(self, row_keys: tuple[str, ...], key_keys: tuple[str, ...], key_at: tuple[int, ...],
-               keyless: bool) -> tuple[str, str, str | None] | None:
-        if native_stage is None:
-            return None
-        return native_stage(self.buf, row_keys, key_keys, key_at, keyless)
 
     def decode(self) -> Insert | Update | Delete:
         return decode(self.buf)  # type: ignore[return-value]

@@ -26,7 +26,7 @@ from headrace.core.errors import HeadraceError, SourceError, TransientError
 from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.source.postgres.catalog import find_relation, missing_table
-from headrace.source.postgres.pgoutput import RAW_KINDS, RawChange, decode, native_stage
+from headrace.source.postgres.pgoutput import NATIVE_STAGING, RAW_KINDS, RawChange, decode
 
 Conn = psycopg.Connection[Any]
 
@@ -217,7 +217,7 @@ class ReplicationStream:
     def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int, status_interval: float = 10.0,
                  raw_changes: bool = False) -> None:
         self.slot = slot
-        self._raw_kinds = RAW_KINDS if raw_changes and native_stage is not None else frozenset()
+        self._raw_kinds = RAW_KINDS if raw_changes and NATIVE_STAGING else frozenset()
         self._status_interval = status_interval
         self._what = f"replication stream of slot {slot}"
         self._conn = _replication_connection(dsn, self._what)
