@@ -7,7 +7,7 @@
  *               json.dumps(..., ensure_ascii=False) escapes (headrace.log.codec.RowEncoder.encode).
  * stage_change: a pgoutput INSERT/UPDATE/DELETE message straight to its staged row (the _data and
  *               _old_key JSON) in a StagingBuffer, with no Python value per column
- *               (headrace.source.postgres.pgoutput.RawChange, called by headrace.capture.buffer.stage).
+ *               (headrace.source.postgres.pgoutput.UNDECODED, used by headrace.capture.buffer.stage).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -6,9 +6,10 @@ moved the row to another key.
 
 ``stage`` runs once per change: what depends only on the table's columns (JSON keys, key positions)
 is worked out once per buffer (``TableBuffer``), not per row. A change the source hands over still
-in its bytes (``UndecodedChange``: PostgreSQL's I/U/D messages, when ``headrace._speedups`` is
-built) is staged from them with those keys, and decoded only when that declines (an unchanged TOAST
-value the old row does not give, anything unusual): the same rows, with no Python value per column.
+in its bytes (``core.undecoded``: PostgreSQL's I/U/D messages, when ``headrace._speedups`` is built)
+is staged from them by the source's codec with those keys, and decoded only when that declines (an
+unchanged TOAST value the old row does not give, anything unusual): the same rows, with no Python
+value per column.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Truncate, Update, Value
 from headrace.core.schema import TableSchema
-from headrace.core.undecoded import StageLayout, UndecodedChange
+from headrace.core.undecoded import StageLayout, UndecodedCodec
 from headrace.log.codec import RowEncoder, StagingBuffer, row_encoder
 
 
@@ -31,7 +32,7 @@ class TableBuffer:
     key: RowEncoder = field(init=False, repr=False)  # the key's columns (every column without a key)
     key_at: tuple[int, ...] = field(init=False, repr=False)  # their positions in the row
     keyless: bool = field(init=False, repr=False)  # no key: the old row is an update's identity
-    layout: StageLayout = field(init=False, repr=False)  # the above, for an UndecodedChange's stager
+    layout: StageLayout = field(init=False, repr=False)  # the above, for an undecoded change's stager
 
     def __post_init__(self) -> None:
         names = self.schema.column_names
@@ -48,11 +49,25 @@ def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
     return sum(tb.buffer.nbytes for tb in buffers.values())
 
 
-def stage(ev: Insert | Update | Delete | Truncate | UndecodedChange, txn: Begin, seq: int,
-          relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> int:
+def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int, relations: dict[int, TableSchema],
+          buffers: dict[int, TableBuffer], codec: UndecodedCodec | None = None) -> int:
     """Append ``ev`` (the ``seq``-th change of ``txn``) to its table's buffer; the bytes it added to
     the buffers (``buffered_bytes``). Changes of tables with no RELATION seen yet are not this
-    pipeline's."""
+    pipeline's. ``bytes``: a change the stream left undecoded, staged with ``codec``."""
+    if type(ev) is bytes:
+        assert codec is not None, "an undecoded change from a source without a codec"
+        oid = codec.relation_oid(ev)
+        tb = buffers.get(oid)
+        if tb is None:
+            if oid not in relations:
+                return 0
+            tb = _buffer(oid, relations, buffers)
+        buf = tb.buffer
+        staged = codec.stage(ev, tb.layout, buf.columns, txn.final_lsn, seq, txn.commit_ts_us, txn.xid)
+        if staged is not None:
+            buf.nbytes += staged
+            return staged
+        ev = codec.decode(ev)  # declined: staged from the event below, the rows are the same
     if type(ev) is Truncate:
         added = 0
         for oid in ev.relation_oids:
@@ -67,12 +82,6 @@ def stage(ev: Insert | Update | Delete | Truncate | UndecodedChange, txn: Begin,
             return 0
         tb = _buffer(oid, relations, buffers)
     buf = tb.buffer
-    if isinstance(ev, UndecodedChange):
-        staged = ev.stage(ev.buf, tb.layout, buf.columns, txn.final_lsn, seq, txn.commit_ts_us, txn.xid)
-        if staged is not None:
-            buf.nbytes += staged
-            return staged
-        ev = ev.decode()
     match ev:
         case Insert():
             data, unchanged = tb.row.encode(ev.new)

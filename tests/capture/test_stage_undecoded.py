@@ -1,7 +1,7 @@
-"""Staging a pgoutput change from its bytes (``RawChange``, ``headrace._speedups.stage_change``)
+"""Staging a pgoutput change from its bytes (``pgoutput.UNDECODED``, ``headrace._speedups.stage_change``)
 stages exactly the row the decoded event stages: every column of the staging schema and the
-buffer's byte count, for random tables and messages. Without the built module, ``RawChange`` is
-always decoded (and the stream never hands one over)."""
+buffer's byte count, for random tables and messages, and for changes a real server sent. Without
+the built module there is no codec and the stream hands over events only (test_replication)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,15 @@ from hypothesis import strategies as st
 from headrace.capture.buffer import TableBuffer, stage
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Update, Value
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.core.undecoded import UndecodedCodec
 from headrace.log.codec import StagingBuffer
 from headrace.source.postgres import pgoutput
-from headrace.source.postgres.pgoutput import MalformedMessage, RawChange, decode
+from headrace.source.postgres.pgoutput import MalformedMessage, decode
 
 speedups = pytest.importorskip("headrace._speedups", reason="headrace._speedups not built (python setup.py build_ext)")
+CODEC = pgoutput.UNDECODED
+assert CODEC is not None
+DECODING = UndecodedCodec(pgoutput.relation_oid, lambda *args: None, CODEC.decode)  # declines every change
 
 OID = 16384
 TXN = Begin(final_lsn=0x1_0000_0000, commit_ts_us=1_700_000_000_000_000, xid=771)
@@ -65,9 +69,11 @@ def message(op: str, marker: str, old: tuple[Value, ...], new: tuple[Value, ...]
     return head + marker.encode() + tuple_data(old) + b"N" + tuple_data(new)
 
 
-def staged_rows(schema: TableSchema, events: list[object]) -> tuple[list[dict[str, object]], int]:
+def staged_rows(schema: TableSchema, events: list[object], codec: UndecodedCodec | None = None
+                ) -> tuple[list[dict[str, object]], int]:
     buffers: dict[int, TableBuffer] = {}
-    added = sum(stage(ev, TXN, seq, {OID: schema}, buffers) for seq, ev in enumerate(events, 1))  # type: ignore[arg-type]
+    added = sum(stage(ev, TXN, seq, {OID: schema}, buffers, codec)  # type: ignore[arg-type]
+                for seq, ev in enumerate(events, 1))
     buf = buffers[OID].buffer
     assert added == buf.nbytes
     return buf.to_table().to_pylist(), buf.nbytes
@@ -76,7 +82,7 @@ def staged_rows(schema: TableSchema, events: list[object]) -> tuple[list[dict[st
 def native(msg: bytes, tb: TableBuffer) -> tuple[int | None, list[tuple[object, ...]]]:
     """The stager's answer for ``msg`` alone, and the rows it appended."""
     buf = StagingBuffer()
-    added = RawChange(msg).stage(msg, tb.layout, buf.columns, TXN.final_lsn, 1, TXN.commit_ts_us, TXN.xid)
+    added = CODEC.stage(msg, tb.layout, buf.columns, TXN.final_lsn, 1, TXN.commit_ts_us, TXN.xid)
     return added, list(zip(*buf.columns, strict=True))
 
 
@@ -105,10 +111,8 @@ def tables_and_messages(draw: st.DrawFn) -> tuple[TableSchema, list[bytes]]:
 def test_staged_from_bytes_is_staged_from_the_decoded_event(case: tuple[TableSchema, list[bytes]]) -> None:
     schema, messages = case
     expected = staged_rows(schema, [decode(m) for m in messages])
-    assert staged_rows(schema, [RawChange(m) for m in messages]) == expected
-    with pytest.MonkeyPatch.context() as patch:  # the Python path: every RawChange decoded
-        patch.setattr(RawChange, "stage", staticmethod(pgoutput._decode_instead))
-        assert staged_rows(schema, [RawChange(m) for m in messages]) == expected
+    assert staged_rows(schema, messages, CODEC) == expected  # type: ignore[arg-type]
+    assert staged_rows(schema, messages, DECODING) == expected  # type: ignore[arg-type]
 
 
 @settings(max_examples=200, deadline=None)
@@ -137,15 +141,15 @@ def test_odd_messages_are_left_to_the_decoder_and_its_errors() -> None:
     for cut in range(6, len(good)):  # truncated: declined, and decoding names it
         assert native(good[:cut], tb) == (None, [])
         with pytest.raises(MalformedMessage):
-            stage(RawChange(good[:cut]), TXN, 1, {OID: schema}, {})
+            stage(good[:cut], TXN, 1, {OID: schema}, {}, CODEC)
     assert native(message("I", "N", (), ("1",)), tb) == (None, [])  # a column count not the relation's
     not_utf8 = b"I" + struct.pack(">I", OID) + b"N\x00\x02t\x00\x00\x00\x011t\x00\x00\x00\x01\xff"
     assert native(not_utf8, tb) == (None, [])
     with pytest.raises(MalformedMessage, match="not UTF-8"):
-        stage(RawChange(not_utf8), TXN, 1, {OID: schema}, {})
+        stage(not_utf8, TXN, 1, {OID: schema}, {}, CODEC)
     assert native(b"I" + struct.pack(">I", OID) + b"X\x00\x00", tb) == (None, [])  # not 'N'
     assert native(b"I" + struct.pack(">I", OID) + b"N\x00\x02b\x00\x00\x00\x011n", tb) == (None, [])  # binary
-    assert stage(RawChange(good), TXN, 1, {}, {}) == 0  # not this pipeline's table
+    assert stage(good, TXN, 1, {}, {}, CODEC) == 0  # not this pipeline's table
     with pytest.raises(TypeError):
         speedups.stage_change(good, tb.layout, (), 1, 1, 1, 1)
 
@@ -194,17 +198,18 @@ def test_server_changes_stage_alike_from_bytes_and_from_events(conn: psycopg.Con
     changes = [m for m in msgs if m[:1] in (b"I", b"U", b"D")]
     assert len(changes) == 8 + 3 + 2 + 1 + 3 + 2 + 1 + 2
     natively = sum(isinstance(decode(m), Insert | Update | Delete)
-                   and native(m, TableBuffer(schemas[RawChange(m).relation_oid]))[0] is not None for m in changes)
+                   and native(m, TableBuffer(schemas[pgoutput.relation_oid(m)]))[0] is not None for m in changes)
     assert natively == len(changes) - 1  # only k's update of the TOASTed row 1 is decoded
 
     def staged(events: list[object]) -> dict[int, list[dict[str, object]]]:
         buffers: dict[int, TableBuffer] = {}
-        total = sum(stage(ev, TXN, seq, schemas, buffers) for seq, ev in enumerate(events, 1))  # type: ignore[arg-type]
+        total = sum(stage(ev, TXN, seq, schemas, buffers, CODEC)  # type: ignore[arg-type]
+                    for seq, ev in enumerate(events, 1))
         assert total == sum(tb.buffer.nbytes for tb in buffers.values())
         return {oid: tb.buffer.to_table().to_pylist() for oid, tb in buffers.items()}
 
     expected = staged([decode(m) for m in changes])
-    assert staged([RawChange(m) for m in changes]) == expected
+    assert staged(changes) == expected  # type: ignore[arg-type]
     f_rows = next(rows for oid, rows in expected.items() if schemas[oid].name == "f")
     assert any(r["_op"] == "U" and r["_unchanged_cols"] is None
                and json.loads(str(r["_data"]))["doc"] == big for r in f_rows)

@@ -26,7 +26,7 @@ from headrace.core.errors import HeadraceError, SourceError, TransientError
 from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.source.postgres.catalog import find_relation, missing_table
-from headrace.source.postgres.pgoutput import NATIVE_STAGING, RAW_KINDS, RawChange, decode
+from headrace.source.postgres.pgoutput import UNDECODED, UNDECODED_KINDS, decode
 
 Conn = psycopg.Connection[Any]
 
@@ -210,14 +210,14 @@ class ReplicationStream:
 
     Call ``read`` (or ``acknowledge``) at least every ``wal_sender_timeout / 2``: keepalives and
     status updates are only sent from inside those calls. ``raw_changes``: INSERT, UPDATE and DELETE
-    come as ``RawChange`` (their bytes, for capture to stage directly) when the native stager is
-    built; every other message, and every message without it, is decoded.
+    come as their message's ``bytes`` (for capture to stage with ``pgoutput.UNDECODED``) when that
+    is built; every other message, and every message without it, is decoded.
     """
 
     def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int, status_interval: float = 10.0,
                  raw_changes: bool = False) -> None:
         self.slot = slot
-        self._raw_kinds = RAW_KINDS if raw_changes and NATIVE_STAGING else frozenset()
+        self._raw_kinds = UNDECODED_KINDS if raw_changes and UNDECODED is not None else frozenset()
         self._status_interval = status_interval
         self._what = f"replication stream of slot {slot}"
         self._conn = _replication_connection(dsn, self._what)
@@ -235,14 +235,14 @@ class ReplicationStream:
             raise _translate(exc, f"starting the {self._what} at {format_lsn(start_lsn)}") from exc
         self._fd = self._conn.fileno()
 
-    def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event | RawChange]]:
+    def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event | bytes]]:
         """Up to ``max_messages`` events with their message's data_start LSN, waiting up to ``timeout`` s.
 
         Returns when ``max_messages`` are read or ``timeout`` has passed, whichever comes first
         (possibly with an empty list): messages already buffered are drained without sleeping,
         and the process only sleeps in ``select`` when nothing is buffered.
         """
-        events: list[tuple[int, Event | RawChange]] = []
+        events: list[tuple[int, Event | bytes]] = []
         append = events.append
         read_message = self._cur.read_message
         raw_kinds = self._raw_kinds
@@ -253,7 +253,7 @@ class ReplicationStream:
                 if msg is not None:
                     payload = msg.payload
                     if len(payload) > 5 and payload[0] in raw_kinds and type(payload) is bytes:
-                        append((msg.data_start, RawChange(payload)))
+                        append((msg.data_start, payload))
                         continue
                     event = decode(payload)
                     if event is not None:
