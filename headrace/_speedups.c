@@ -244,8 +244,8 @@ static int same_value(const Val *a, const Val *b) {
     return a->kind != 't' || (a->n == b->n && memcmp(a->p, b->p, a->n) == 0);
 }
 
-/* The JSON object of vals[at[i]] under keys[i] (at NULL: vals[i]); none may be 'u'. A new str, or
- * NULL with the error set; *fallback set (no error) when the bytes are not UTF-8. */
+/* The JSON object of vals[at[i]] under keys[i] (at NULL: vals[i]), 'u' values left out. A new str,
+ * or NULL with the error set; *fallback set (no error) when the bytes are not UTF-8. */
 static PyObject *json_object(PyObject *keys, const Val *vals, const Py_ssize_t *at, int *fallback) {
     Py_ssize_t n = PyTuple_GET_SIZE(keys);
     Out o = {PyMem_Malloc(256), 0, 256};
@@ -254,12 +254,16 @@ static PyObject *json_object(PyObject *keys, const Val *vals, const Py_ssize_t *
     PyObject *result = NULL;
     if (out_put(&o, "{", 1) < 0)
         goto done;
+    int first = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         const Val *v = &vals[at == NULL ? i : at[i]];
+        if (v->kind == 'u')
+            continue;
         Py_ssize_t klen;
         const char *k = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, i), &klen);
-        if (k == NULL || (i > 0 && out_put(&o, ",", 1) < 0) || out_put(&o, k, klen) < 0)
+        if (k == NULL || (!first && out_put(&o, ",", 1) < 0) || out_put(&o, k, klen) < 0)
             goto done;
+        first = 0;
         if (v->kind == 'n' ? out_put(&o, "null", 4) < 0 : out_json_string(&o, v->p, v->n) < 0)
             goto done;
     }
@@ -275,21 +279,43 @@ done:
     return result;
 }
 
-/* stage_change(msg: bytes, layout: (row_keys, key_keys, key_at, keyless), columns: tuple of 8 lists,
- *              lsn: int, seq: int, ts_us: int, xid: int) -> int | None
+/* The comma-joined tokens[i] of the 'u' values (buffer's _unchanged_cols); NULL with the error set. */
+static PyObject *unchanged_tokens(PyObject *tokens, const Val *vals, Py_ssize_t n) {
+    Out o = {PyMem_Malloc(64), 0, 64};
+    if (o.data == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (vals[i].kind != 'u')
+            continue;
+        Py_ssize_t tlen;
+        const char *t = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(tokens, i), &tlen);
+        if (t == NULL || (o.len > 0 && out_put(&o, ",", 1) < 0) || out_put(&o, t, tlen) < 0)
+            goto done;
+    }
+    result = PyUnicode_DecodeUTF8(o.data, o.len, "strict");
+done:
+    PyMem_Free(o.data);
+    return result;
+}
+
+/* stage_change(msg: bytes, layout: (row_keys, key_keys, key_at, keyless, tokens), columns: tuple of
+ *              8 lists, lsn: int, seq: int, ts_us: int, xid: int) -> int | None
  * A pgoutput INSERT, UPDATE or DELETE message staged straight from its bytes, as
  * headrace.capture.buffer.stage stages the decoded event: one row appended to columns (the
  * StagingBuffer's _op, _lsn, _seq, _ts, _xid, _unchanged_cols, _data, _old_key lists); returns the
  * bytes StagingBuffer.append would count for it. row_keys and key_keys are RowEncoder.keys of the
  * row's and the key's columns, key_at the key's positions in the row, keyless true when the table has
- * no key (every column is the key, and an update's old row is its identity). None, with nothing
- * appended, leaves the message to the Python path (decode, then stage): an unchanged TOAST value
- * ('u') the old row does not give, a column count that is not the relation's, text that is not
- * UTF-8, or anything malformed. */
+ * no key (every column is the key, and an update's old row is its identity), tokens the row's
+ * columns as _unchanged_cols lists them (unchanged_token). An unchanged TOAST value ('u') in the new
+ * row is left out of _data and named in _unchanged_cols, unless the old row (REPLICA IDENTITY FULL)
+ * gives it. None, with nothing appended, leaves the message to the Python path (decode, then stage):
+ * a 'u' in the old row, a column count that is not the relation's, text that is not UTF-8, or
+ * anything malformed. */
 static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) ||
-        PyTuple_GET_SIZE(args[1]) != 4 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 8) {
-        PyErr_SetString(PyExc_TypeError, "stage_change(msg: bytes, layout: tuple of 4, columns: tuple of 8 lists, "
+        PyTuple_GET_SIZE(args[1]) != 5 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "stage_change(msg: bytes, layout: tuple of 5, columns: tuple of 8 lists, "
                                          "lsn, seq, ts_us, xid)");
         return NULL;
     }
@@ -303,23 +329,24 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
     const char *buf = PyBytes_AS_STRING(args[0]);
     Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
     PyObject *row_keys = PyTuple_GET_ITEM(layout, 0), *key_keys = PyTuple_GET_ITEM(layout, 1);
-    PyObject *key_at_obj = PyTuple_GET_ITEM(layout, 2);
-    if (!PyTuple_CheckExact(row_keys) || !PyTuple_CheckExact(key_keys) || !PyTuple_CheckExact(key_at_obj)) {
-        PyErr_SetString(PyExc_TypeError, "stage_change: layout must hold three tuples and a bool");
+    PyObject *key_at_obj = PyTuple_GET_ITEM(layout, 2), *tokens = PyTuple_GET_ITEM(layout, 4);
+    if (!PyTuple_CheckExact(row_keys) || !PyTuple_CheckExact(key_keys) || !PyTuple_CheckExact(key_at_obj) ||
+        !PyTuple_CheckExact(tokens)) {
+        PyErr_SetString(PyExc_TypeError, "stage_change: layout must hold three tuples, a bool and a tuple");
         return NULL;
     }
     Py_ssize_t ncols = PyTuple_GET_SIZE(row_keys), nkey = PyTuple_GET_SIZE(key_keys);
     int keyless = PyObject_IsTrue(PyTuple_GET_ITEM(layout, 3));
     if (keyless < 0)
         return NULL;
-    if (PyTuple_GET_SIZE(key_at_obj) != nkey || len < 6)
+    if (PyTuple_GET_SIZE(key_at_obj) != nkey || PyTuple_GET_SIZE(tokens) != ncols || len < 6)
         Py_RETURN_NONE;
     Val small[64];
     Py_ssize_t small_at[16];
     Val *vals = 2 * ncols <= 64 ? small : PyMem_Malloc(2 * ncols * sizeof(Val) + 1);
     Py_ssize_t *at = nkey <= 16 ? small_at : PyMem_Malloc(nkey * sizeof(Py_ssize_t) + 1);
-    PyObject *data = NULL, *old_key = NULL, *result = NULL;
-    int fallback = 0;
+    PyObject *data = NULL, *old_key = NULL, *unchanged = NULL, *result = NULL;
+    int fallback = 0, any_unchanged = 0;
     if (vals == NULL || at == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -366,9 +393,10 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
                 continue;
             /* REPLICA IDENTITY FULL sends the whole old row, TOAST values inline: the value the
              * update left untouched is known, and staged (buffer.stage does the same). */
-            if (marker != 'O')
-                goto fall_back;
-            new[i] = old[i];
+            if (marker == 'O')
+                new[i] = old[i];
+            else
+                any_unchanged = 1;
         }
     }
     if (op == 'D') {
@@ -394,9 +422,11 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
         goto fall_back;
     if (data == NULL)
         goto done;
+    if (any_unchanged && (unchanged = unchanged_tokens(tokens, new, ncols)) == NULL)
+        goto done;
     {
-        PyObject *row[8] = {PyUnicode_FromOrdinal(op), args[3], args[4], args[5], args[6], Py_None, data,
-                            old_key == NULL ? Py_None : old_key};
+        PyObject *row[8] = {PyUnicode_FromOrdinal(op), args[3], args[4], args[5], args[6],
+                            unchanged == NULL ? Py_None : unchanged, data, old_key == NULL ? Py_None : old_key};
         if (row[0] == NULL)
             goto done;
         int failed = 0;
@@ -415,6 +445,7 @@ fall_back:
 done:
     Py_XDECREF(data);
     Py_XDECREF(old_key);
+    Py_XDECREF(unchanged);
     if (vals != NULL && vals != small)
         PyMem_Free(vals);
     if (at != NULL && at != small_at)

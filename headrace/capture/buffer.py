@@ -7,9 +7,8 @@ moved the row to another key.
 ``stage`` runs once per change: what depends only on the table's columns (JSON keys, key positions)
 is worked out once per buffer (``TableBuffer``), not per row. A change the source hands over still
 in its bytes (``core.undecoded``: PostgreSQL's I/U/D messages, when ``headrace._speedups`` is built)
-is staged from them by the source's codec with those keys, and decoded only when that declines (an
-unchanged TOAST value the old row does not give, anything unusual): the same rows, with no Python
-value per column.
+is staged from them by the source's codec with those keys, and decoded only when that declines
+(anything unusual): the same rows, with no Python value per column.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Truncate, Update, Value
+from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
 from headrace.core.undecoded import StageLayout, UndecodedCodec
 from headrace.log.codec import RowEncoder, StagingBuffer, row_encoder
@@ -41,7 +41,8 @@ class TableBuffer:
         key = self.schema.key or names
         self.key = row_encoder(tuple(key))
         self.key_at = tuple(names.index(name) for name in key)
-        self.layout = (self.row.keys, self.key.keys, self.key_at, self.keyless)
+        self.layout = (self.row.keys, self.key.keys, self.key_at, self.keyless,
+                       tuple(unchanged_token(name) for name in names))
 
 
 def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:

@@ -23,9 +23,10 @@ from headrace.core.changes import Delete, Insert, Update
 
 # What a stager needs of a table, worked out once per table (``capture.buffer.TableBuffer.layout``):
 # the JSON keys (``RowEncoder.keys``) of the row's and of the key's columns, the key's positions in
-# the row, and whether the table has no key (then every column is the key, and an update's old row
-# is the identity of the row it replaces).
-StageLayout = tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], bool]
+# the row, whether the table has no key (then every column is the key, and an update's old row is
+# the identity of the row it replaces), and the row's columns as ``_unchanged_cols`` names them
+# (``core.rows.unchanged_token``).
+StageLayout = tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], bool, tuple[str, ...]]
 
 # A stager: (a change's bytes, its table's layout, the staging buffer's eight column lists
 # (``StagingBuffer.columns``), commit LSN, ordinal in the transaction, commit time in us, xid) ->

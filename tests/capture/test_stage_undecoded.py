@@ -117,19 +117,21 @@ def test_staged_from_bytes_is_staged_from_the_decoded_event(case: tuple[TableSch
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 40), st.data())
-def test_the_native_stager_takes_every_change_without_unchanged_toast(ncols: int, data: st.DataObject) -> None:
-    """Only an unchanged TOAST value the old row does not give (or an odd message) is declined."""
+def test_the_native_stager_declines_only_unchanged_toast_in_the_old_row(ncols: int, data: st.DataObject) -> None:
+    """Every well-formed change is staged natively, an unchanged TOAST value in the new row too
+    (named in _unchanged_cols, or filled from a FULL old row); only a 'u' in the old row is not."""
     tb = TableBuffer(_schema(ncols, (0,)))
     row = st.tuples(*[st.one_of(st.none(), texts)] * ncols)
     old, new = data.draw(row), data.draw(row)
     for op, marker in (("I", "N"), ("U", "N"), ("U", "K"), ("U", "O"), ("D", "K"), ("D", "O")):
         added, rows = native(message(op, marker, old, new), tb)
-        assert added is not None and len(rows) == 1 and rows[0][0] == op
-    if ncols > 1:  # FULL identity fills an unchanged value from the old row; the others cannot
-        toasted = (new[0], UNCHANGED, *new[2:])
-        assert native(message("U", "O", old, toasted), tb)[0] is not None
-        assert native(message("U", "N", old, toasted), tb) == (None, [])
-        assert native(message("U", "K", old, toasted), tb) == (None, [])
+        assert added is not None and len(rows) == 1 and rows[0][0] == op and rows[0][5] is None
+    toasted = (UNCHANGED, *new[1:])
+    for marker, unchanged in (("N", tb.layout[4][0]), ("K", tb.layout[4][0]), ("O", None)):
+        added, rows = native(message("U", marker, old, toasted), tb)
+        assert added is not None and rows[0][5] == unchanged
+    assert native(message("U", "K", toasted, new), tb) == (None, [])
+    assert native(message("D", "O", toasted, new), tb) == (None, [])
 
 
 def test_odd_messages_are_left_to_the_decoder_and_its_errors() -> None:
@@ -152,6 +154,8 @@ def test_odd_messages_are_left_to_the_decoder_and_its_errors() -> None:
     assert stage(good, TXN, 1, {}, {}, CODEC) == 0  # not this pipeline's table
     with pytest.raises(TypeError):
         speedups.stage_change(good, tb.layout, (), 1, 1, 1, 1)
+    with pytest.raises(TypeError):
+        speedups.stage_change(good, tb.layout[:4], tuple(StagingBuffer().columns), 1, 1, 1, 1)
 
 
 # Real bytes from the server: REPLICA IDENTITY FULL, key moves, unchanged TOAST, keyless tables.
@@ -175,7 +179,7 @@ def test_server_changes_stage_alike_from_bytes_and_from_events(conn: psycopg.Con
     conn.execute("INSERT INTO k VALUES (1, 'a', %s, 1), (2, 'b\"\\\n', NULL, 2), (3, '', 'x\u2028y', 3)", (big,))
     conn.execute("INSERT INTO f VALUES (1, %s, 1), (2, 'small', 2)", (big,))
     conn.execute("INSERT INTO nk VALUES ('x', 'y'), ('x', 'y'), (NULL, '😀')")
-    conn.execute("UPDATE k SET n = n + 10")  # 'u' for the TOASTed doc of row 1: decoded
+    conn.execute("UPDATE k SET n = n + 10")  # 'u' for the TOASTed doc of row 1: _unchanged_cols
     conn.execute("UPDATE k SET sub = sub || '!' WHERE id = 2")  # a key move: old key sent
     conn.execute("UPDATE k SET n = 0, doc = 'é' WHERE id = 3")
     conn.execute("UPDATE f SET n = n + 1")  # FULL: the old row fills the unchanged TOAST value
@@ -199,7 +203,7 @@ def test_server_changes_stage_alike_from_bytes_and_from_events(conn: psycopg.Con
     assert len(changes) == 8 + 3 + 2 + 1 + 3 + 2 + 1 + 2
     natively = sum(isinstance(decode(m), Insert | Update | Delete)
                    and native(m, TableBuffer(schemas[pgoutput.relation_oid(m)]))[0] is not None for m in changes)
-    assert natively == len(changes) - 1  # only k's update of the TOASTed row 1 is decoded
+    assert natively == len(changes)
 
     def staged(events: list[object]) -> dict[int, list[dict[str, object]]]:
         buffers: dict[int, TableBuffer] = {}
@@ -210,6 +214,8 @@ def test_server_changes_stage_alike_from_bytes_and_from_events(conn: psycopg.Con
 
     expected = staged([decode(m) for m in changes])
     assert staged(changes) == expected  # type: ignore[arg-type]
+    k_rows = next(rows for oid, rows in expected.items() if schemas[oid].name == "k")
+    assert [r["_unchanged_cols"] for r in k_rows if r["_op"] == "U"][:3] == ["doc", None, None]
     f_rows = next(rows for oid, rows in expected.items() if schemas[oid].name == "f")
     assert any(r["_op"] == "U" and r["_unchanged_cols"] is None
                and json.loads(str(r["_data"]))["doc"] == big for r in f_rows)
