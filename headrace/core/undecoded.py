@@ -9,8 +9,9 @@ the staged row is byte for byte the one the decoded event gives.
 
 Plain ``bytes``, not an object per change: a Python object per change, alive for one read of
 10,000 messages, reached the oldest GC generation and made the collector run a full collection
-every ~50K changes, 10 of them (1.8 s) in a 5.6 s drain of 500K changes (bench/capture.py, gc
-callbacks). A (position, bytes) pair holds nothing the collector tracks.
+every ~50K changes, 10 of them (1.8 s wall, loaded machine) in a 5.6 s drain of 500K changes
+(bench/capture.py with gc callbacks); with (position, bytes) pairs, which the collector stops
+tracking at its first look, 2 (0.5 s) and 3.2 CPU us per change instead of 4.4.
 """
 
 from __future__ import annotations
