@@ -5,6 +5,9 @@
  *               (headrace.source.postgres.pgoutput._tuple).
  * encode_object: a row's values as a JSON object with precomputed keys, escaped exactly as
  *               json.dumps(..., ensure_ascii=False) escapes (headrace.log.codec.RowEncoder.encode).
+ * stage_change: a pgoutput INSERT/UPDATE/DELETE message straight to its staged row (the _data and
+ *               _old_key JSON) in a StagingBuffer, with no Python value per column
+ *               (headrace.source.postgres.pgoutput.UNDECODED, used by headrace.capture.buffer.stage).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -196,9 +199,265 @@ done:
     return result;
 }
 
+/* One value of a TupleData: its kind ('t', 'n' or 'u') and, for 't', its UTF-8 bytes. */
+typedef struct {
+    unsigned char kind;
+    const char *p;
+    Py_ssize_t n;
+} Val;
+
+/* The TupleData at pos into vals (ncols of them, or -1 when the tuple has another count); the
+ * position after it, or -1 for anything unusual (truncated, a 'b' value, another kind). */
+static Py_ssize_t parse_values(const char *buf, Py_ssize_t len, Py_ssize_t pos, Val *vals, Py_ssize_t ncols) {
+    const unsigned char *b = (const unsigned char *)buf;
+    if (pos < 0 || pos + 2 > len || (((Py_ssize_t)b[pos] << 8) | b[pos + 1]) != ncols)
+        return -1;
+    pos += 2;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if (pos >= len)
+            return -1;
+        unsigned char kind = b[pos];
+        vals[i].kind = kind;
+        if (kind == 't') {
+            if (pos + 5 > len)
+                return -1;
+            int32_t n = (int32_t)(((uint32_t)b[pos + 1] << 24) | ((uint32_t)b[pos + 2] << 16) |
+                                  ((uint32_t)b[pos + 3] << 8) | (uint32_t)b[pos + 4]);
+            pos += 5;
+            if (n < 0 || pos + n > len)
+                return -1;
+            vals[i].p = buf + pos;
+            vals[i].n = n;
+            pos += n;
+        } else if (kind == 'n' || kind == 'u') {
+            pos += 1;
+        } else {
+            return -1;
+        }
+    }
+    return pos;
+}
+
+static int same_value(const Val *a, const Val *b) {
+    if (a->kind != b->kind)
+        return 0;
+    return a->kind != 't' || (a->n == b->n && memcmp(a->p, b->p, a->n) == 0);
+}
+
+/* The JSON object of vals[at[i]] under keys[i] (at NULL: vals[i]), 'u' values left out. A new str,
+ * or NULL with the error set; *fallback set (no error) when the bytes are not UTF-8. */
+static PyObject *json_object(PyObject *keys, const Val *vals, const Py_ssize_t *at, int *fallback) {
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    Out o = {PyMem_Malloc(256), 0, 256};
+    if (o.data == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    if (out_put(&o, "{", 1) < 0)
+        goto done;
+    int first = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Val *v = &vals[at == NULL ? i : at[i]];
+        if (v->kind == 'u')
+            continue;
+        Py_ssize_t klen;
+        const char *k = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, i), &klen);
+        if (k == NULL || (!first && out_put(&o, ",", 1) < 0) || out_put(&o, k, klen) < 0)
+            goto done;
+        first = 0;
+        if (v->kind == 'n' ? out_put(&o, "null", 4) < 0 : out_json_string(&o, v->p, v->n) < 0)
+            goto done;
+    }
+    if (out_put(&o, "}", 1) < 0)
+        goto done;
+    result = PyUnicode_DecodeUTF8(o.data, o.len, "strict");
+    if (result == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear(); /* not UTF-8: the Python decoder raises the error that names it */
+        *fallback = 1;
+    }
+done:
+    PyMem_Free(o.data);
+    return result;
+}
+
+/* The comma-joined tokens[i] of the 'u' values (buffer's _unchanged_cols); NULL with the error set. */
+static PyObject *unchanged_tokens(PyObject *tokens, const Val *vals, Py_ssize_t n) {
+    Out o = {PyMem_Malloc(64), 0, 64};
+    if (o.data == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (vals[i].kind != 'u')
+            continue;
+        Py_ssize_t tlen;
+        const char *t = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(tokens, i), &tlen);
+        if (t == NULL || (o.len > 0 && out_put(&o, ",", 1) < 0) || out_put(&o, t, tlen) < 0)
+            goto done;
+    }
+    result = PyUnicode_DecodeUTF8(o.data, o.len, "strict");
+done:
+    PyMem_Free(o.data);
+    return result;
+}
+
+/* stage_change(msg: bytes, layout: (row_keys, key_keys, key_at, keyless, tokens), columns: tuple of
+ *              8 lists, lsn: int, seq: int, ts_us: int, xid: int) -> int | None
+ * A pgoutput INSERT, UPDATE or DELETE message staged straight from its bytes, as
+ * headrace.capture.buffer.stage stages the decoded event: one row appended to columns (the
+ * StagingBuffer's _op, _lsn, _seq, _ts, _xid, _unchanged_cols, _data, _old_key lists); returns the
+ * bytes StagingBuffer.append would count for it. row_keys and key_keys are RowEncoder.keys of the
+ * row's and the key's columns, key_at the key's positions in the row, keyless true when the table has
+ * no key (every column is the key, and an update's old row is its identity), tokens the row's
+ * columns as _unchanged_cols lists them (unchanged_token). An unchanged TOAST value ('u') in the new
+ * row is left out of _data and named in _unchanged_cols, unless the old row (REPLICA IDENTITY FULL)
+ * gives it. None, with nothing appended, leaves the message to the Python path (decode, then stage):
+ * a 'u' in the old row, a column count that is not the relation's, text that is not UTF-8, or
+ * anything malformed. */
+static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) ||
+        PyTuple_GET_SIZE(args[1]) != 5 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "stage_change(msg: bytes, layout: tuple of 5, columns: tuple of 8 lists, "
+                                         "lsn, seq, ts_us, xid)");
+        return NULL;
+    }
+    PyObject *layout = args[1], *columns = args[2];
+    for (int i = 0; i < 8; i++) {
+        if (!PyList_CheckExact(PyTuple_GET_ITEM(columns, i))) {
+            PyErr_SetString(PyExc_TypeError, "stage_change: columns must be 8 lists");
+            return NULL;
+        }
+    }
+    const char *buf = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    PyObject *row_keys = PyTuple_GET_ITEM(layout, 0), *key_keys = PyTuple_GET_ITEM(layout, 1);
+    PyObject *key_at_obj = PyTuple_GET_ITEM(layout, 2), *tokens = PyTuple_GET_ITEM(layout, 4);
+    if (!PyTuple_CheckExact(row_keys) || !PyTuple_CheckExact(key_keys) || !PyTuple_CheckExact(key_at_obj) ||
+        !PyTuple_CheckExact(tokens)) {
+        PyErr_SetString(PyExc_TypeError, "stage_change: layout must hold three tuples, a bool and a tuple");
+        return NULL;
+    }
+    Py_ssize_t ncols = PyTuple_GET_SIZE(row_keys), nkey = PyTuple_GET_SIZE(key_keys);
+    int keyless = PyObject_IsTrue(PyTuple_GET_ITEM(layout, 3));
+    if (keyless < 0)
+        return NULL;
+    if (PyTuple_GET_SIZE(key_at_obj) != nkey || PyTuple_GET_SIZE(tokens) != ncols || len < 6)
+        Py_RETURN_NONE;
+    Val small[64];
+    Py_ssize_t small_at[16];
+    Val *vals = 2 * ncols <= 64 ? small : PyMem_Malloc(2 * ncols * sizeof(Val) + 1);
+    Py_ssize_t *at = nkey <= 16 ? small_at : PyMem_Malloc(nkey * sizeof(Py_ssize_t) + 1);
+    PyObject *data = NULL, *old_key = NULL, *unchanged = NULL, *result = NULL;
+    int fallback = 0, any_unchanged = 0;
+    if (vals == NULL || at == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Val *old = vals, *new = vals + ncols;
+    for (Py_ssize_t i = 0; i < nkey; i++) {
+        at[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(key_at_obj, i));
+        if (at[i] == -1 && PyErr_Occurred())
+            goto done;
+        if (at[i] < 0 || at[i] >= ncols)
+            goto fall_back;
+    }
+    unsigned char op = (unsigned char)buf[0], marker = (unsigned char)buf[5];
+    Py_ssize_t pos;
+    int has_old = 0, has_new = 0;
+    if (op == 'I' && marker == 'N') {
+        has_new = parse_values(buf, len, 6, new, ncols) >= 0;
+        if (!has_new)
+            goto fall_back;
+    } else if (op == 'U' && marker == 'N') {
+        has_new = parse_values(buf, len, 6, new, ncols) >= 0;
+        if (!has_new)
+            goto fall_back;
+    } else if (op == 'U' && (marker == 'K' || marker == 'O')) {
+        pos = parse_values(buf, len, 6, old, ncols);
+        if (pos < 0 || pos >= len || buf[pos] != 'N' || parse_values(buf, len, pos + 1, new, ncols) < 0)
+            goto fall_back;
+        has_old = has_new = 1;
+    } else if (op == 'D' && (marker == 'K' || marker == 'O')) {
+        has_old = parse_values(buf, len, 6, old, ncols) >= 0;
+        if (!has_old)
+            goto fall_back;
+    } else {
+        goto fall_back;
+    }
+    if (has_old) {
+        for (Py_ssize_t i = 0; i < ncols; i++)
+            if (old[i].kind == 'u')
+                goto fall_back;
+    }
+    if (has_new) {
+        for (Py_ssize_t i = 0; i < ncols; i++) {
+            if (new[i].kind != 'u')
+                continue;
+            /* REPLICA IDENTITY FULL sends the whole old row, TOAST values inline: the value the
+             * update left untouched is known, and staged (buffer.stage does the same). */
+            if (marker == 'O')
+                new[i] = old[i];
+            else
+                any_unchanged = 1;
+        }
+    }
+    if (op == 'D') {
+        data = json_object(key_keys, old, at, &fallback);
+    } else {
+        data = json_object(row_keys, new, NULL, &fallback);
+        if (data != NULL && has_old) {
+            if (keyless) {
+                old_key = json_object(row_keys, old, NULL, &fallback);
+            } else {
+                for (Py_ssize_t i = 0; i < nkey; i++) {
+                    if (!same_value(&old[at[i]], &new[at[i]])) {
+                        old_key = json_object(key_keys, old, at, &fallback);
+                        break;
+                    }
+                }
+            }
+            if (old_key == NULL && PyErr_Occurred())
+                goto done;
+        }
+    }
+    if (fallback)
+        goto fall_back;
+    if (data == NULL)
+        goto done;
+    if (any_unchanged && (unchanged = unchanged_tokens(tokens, new, ncols)) == NULL)
+        goto done;
+    {
+        PyObject *row[8] = {PyUnicode_FromOrdinal(op), args[3], args[4], args[5], args[6],
+                            unchanged == NULL ? Py_None : unchanged, data, old_key == NULL ? Py_None : old_key};
+        if (row[0] == NULL)
+            goto done;
+        int failed = 0;
+        for (int i = 0; i < 8 && !failed; i++)
+            failed = PyList_Append(PyTuple_GET_ITEM(columns, i), row[i]) < 0;
+        Py_DECREF(row[0]);
+        if (failed)
+            goto done;
+        Py_ssize_t added = 48 + PyUnicode_GET_LENGTH(data) + (old_key == NULL ? 0 : PyUnicode_GET_LENGTH(old_key));
+        result = PyLong_FromSsize_t(added);
+    }
+    goto done;
+fall_back:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(old_key);
+    Py_XDECREF(unchanged);
+    if (vals != NULL && vals != small)
+        PyMem_Free(vals);
+    if (at != NULL && at != small_at)
+        PyMem_Free(at);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_tuple", decode_tuple, METH_VARARGS, "pgoutput TupleData at pos: (values, position after), or None."},
     {"encode_object", encode_object, METH_VARARGS, "JSON object of precomputed keys and str/None values, or None."},
+    {"stage_change", (PyCFunction)(void (*)(void))stage_change, METH_FASTCALL,
+     "A pgoutput I/U/D message appended to a StagingBuffer's columns: the bytes it counts, or None."},
     {NULL, NULL, 0, NULL},
 };
 

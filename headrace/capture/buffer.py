@@ -5,7 +5,10 @@ row's values as JSON text, the TOAST columns sent as "unchanged", and the old ke
 moved the row to another key.
 
 ``stage`` runs once per change: what depends only on the table's columns (JSON keys, key positions)
-is worked out once per buffer (``TableBuffer``), not per row.
+is worked out once per buffer (``TableBuffer``), not per row. A change the source hands over still
+in its bytes (``core.undecoded``: PostgreSQL's I/U/D messages, when ``headrace._speedups`` is built)
+is staged from them by the source's codec with those keys, and decoded only when that declines
+(anything unusual): the same rows, with no Python value per column.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Truncate, Update, Value
+from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
+from headrace.core.undecoded import StageLayout, UndecodedCodec
 from headrace.log.codec import RowEncoder, StagingBuffer, row_encoder
 
 
@@ -26,13 +31,18 @@ class TableBuffer:
     row: RowEncoder = field(init=False, repr=False)  # the whole row's columns
     key: RowEncoder = field(init=False, repr=False)  # the key's columns (every column without a key)
     key_at: tuple[int, ...] = field(init=False, repr=False)  # their positions in the row
+    keyless: bool = field(init=False, repr=False)  # no key: the old row is an update's identity
+    layout: StageLayout = field(init=False, repr=False)  # the above, for an undecoded change's stager
 
     def __post_init__(self) -> None:
         names = self.schema.column_names
         self.row = row_encoder(names)
+        self.keyless = not self.schema.key
         key = self.schema.key or names
         self.key = row_encoder(tuple(key))
         self.key_at = tuple(names.index(name) for name in key)
+        self.layout = (self.row.keys, self.key.keys, self.key_at, self.keyless,
+                       tuple(unchanged_token(name) for name in names))
 
 
 def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
@@ -40,19 +50,31 @@ def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
     return sum(tb.buffer.nbytes for tb in buffers.values())
 
 
-def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relations: dict[int, TableSchema],
-          buffers: dict[int, TableBuffer]) -> int:
+def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int, relations: dict[int, TableSchema],
+          buffers: dict[int, TableBuffer], codec: UndecodedCodec | None = None) -> int:
     """Append ``ev`` (the ``seq``-th change of ``txn``) to its table's buffer; the bytes it added to
     the buffers (``buffered_bytes``). Changes of tables with no RELATION seen yet are not this
-    pipeline's."""
+    pipeline's. ``bytes``: a change the stream left undecoded, staged with ``codec``."""
+    if type(ev) is bytes:
+        assert codec is not None, "an undecoded change from a source without a codec"
+        oid = codec.relation_oid(ev)
+        tb = buffers.get(oid)
+        if tb is None:
+            if oid not in relations:
+                return 0
+            tb = _buffer(oid, relations, buffers)
+        buf = tb.buffer
+        staged = codec.stage(ev, tb.layout, buf.columns, txn.final_lsn, seq, txn.commit_ts_us, txn.xid)
+        if staged is not None:
+            buf.nbytes += staged
+            return staged
+        ev = codec.decode(ev)  # declined: staged from the event below, the rows are the same
     if type(ev) is Truncate:
         added = 0
         for oid in ev.relation_oids:
             if oid in relations:
                 buf = _buffer(oid, relations, buffers).buffer
-                before = buf.nbytes
-                buf.append("T", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, None)
-                added += buf.nbytes - before
+                added += buf.append("T", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, None)
         return added
     oid = ev.relation_oid  # type: ignore[union-attr]
     tb = buffers.get(oid)
@@ -61,11 +83,10 @@ def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relatio
             return 0
         tb = _buffer(oid, relations, buffers)
     buf = tb.buffer
-    before = buf.nbytes
     match ev:
         case Insert():
             data, unchanged = tb.row.encode(ev.new)
-            buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
+            return buf.append("I", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged)
         case Update():
             new, old = ev.new, ev.old
             old_key = None
@@ -74,7 +95,7 @@ def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relatio
                     # REPLICA IDENTITY FULL sends the whole old row (TOAST values inline), so a TOAST
                     # value the update left untouched is known here: stage it, not "unchanged".
                     new = tuple(o if v is UNCHANGED else v for v, o in zip(new, old, strict=True))
-                if not tb.schema.key:
+                if tb.keyless:
                     # No key: the old row is the identity of the row the update replaces.
                     old_key, _ = tb.row.encode(old)
                 else:
@@ -82,12 +103,12 @@ def stage(ev: Insert | Update | Delete | Truncate, txn: Begin, seq: int, relatio
                     if old_vals != _pick(new, tb.key_at):
                         old_key, _ = tb.key.encode(old_vals)
             data, unchanged = tb.row.encode(new)
-            buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
+            return buf.append("U", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data, unchanged, old_key)
         case Delete():
             # The key's values (the whole old row without a key).
             data, _ = tb.key.encode(_pick(ev.old, tb.key_at))
-            buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
-    return buf.nbytes - before
+            return buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
+    return 0
 
 
 def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer:

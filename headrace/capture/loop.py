@@ -199,6 +199,7 @@ class Capture:
         last_ack_at = time.monotonic()
         policy = self.config.staging
         flush_bytes = policy.flush_bytes
+        codec = self.source.undecoded()  # stages the changes the stream hands over as bytes
         try:
             while not stop.is_set():
                 flusher.check()
@@ -219,13 +220,13 @@ class Capture:
                 buffered = buffered_bytes(buffers)
                 for _lsn, ev in events:
                     match ev:
-                        case Insert() | Update() | Delete() | Truncate():
+                        case bytes() | Insert() | Update() | Delete() | Truncate():  # bytes: undecoded
                             if skip:
                                 continue  # already registered before a restart
                             seq += 1
                             if first_change_at is None:
                                 first_change_at = time.monotonic()
-                            buffered += stage(ev, txn, seq, relations, buffers)  # type: ignore[arg-type]
+                            buffered += stage(ev, txn, seq, relations, buffers, codec)  # type: ignore[arg-type]
                             if buffered > flush_bytes:
                                 # A large transaction: spill to files now, register them at its commit.
                                 spilled_rows += self._hand_over(flusher, stream, buffers, None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -115,6 +116,12 @@ class StagingBuffer:
     data: list[str | None] = field(default_factory=list)
     old_key: list[str | None] = field(default_factory=list)
     nbytes: int = 0
+    # The eight lists in the staging schema's order, for a stager that appends to them itself
+    # (``core.undecoded``): one C call a change instead of ``append``'s eight list appends.
+    columns: tuple[list[Any], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.columns = (self.op, self.lsn, self.seq, self.ts, self.xid, self.unchanged, self.data, self.old_key)
 
     def append(
         self,
@@ -126,8 +133,8 @@ class StagingBuffer:
         data: str | None,
         unchanged: str | None = None,
         old_key: str | None = None,
-    ) -> None:
-        """Add one staged row."""
+    ) -> int:
+        """Add one staged row; the bytes it adds to ``nbytes``."""
         self.op.append(op)
         self.lsn.append(lsn)
         self.seq.append(seq)
@@ -136,7 +143,9 @@ class StagingBuffer:
         self.unchanged.append(unchanged)
         self.data.append(data)
         self.old_key.append(old_key)
-        self.nbytes += 48 + len(data or "") + len(old_key or "")
+        added = 48 + len(data or "") + len(old_key or "")
+        self.nbytes += added
+        return added
 
     @property
     def facts(self) -> FileFacts:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from headrace.core.changes import Event, Relation
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
+from headrace.core.undecoded import UndecodedCodec
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,8 +37,10 @@ POSITION_COLUMN = "_pos"
 class ChangeStream(Protocol):
     """The change stream from a position: core.changes events, in commit order."""
 
-    def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event]]:
-        """Up to ``max_messages`` (position, event) pairs, waiting up to ``timeout`` seconds."""
+    def read(self, max_messages: int, timeout: float) -> Sequence[tuple[int, Event | bytes]]:
+        """Up to ``max_messages`` (position, event) pairs, waiting up to ``timeout`` seconds; a
+        change may come as its undecoded ``bytes`` (only from a source whose ``undecoded`` codec
+        stages them)."""
 
     def acknowledge(self, pos: int) -> None:
         """Everything up to ``pos`` is durable on our side: the source may release it."""
@@ -222,6 +225,11 @@ class Source(ABC):
     @abstractmethod
     def open_stream(self, start: int, known: Callable[[], dict[int, TableSchema]]) -> ChangeStream:
         """The change stream from ``start`` (a transaction boundary); ``known``: the tracked tables."""
+
+    def undecoded(self) -> UndecodedCodec | None:
+        """The codec of the changes the stream hands over undecoded (``core.undecoded``); None when
+        it hands over events only."""
+        return None
 
     @abstractmethod
     def relation_schema(self, conn: Any, stream: ChangeStream, ev: Relation, known: TableSchema) -> TableSchema:

@@ -30,8 +30,9 @@ from headrace.core.changes import (
     Value,
 )
 from headrace.core.errors import UnsupportedError
+from headrace.core.undecoded import UndecodedCodec
 
-__all__ = ["PG_EPOCH_OFFSET_US", "MalformedMessage", "decode"]
+__all__ = ["PG_EPOCH_OFFSET_US", "MalformedMessage", "UNDECODED", "UNDECODED_KINDS", "decode"]
 
 # PostgreSQL timestamps count microseconds from 2000-01-01 00:00 UTC; headrace uses the Unix epoch.
 PG_EPOCH_OFFSET_US = 946_684_800 * 1_000_000
@@ -60,9 +61,29 @@ except ImportError:  # not built: the Python loop below
     _native_decode = None
 _native_tuple: Callable[[bytes, int, object], tuple[tuple[Value, ...], int] | None] | None = _native_decode
 
+# The native stager of whole INSERT/UPDATE/DELETE messages; without it there is no ``UNDECODED``
+# codec and the stream hands over decoded events only, as before.
+try:
+    from headrace._speedups import stage_change as _native_stage_change
+except ImportError:
+    _native_stage_change = None
+
 
 class MalformedMessage(ValueError):
     """The bytes are not a pgoutput v1 message (truncated, or an unknown message type)."""
+
+
+# The first byte of the messages a stream may hand over undecoded (``UNDECODED``): 'I', 'U', 'D'.
+UNDECODED_KINDS = frozenset(b"IUD")
+
+
+def relation_oid(buf: bytes) -> int:
+    """The relation oid of an INSERT, UPDATE or DELETE message."""
+    return _unpack_u32(buf, 1)[0]  # type: ignore[no-any-return]
+
+
+def _change(buf: bytes) -> Insert | Update | Delete:
+    return decode(buf)  # type: ignore[return-value]
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
@@ -223,3 +244,11 @@ def decode(buf: bytes | memoryview) -> Event | None:
         ) from exc
     except (struct.error, IndexError, ValueError) as exc:
         raise MalformedMessage(f"truncated or corrupt pgoutput {chr(buf[0])!r} message: {exc}") from exc
+
+
+# INSERT, UPDATE and DELETE messages staged straight from their bytes (``headrace._speedups``'s
+# ``stage_change``: the JSON from the UTF-8 bytes, no Python value per column), when it is built.
+# Capture alone spent about half its time per change making a Python value per column, a tuple and
+# an event, only to join them into the staged JSON at once (cProfile, bench/capture.py).
+UNDECODED = (None if _native_stage_change is None
+             else UndecodedCodec(relation_oid, _native_stage_change, _change))

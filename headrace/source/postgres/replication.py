@@ -26,7 +26,7 @@ from headrace.core.errors import HeadraceError, SourceError, TransientError
 from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.source.postgres.catalog import find_relation, missing_table
-from headrace.source.postgres.pgoutput import decode
+from headrace.source.postgres.pgoutput import UNDECODED, UNDECODED_KINDS, decode
 
 Conn = psycopg.Connection[Any]
 
@@ -209,11 +209,15 @@ class ReplicationStream:
     """The pgoutput change stream of one slot, read in batches.
 
     Call ``read`` (or ``acknowledge``) at least every ``wal_sender_timeout / 2``: keepalives and
-    status updates are only sent from inside those calls.
+    status updates are only sent from inside those calls. ``raw_changes``: INSERT, UPDATE and DELETE
+    come as their message's ``bytes`` (for capture to stage with ``pgoutput.UNDECODED``) when that
+    is built; every other message, and every message without it, is decoded.
     """
 
-    def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int, status_interval: float = 10.0) -> None:
+    def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int, status_interval: float = 10.0,
+                 raw_changes: bool = False) -> None:
         self.slot = slot
+        self._raw_kinds = UNDECODED_KINDS if raw_changes and UNDECODED is not None else frozenset()
         self._status_interval = status_interval
         self._what = f"replication stream of slot {slot}"
         self._conn = _replication_connection(dsn, self._what)
@@ -231,22 +235,27 @@ class ReplicationStream:
             raise _translate(exc, f"starting the {self._what} at {format_lsn(start_lsn)}") from exc
         self._fd = self._conn.fileno()
 
-    def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event]]:
+    def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event | bytes]]:
         """Up to ``max_messages`` events with their message's data_start LSN, waiting up to ``timeout`` s.
 
         Returns when ``max_messages`` are read or ``timeout`` has passed, whichever comes first
         (possibly with an empty list): messages already buffered are drained without sleeping,
         and the process only sleeps in ``select`` when nothing is buffered.
         """
-        events: list[tuple[int, Event]] = []
+        events: list[tuple[int, Event | bytes]] = []
         append = events.append
         read_message = self._cur.read_message
+        raw_kinds = self._raw_kinds
         deadline = time.monotonic() + timeout
         try:
             while len(events) < max_messages:
                 msg = read_message()  # also answers keepalives and sends periodic status updates
                 if msg is not None:
-                    event = decode(msg.payload)
+                    payload = msg.payload
+                    if len(payload) > 5 and payload[0] in raw_kinds and type(payload) is bytes:
+                        append((msg.data_start, payload))
+                        continue
+                    event = decode(payload)
                     if event is not None:
                         append((msg.data_start, event))
                     continue

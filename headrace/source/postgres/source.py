@@ -19,6 +19,7 @@ from headrace.core.changes import Relation
 from headrace.core.names import TableName
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
+from headrace.core.undecoded import UndecodedCodec
 from headrace.source.base import (
     CatalogPoll,
     CatalogWatch,
@@ -30,7 +31,7 @@ from headrace.source.base import (
     Route,
     Source,
 )
-from headrace.source.postgres import binary_copy, catalog, tables
+from headrace.source.postgres import binary_copy, catalog, pgoutput, tables
 from headrace.source.postgres import copy as text_copy
 from headrace.source.postgres import wal_guard as wal
 from headrace.source.postgres.assess import assess
@@ -128,7 +129,10 @@ class PostgresSource(Source):
         # keepalives' wal_end on its own, and each confirmation must be bounded in state first
         # (acked_lsn) so start-up can tell our advances from someone else's. Capture's flush confirms.
         return ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name, start,
-                                 status_interval=STATUS_INTERVAL_S)
+                                 status_interval=STATUS_INTERVAL_S, raw_changes=self.undecoded() is not None)
+
+    def undecoded(self) -> UndecodedCodec | None:
+        return pgoutput.UNDECODED
 
     def relation_schema(self, conn: Conn, stream: ChangeStream, ev: Relation, known: TableSchema) -> TableSchema:
         return catalog.relation_to_schema(ev, self.types(conn), known, conn=conn)

@@ -11,6 +11,7 @@ import pytest
 from headrace.core.changes import Begin, Commit, Event, Insert, Message, Relation, Update
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.position import parse_lsn
+from headrace.source.postgres import pgoutput
 from headrace.source.postgres.replication import (
     ExportedSnapshot,
     ReplicationStream,
@@ -122,6 +123,31 @@ def test_stream_read_acknowledge_restart(conn: psycopg.Connection, source_dsn: s
         again = read_until(stream, Commit)
     changes = [e for _, e in again if isinstance(e, Insert | Update)]
     assert len(changes) == 1 and isinstance(changes[0], Update) and changes[0].new[-1] == "y"
+
+
+def test_stream_hands_changes_over_undecoded_when_asked(conn: psycopg.Connection, source_dsn: str) -> None:
+    """raw_changes: INSERT/UPDATE/DELETE as their message's bytes (decoding them gives what the
+    plain stream gives), everything else decoded; without headrace._speedups, every message decoded."""
+    ensure_publication(conn, "pub", ["public.t"])
+    start = ensure_slot(conn, "hr")
+    conn.execute("INSERT INTO t (id, v) VALUES (1, 'a')")
+    conn.execute("UPDATE t SET v = 'b'")
+    conn.execute("DELETE FROM t")
+    def three_transactions(stream: ReplicationStream) -> list[object]:
+        got: list[object] = []
+        while sum(isinstance(e, Commit) for e in got) < 3:
+            got += [e for _, e in read_until(stream, Commit)]
+        return got
+
+    with ReplicationStream(source_dsn, "hr", "pub", start) as stream:
+        plain = three_transactions(stream)
+    with ReplicationStream(source_dsn, "hr", "pub", start, raw_changes=True) as stream:
+        raw = three_transactions(stream)
+    if pgoutput.UNDECODED is None:
+        assert raw == plain
+        return
+    assert [type(e) for e in raw] == [Begin, Relation, bytes, Commit, Begin, bytes, Commit, Begin, bytes, Commit]
+    assert [pgoutput.UNDECODED.decode(e) if isinstance(e, bytes) else e for e in raw] == plain
 
 
 def test_heartbeat_comes_back_as_message(conn: psycopg.Connection, source_dsn: str) -> None:
