@@ -21,8 +21,9 @@ every MERGE of random keys anyway, so the driver does the same without Spark:
    an overwrite deleting every data file the read used and adding the new one, validated from the
    snapshot read (a concurrent commit adding or deleting rows fails it, and the batch is retried).
    Metrics come from the file's footer (``ParquetUtil.fileMetrics``, as ``files.register``).
-   Position-delete files go with the data files they applied to: Iceberg drops delete files older
-   than every remaining data file. A crash before the commit leaves an orphan file, which
+   Position-delete files stay, as after Spark's copy-on-write MERGE (Iceberg 1.9's overwrite cannot
+   remove them): they apply to no data file left (the new file's sequence number is higher), and
+   maintenance removes them. A crash before the commit leaves an orphan file, which
    maintenance's ``remove_orphan_files`` deletes; after it, the replayed batch changes nothing, and
    a batch that changes nothing commits nothing.
 
@@ -56,7 +57,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from headrace.core.filesink import FIELD_ID, WrittenFile
+from headrace.core.filesink import CODECS, FIELD_ID, FileSink, WrittenFile, open_folder
 from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, POSITION_COLUMNS, unchanged_token
@@ -89,7 +90,7 @@ class DriverApplied:
 
     rows_before: int
     rows_after: int
-    files_removed: int  # data and delete files the commit removed
+    files_removed: int  # data files the commit removed
     committed: bool  # False: the batch changed nothing (a replay), so nothing was written
 
 
@@ -98,6 +99,9 @@ class _Column:
     name: str
     field_id: int
     arrow: pa.DataType  # the row shape's type, Iceberg's field ids on nested fields
+    # Not in the row shape: dropped in the source, kept in the table (``schema_changes.drop_column:
+    # keep``). As the MERGE leaves it: a row's new version keeps its value, a new row has NULL.
+    kept: bool = False
 
 
 _local = threading.local()
@@ -112,12 +116,12 @@ def _connection() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def apply_on_driver(spark: SparkSession, iceberg: Any, name: str, table: TableSchema, changes: pa.Table,
+def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
                     truncate_before: Position | None) -> DriverApplied:
     """Apply ``changes`` (a keyed batch in the row shape, as ``driver_batch.batch_schema``) after the
-    TRUNCATE before it, to the copy-on-write table ``iceberg`` (the catalog's cached py4j ``Table`` of
-    Spark name ``name``), in one commit. Raises ``NotOnDriver`` before writing anything when the
-    MERGE must do it."""
+    TRUNCATE before it, to the copy-on-write table ``iceberg`` (the Spark catalog's cached py4j
+    ``Table``, ``catalog.java_table``), in one commit. Raises ``NotOnDriver`` before writing anything
+    when the MERGE must do it."""
     if HR_FROM in changes.column_names:
         raise NotOnDriver("a key change left TOAST columns unchanged")
     if not iceberg.spec().isUnpartitioned():
@@ -125,70 +129,77 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, name: str, table: TableSc
     jvm: Any = spark.sparkContext._jvm
     columns = _columns(jvm, iceberg, table, changes.schema)
     schema = pa.schema([pa.field(c.name, c.arrow) for c in columns])
-    sink = files.copy_sink(spark, name, table)
-    if sink is None:
-        raise NotOnDriver("table folder out of pyarrow.fs's reach")
+    sink = _sink(iceberg, columns)
     snapshot = iceberg.currentSnapshot()
     data_files: list[Any] = []
-    delete_files: set[str] = set()
     parts = []
     if snapshot is not None:
         deletes_read: dict[str, pa.Table] = {}
         for data, deletes in _planned_files(iceberg, int(snapshot.snapshotId())):
             data_files.append(data)
-            delete_files.update(str(d.location()) for d in deletes)
             parts.append(_read_data_file(data, deletes, columns, schema, deletes_read))
     current = pa.concat_tables(parts) if parts else schema.empty_table()
     rows_before = current.num_rows
     if truncate_before is not None:
         current = current.filter(pc.invert(_written_before(current, truncate_before)))
-    batch = changes.select([*schema.names, HR_OP, HR_UNCHANGED]).cast(
-        pa.schema([*schema, pa.field(HR_OP, pa.string()), pa.field(HR_UNCHANGED, pa.string())]))
-    after, changed = _merged(table, current, batch, schema)
+    shaped = [pa.field(c.name, c.arrow) for c in columns if not c.kept]
+    batch = changes.select([f.name for f in shaped] + [HR_OP, HR_UNCHANGED]).cast(
+        pa.schema([*shaped, pa.field(HR_OP, pa.string()), pa.field(HR_UNCHANGED, pa.string())]))
+    after, changed = _merged(table, current, batch, columns)
     if not changed and after.num_rows == rows_before:
         return DriverApplied(rows_before, rows_before, 0, committed=False)
     written = sink.write(after, f"{uuid.uuid4().hex}-driver") if after.num_rows else None
     _commit(jvm, iceberg, snapshot, data_files, written)
-    return DriverApplied(rows_before, after.num_rows, len(data_files) + len(delete_files), committed=True)
+    return DriverApplied(rows_before, after.num_rows, len(data_files), committed=True)
 
 
 def _columns(jvm: Any, iceberg: Any, table: TableSchema, batch: pa.Schema) -> list[_Column]:
-    """The table's columns and field ids (one py4j call: the schema as JSON), when they are the row
-    shape's, in order, with the batch's types."""
+    """The table's columns in its order, with field ids (one py4j call: the schema as JSON): every
+    column of the row shape, in the batch's type, and any kept besides (``_Column.kept``)."""
     fields = json.loads(str(jvm.org.apache.iceberg.SchemaParser.toJson(iceberg.schema())))["fields"]
-    if [f["name"] for f in fields] != [*table.column_names, *POSITION_COLUMNS]:
-        raise NotOnDriver("columns other than the row shape's")
+    shape = [*table.column_names, *POSITION_COLUMNS]
+    missing = set(shape) - {f["name"] for f in fields}
+    if missing:
+        raise NotOnDriver(f"columns {sorted(missing)} missing in the table")
     out = []
     for field in fields:
-        arrow = batch.field(field["name"]).type
-        with_ids = _with_nested_ids(field["type"], arrow)
-        if with_ids is None:
-            raise NotOnDriver(f"column {field['name']}: Iceberg type {field['type']} is not the batch's {arrow}")
-        if field["name"] in table.key and pa.types.is_floating(arrow):
+        name, kept = field["name"], field["name"] not in shape
+        arrow = _arrow_type(field["type"])
+        if arrow is None or not (kept or arrow == batch.field(name).type):
+            raise NotOnDriver(f"column {name}: Iceberg type {field['type']} is not the batch's")
+        if name in table.key and pa.types.is_floating(arrow):
             raise NotOnDriver("floating-point key")  # the MERGE's = on NaN and -0.0 is Spark's own
-        out.append(_Column(field["name"], int(field["id"]), with_ids))
+        out.append(_Column(name, int(field["id"]), arrow, kept))
     return out
 
 
-def _with_nested_ids(iceberg_type: Any, arrow: pa.DataType) -> pa.DataType | None:
-    """``arrow`` when it is the row shape's type of Iceberg type ``iceberg_type`` (schema JSON), with
-    the field ids of list elements; None when it is not."""
+def _arrow_type(iceberg_type: Any) -> pa.DataType | None:
+    """The row shape's Arrow type (``arrow_frame.spark_arrow_type``) of Iceberg type ``iceberg_type``
+    (schema JSON), with the field ids of list elements; None for a type the row shape has not."""
     if isinstance(iceberg_type, dict):
-        if iceberg_type.get("type") != "list" or not pa.types.is_list(arrow):
-            return None
-        element = _with_nested_ids(iceberg_type["element"], arrow.value_type)
+        element = _arrow_type(iceberg_type["element"]) if iceberg_type.get("type") == "list" else None
         if element is None:
             return None
         return pa.list_(pa.field("element", element, nullable=not iceberg_type["element-required"],
                                  metadata={FIELD_ID: str(iceberg_type["element-id"]).encode()}))
     if iceberg_type in ("timestamp", "timestamptz"):
-        zoned = iceberg_type == "timestamptz"
-        fits = pa.types.is_timestamp(arrow) and arrow.unit == "us" and (arrow.tz is not None) == zoned
-        return arrow if fits else None
+        return pa.timestamp("us", tz="UTC" if iceberg_type == "timestamptz" else None)
     if iceberg_type.startswith("decimal("):
         precision, scale = (int(n) for n in iceberg_type[len("decimal("):-1].split(","))
-        return arrow if arrow == pa.decimal128(precision, scale) else None
-    return arrow if _PRIMITIVES.get(iceberg_type) == arrow else None
+        return pa.decimal128(precision, scale)
+    return _PRIMITIVES.get(iceberg_type)
+
+
+def _sink(iceberg: Any, columns: list[_Column]) -> FileSink:
+    """Where the new contents go: the table's data folder, as ``files.copy_sink`` finds it (the table's
+    location provider and codec), with every column's field id (kept columns too, in any order)."""
+    location = str(iceberg.locationProvider().newDataLocation("probe.parquet")).rsplit("/", 1)[0]
+    opened = open_folder(location)
+    if opened is None:
+        raise NotOnDriver("table folder out of pyarrow.fs's reach")
+    codec = str(iceberg.properties().getOrDefault(files.CODEC_PROPERTY, "zstd")).lower()
+    return FileSink(location, *opened, field_ids={c.name: c.field_id for c in columns},
+                    compression=CODECS.get(codec, "zstd"))
 
 
 def _planned_files(iceberg: Any, snapshot_id: int) -> Iterator[tuple[Any, list[Any]]]:
@@ -279,7 +290,7 @@ def _written_before(rows: pa.Table, position: Position) -> pa.ChunkedArray:
     return pc.or_(pc.less(lsn, position.lsn), pc.and_(pc.equal(lsn, position.lsn), pc.less(seq, position.seq)))
 
 
-def _merged(table: TableSchema, current: pa.Table, batch: pa.Table, schema: pa.Schema) -> tuple[pa.Table, bool]:
+def _merged(table: TableSchema, current: pa.Table, batch: pa.Table, columns: list[_Column]) -> tuple[pa.Table, bool]:
     """The table's rows after ``batch`` (``merge_statement``'s rules, module docstring), and whether any
     row was removed or written. The kept rows come first, in their order, then the batch's rows."""
     keys = list(table.key)
@@ -303,25 +314,29 @@ def _merged(table: TableSchema, current: pa.Table, batch: pa.Table, schema: pa.S
         con.unregister("hr_batch")
     matched = pc.is_valid(plan.column("t_row"))
     older = plan.column("older")
-    replaced = pc.filter(plan.column("t_row"), pc.and_(matched, older)).to_numpy()
+    replaced = pc.filter(plan.column("t_row"), pc.and_(matched, older)).to_numpy().astype(np.int64)
     written = pc.and_(pc.invert(plan.column("deletes")), pc.or_(pc.invert(matched), older))
     new_b = pc.filter(plan.column("b_row"), written).to_numpy().astype(np.int64)
     new_t = pc.filter(plan.column("t_row"), written).fill_null(-1).to_numpy().astype(np.int64)
     keep = np.ones(current.num_rows, dtype=bool)
-    keep[replaced.astype(np.int64)] = False
+    keep[replaced] = False
     kept = np.flatnonzero(keep)
-    from_batch = np.concatenate([kept, current.num_rows + new_b])
+    n = current.num_rows
     arrays = []
-    for field in schema:
-        index = from_batch
-        if field.name in toast:
-            # The row's own value where the change left the column unchanged and there is a row.
-            unchanged = pc.filter(plan.column(f"u{toast.index(field.name)}"), written).to_numpy(zero_copy_only=False)
-            index = np.concatenate([kept, np.where(unchanged & (new_t >= 0), new_t, current.num_rows + new_b)])
-        values = pa.chunked_array([*current.column(field.name).chunks, *batch.column(field.name).chunks],
-                                  type=field.type)
-        arrays.append(values.take(pa.array(index, pa.int64())))
-    after = pa.Table.from_arrays(arrays, schema=schema)
+    for column in columns:
+        if column.kept:  # a row's new version keeps the row's value; a new row has none (NULL)
+            rows = np.concatenate([kept, new_t])
+            arrays.append(current.column(column.name).take(pa.array(rows, pa.int64(), mask=rows < 0)))
+            continue
+        from_batch = n + new_b
+        if column.name in toast:
+            # The row's value where the change left the column unchanged and the table has the row.
+            unchanged = pc.filter(plan.column(f"u{toast.index(column.name)}"), written).to_numpy(zero_copy_only=False)
+            from_batch = np.where(unchanged & (new_t >= 0), new_t, from_batch)
+        values = pa.chunked_array([*current.column(column.name).chunks, *batch.column(column.name).chunks],
+                                  type=column.arrow)
+        arrays.append(values.take(pa.array(np.concatenate([kept, from_batch]), pa.int64())))
+    after = pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, c.arrow) for c in columns]))
     return after, bool(len(replaced) or len(new_b))
 
 

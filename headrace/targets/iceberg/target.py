@@ -258,7 +258,7 @@ class IcebergTarget(Target):
         reason = "driver apply off" if not self.apply_on_driver else f"table in {mode} mode"
         if self.apply_on_driver and mode == write_mode.COPY_ON_WRITE:
             try:
-                driver_apply.apply_on_driver(self.spark, iceberg_table, name, table, changes, truncate_before)
+                driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before)
                 self.paths.took(table.qualified_name, "driver")
                 return
             except driver_apply.NotOnDriver as exc:
