@@ -2,7 +2,9 @@
 and the statements that apply a plan or a keyless table's net row changes.
 
 Every statement reads the batch DuckDB sees as ``hr_batch`` (and the plan as ``hr_planned``);
-``target`` is the table's qualified, quoted name in the lake.
+``target`` is the table's qualified, quoted name in the lake. The rules a change follows
+(``written_before_sql``, ``left_unchanged_sql``) are Iceberg's too when it applies a batch on the
+driver (``targets/iceberg/driver_apply``).
 """
 
 from __future__ import annotations
