@@ -150,7 +150,9 @@ def test_a_replay_commits_nothing_and_readers_that_are_not_ours_read_the_file(
     driver.apply_arrow_batch(TABLE, batch, None, 1)
     assert _snapshot_summaries(spark, name) == [None, "driver"]
     assert driver.paths.counts == {"driver": 2}
-    [data_file] = [r[0] for r in spark.sql(f"SELECT file_path FROM {name}.data_files").collect()]
+    [(data_file, low, high)] = spark.sql(f"SELECT file_path, readable_metrics.id.lower_bound,"
+                                          f" readable_metrics.id.upper_bound FROM {name}.data_files").collect()
+    assert (low, high) == (-(2**63), 2**63 - 1)  # column metrics from the footer: later MERGEs prune by them
     element = pq.read_schema(data_file.removeprefix("file:")).field("tags").type.value_field
     iceberg_list = java_table(spark, name).schema().findField("tags").type()
     assert element.metadata == {b"PARQUET:field_id": str(iceberg_list.elementId()).encode()}
@@ -230,3 +232,29 @@ def test_a_commit_over_a_concurrent_one_fails_validation(spark: SparkSession, tm
     with pytest.raises(Py4JJavaError, match="conflicting files"):
         driver_apply._commit(spark.sparkContext._jvm, iceberg, snapshot, read, None)
     assert len(driver.read_table(TABLE).collect()) == len(SNAPSHOT) + 1
+
+
+def test_a_crash_before_the_commit_leaves_an_orphan_file_only(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new file is written before the commit: dying in between (the commit raising here) leaves the
+    table as it was and the file referenced by no snapshot; the batch applied again lands once."""
+    driver, _ = _pair(spark, tmp_path)
+    driver.write_snapshot(TABLE, snapshot_df(spark, TABLE, SNAPSHOT), Position(100))
+    name = driver.table_name(TABLE)
+    before = sorted(tuple(r) for r in driver.read_table(TABLE).collect())
+    batch = to_arrow(batch_df(spark, TABLE, [("I", 200, 0, None, 9, "nine", None, None, "d9")]))
+
+    def crash(*args: Any) -> None:
+        raise RuntimeError("killed before the commit")
+
+    monkeypatch.setattr(driver_apply, "_commit", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        driver.apply_arrow_batch(TABLE, batch, None, 1)
+    monkeypatch.undo()
+    assert sorted(tuple(r) for r in driver.read_table(TABLE).collect()) == before
+    listed = {r[0].removeprefix("file:") for r in spark.sql(f"SELECT file_path FROM {name}.all_data_files").collect()}
+    on_disk = {str(p) for p in (tmp_path / "wh" / "public" / "orders" / "data").glob("*.parquet")}
+    assert len(on_disk - listed) == 1 and next(iter(on_disk - listed)).endswith("-driver.parquet")
+    driver.apply_arrow_batch(TABLE, batch, None, 1)
+    assert sorted(r[0] for r in driver.read_table(TABLE).collect()) == [1, 2, 3, 9]

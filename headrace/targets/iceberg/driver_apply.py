@@ -33,9 +33,11 @@ columns unchanged (``_hr_from``), equality deletes or deletion vectors, a data f
 ids, a location ``pyarrow.fs`` does not reach.
 
 Measured on our shared 2-core machine (load 7-16 from other work), 100-change driver batches (60%
-updates, 25% inserts, 15% deletes, random keys) into a 2,000-row table (``bench/iceberg_batch_cpu.py``,
-batches 20-39): Spark's MERGE 0.75 s of CPU and 1.09 s wall a batch (6 jobs), here 0.19 s and 0.29 s
-(no job). Past the JIT's warm-up (batches 50-99, steps timed one by one): 19 ms of Python CPU (read
+updates, 25% inserts, 15% deletes, random keys) into a 2,000-row table (``bench/iceberg_batch_cpu.py
+--batches 100 --from 50``, then ``--spark-merge``): CPU a batch (driver + JVM, median by 20 batches)
+1.13, 0.84, 0.64, 0.54, 0.51 s with Spark's MERGE (6 jobs a batch), 0.20, 0.16, 0.11, 0.08, 0.09 s
+here (no job); batches 50-99 0.56 s and 0.66 s wall against 0.087 s and 0.17 s. Steps timed one by
+one (batches 50-99 of another run): 19 ms of Python CPU (read
 2 ms, rules 5 ms, write 3 ms) and ~90 ms of JVM CPU, of which the commit ~70 ms (manifests,
 metadata file, footer metrics) and ``planFiles`` ~15 ms; 190 ms wall. At 69,000 rows: 44 ms Python,
 ~135 ms JVM, 236 ms wall. ``bench/freshness.py`` (10 busy tables, 874 changes/s, flush 1 s, 45 s):
@@ -133,6 +135,8 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
     TRUNCATE before it, to the copy-on-write table ``iceberg`` (the Spark catalog's cached py4j
     ``Table``, ``catalog.java_table``), in one commit. Raises ``NotOnDriver`` before writing anything
     when the MERGE must do it."""
+    if not table.key:
+        raise NotOnDriver("table without a key")  # a multiset delta: ``keyless``
     if HR_FROM in changes.column_names:
         raise NotOnDriver("a key change left TOAST columns unchanged")
     if not iceberg.spec().isUnpartitioned():
