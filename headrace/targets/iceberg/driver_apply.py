@@ -40,9 +40,10 @@ here (no job); batches 50-99 0.56 s and 0.66 s wall against 0.087 s and 0.17 s. 
 one (batches 50-99 of another run): 19 ms of Python CPU (read
 2 ms, rules 5 ms, write 3 ms) and ~90 ms of JVM CPU, of which the commit ~70 ms (manifests,
 metadata file, footer metrics) and ``planFiles`` ~15 ms; 190 ms wall. At 69,000 rows: 44 ms Python,
-~135 ms JVM, 236 ms wall. ``bench/freshness.py`` (10 busy tables, 874 changes/s, flush 1 s, 45 s):
-p99 2.46 s (p50 1.41 s, 87% CPU) against 16.3 s (p50 9.0 s, 98% CPU) for the code before, minutes
-apart on the same loaded machine (5.5-6.5 s on a quiet one, ``docs/benchmarks.md``).
+~135 ms JVM, 236 ms wall. ``bench/freshness.py`` (10 busy tables, 874 changes/s, flush 1 s, 45 s,
+warm-up 10 s), minutes apart on the same loaded machine (load 5-9): p99 2.46 and 2.15 s (p50 1.41,
+1.29 s) against 16.3 s (p50 9.0 s) for the code before; with 200 idle tables 3.43 s (p50 2.05 s)
+against 14.3 s (p50 8.0 s). (The code before: 5.5-6.5 s on a quiet machine, ``docs/benchmarks.md``.)
 
 Reading the rows with pyiceberg (``StaticTable.from_metadata(...).scan().to_arrow()``) costs 9.5 ms
 of CPU at 2,000 rows and 11.4 ms at 69,000 (100 and 30 snapshots), against 2-8 ms for pyarrow on the
