@@ -116,10 +116,10 @@ class IcebergTarget(Target):
         if settings.catalog.type == "jdbc":
             _require_jdbc_driver(spark)
         self._namespaces: set[str] = set()  # created (or found) in this run
+        self._namespaces_lock = threading.Lock()
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
         self.apply_on_driver = True
         self.paths = driver_apply.ApplyPaths()
-        self._namespaces_lock = threading.Lock()
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
