@@ -6,7 +6,8 @@ random keys) are applied one after another (``apply_arrow_batch``) to a 2,000-ro
 (``statusTracker``), and over the batches from ``--from`` on, the JVM's CPU by thread name
 (``/proc/<jvm>/task/*``: JIT compilers, executor tasks, the py4j driver thread, Iceberg's pools) and
 its child processes (Hadoop's ``chmod`` forks). ``--conf k=v`` and ``--prop k=v`` (repeatable) try a
-Spark setting or an Iceberg table property.
+Spark setting or an Iceberg table property. Copy-on-write batches are applied on the driver
+(``driver_apply``); ``--spark-merge`` applies them with Spark's MERGE as before it.
 
     PYTHONPATH=. .venv/bin/python bench/iceberg_batch_cpu.py --batches 40 --from 20 [--prop write.delete.granularity=file]
 """
@@ -68,6 +69,7 @@ def main() -> None:
                     " (0: merge-on-read at any size)")
     ap.add_argument("--conf", action="append", default=[], help="a Spark setting k=v")
     ap.add_argument("--prop", action="append", default=[], help="an Iceberg table property k=v")
+    ap.add_argument("--spark-merge", action="store_true", help="copy-on-write batches through Spark's MERGE too")
     args = ap.parse_args()
     iceberg_target.TABLE_PROPERTIES.update(dict(p.split("=", 1) for p in args.prop))
     work = Path(tempfile.mkdtemp(prefix="headrace-iceberg-cpu-"))
@@ -75,6 +77,7 @@ def main() -> None:
     spark = build_session("local[2]", conf=conf, target_conf=iceberg_session_conf({}, jdbc_driver=False))
     target = IcebergTarget(spark, IcebergConfig(warehouse=str(work / "wh"), catalog_name="bench",
                                                    copy_on_write_below_rows=args.cow_below), "bench")
+    target.apply_on_driver = not args.spark_merge
     target.ensure_table(TABLE)
     rng = random.Random(1)
     driver_batch.ROWS = args.rows  # stage() draws updated and deleted keys from 1..ROWS
@@ -104,7 +107,7 @@ def main() -> None:
     by_thread.subtract(before_threads)
     own, children = (b - a for a, b in zip(before_proc, process_cpu(jvm), strict=True))
     files = target.table_files(TABLE)
-    print(f"conf {conf} props {args.prop}")
+    print(f"conf {conf} props {args.prop}; batches by path {dict(target.paths.counts)}")
     print(f"median wall {statistics.median(walls[args.start:]):.3f} s, CPU {statistics.median(cpus[args.start:]):.3f} s"
           f" (batches {args.start}-{args.batches - 1}); jobs {statistics.median(jobs)}, stages {statistics.median(stages)}")
     windows = [f"{w}-{min(w + 20, args.batches) - 1}: {statistics.median(cpus[w:w + 20]):.2f}"

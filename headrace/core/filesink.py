@@ -120,7 +120,7 @@ class FileSink:
 def dictionary_columns(rows: pa.Table) -> list[str]:
     """The columns of ``rows`` (a file's first row group) worth dictionary encoding: at most one distinct
     value in ``DICTIONARY_RATIO`` of its first ``DICTIONARY_SAMPLE`` rows (booleans never: their plain
-    values are bits already).
+    values are bits already; nor lists, which ``count_distinct`` does not take).
 
     pyarrow's default encodes every column with a dictionary and falls back to plain values once the
     dictionary outgrows a page, after hashing every value. Measured on ``bench/initial_copy.py``'s
@@ -132,7 +132,8 @@ def dictionary_columns(rows: pa.Table) -> list[str]:
     sample = rows.slice(0, DICTIONARY_SAMPLE)
     limit = max(1, sample.num_rows // DICTIONARY_RATIO)
     return [name for name, column in zip(sample.column_names, sample.columns, strict=True)
-            if not pa.types.is_boolean(column.type) and pc.count_distinct(column).as_py() <= limit]
+            if not pa.types.is_boolean(column.type) and not pa.types.is_nested(column.type)
+            and pc.count_distinct(column).as_py() <= limit]
 
 
 def open_folder(location: str) -> tuple[pafs.FileSystem, str] | None:

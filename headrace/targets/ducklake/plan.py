@@ -2,7 +2,9 @@
 and the statements that apply a plan or a keyless table's net row changes.
 
 Every statement reads the batch DuckDB sees as ``hr_batch`` (and the plan as ``hr_planned``);
-``target`` is the table's qualified, quoted name in the lake.
+``target`` is the table's qualified, quoted name in the lake. The rules a change follows
+(``written_before_sql``, ``left_unchanged_sql``) are Iceberg's too when it applies a batch on the
+driver (``targets/iceberg/driver_apply``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ META = (f"{HR_LSN} BIGINT", f"{HR_SEQ} BIGINT", f"{HR_COMMIT_TS} TIMESTAMPTZ")  
 def literal(text: str) -> str:
     """A DuckDB string literal."""
     return "'" + text.replace("'", "''") + "'"
+
+
+def written_before_sql(row: str, change: str) -> str:
+    """The target row aliased ``row`` was written before the change aliased ``change`` (by position):
+    only then does the change replace or delete it, which makes a replayed batch change nothing."""
+    return (f"({row}.{HR_LSN} < {change}.{HR_LSN} OR "
+            f"({row}.{HR_LSN} = {change}.{HR_LSN} AND {row}.{HR_SEQ} < {change}.{HR_SEQ}))")
+
+
+def left_unchanged_sql(change: str, column: str) -> str:
+    """The change aliased ``change`` left TOAST column ``column`` unchanged (its ``_hr_unchanged`` list
+    names it): the row keeps the value the target holds."""
+    return (f"list_contains(string_split(coalesce({change}.{HR_UNCHANGED}, ''), ','), "
+            f"{literal(unchanged_token(column))})")
 
 
 def create_sql(target: str, table: TableSchema) -> str:
@@ -61,14 +77,14 @@ def plan_sql(target: str, table: TableSchema, key: tuple[str, ...], moved: bool 
         new = cast_in(f"b.{quote_ident(col.name)}", col.type)
         if col.name not in key:
             # A TOAST column the update did not send keeps the value already in the target.
-            unchanged = f"list_contains(string_split(coalesce(b.{HR_UNCHANGED}, ''), ','), {literal(unchanged_token(col.name))})"
+            unchanged = left_unchanged_sql("b", col.name)
             kept = f"o.{quote_ident(col.name)}"
             if moved:
                 kept = f"CASE WHEN b.{HR_FROM} IS NOT NULL THEN f.{quote_ident(col.name)} ELSE {kept} END"
             new = f"CASE WHEN {unchanged} THEN {kept} ELSE {new} END"
         select.append(f"{new} AS {quote_ident(col.name)}")
     select += [f"o.{quote_ident(k)} AS {quote_ident(k)}" for k in kept_columns or ()]
-    older = f"(o.{HR_LSN} < b.{HR_LSN} OR (o.{HR_LSN} = b.{HR_LSN} AND o.{HR_SEQ} < b.{HR_SEQ}))"
+    older = written_before_sql("o", "b")
     return (
         f"SELECT {', '.join(select)}, b.{HR_LSN}, b.{HR_SEQ}, b.{HR_COMMIT_TS}, b.{HR_OP}, "
         f"o.rowid AS hr_old_rowid, coalesce(o.rowid IS NOT NULL AND {older}, false) AS hr_older, "

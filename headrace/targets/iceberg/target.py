@@ -22,6 +22,7 @@ import operator
 import threading
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -38,7 +39,7 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
-from headrace.targets.iceberg import files, maintenance, write_mode
+from headrace.targets.iceberg import driver_apply, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
@@ -116,6 +117,9 @@ class IcebergTarget(Target):
             _require_jdbc_driver(spark)
         self._namespaces: set[str] = set()  # created (or found) in this run
         self._namespaces_lock = threading.Lock()
+        # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
+        self.apply_on_driver = True
+        self.paths = driver_apply.ApplyPaths()
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
@@ -230,7 +234,7 @@ class IcebergTarget(Target):
         if not table.key:
             KeylessApply(self.spark).apply(table, name, changes, truncate_before)
             return
-        large = self._prepare(name)
+        _, _, large = self._prepare(name)
         self._truncate(name, truncate_before)
         if HR_FROM in changes.columns:
             changes = self._take_from_old_keys(table, name, changes)
@@ -245,11 +249,21 @@ class IcebergTarget(Target):
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
                           log_offset: int) -> None:
-        """``apply_batch`` for a small keyed batch built on the driver: its bounds come from the Arrow
-        table (no Spark job), and it reaches Spark as a local relation (``arrow_frame``), so the MERGE
-        is the batch's only Spark work."""
+        """``apply_batch`` for a small keyed batch built on the driver. Into a copy-on-write table it is
+        applied there too, no Spark job (``driver_apply``); otherwise its bounds come from the Arrow
+        table, and it reaches Spark as a local relation (``arrow_frame``), so the MERGE is the batch's
+        only Spark work. ``paths`` counts which path each batch took."""
         name = self.table_name(table)
-        large = self._prepare(name)
+        iceberg_table, mode, large = self._prepare(name)
+        reason = "driver apply off" if not self.apply_on_driver else f"table in {mode} mode"
+        if self.apply_on_driver and mode == write_mode.COPY_ON_WRITE:
+            try:
+                driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before)
+                self.paths.took(table.qualified_name, "driver")
+                return
+            except driver_apply.NotOnDriver as exc:
+                reason = str(exc)
+        self.paths.took(table.qualified_name, "merge", reason)
         self._truncate(name, truncate_before)
         if changes.num_rows == 0:
             return
@@ -274,14 +288,15 @@ class IcebergTarget(Target):
         finally:
             self.spark.catalog.dropTempView(view)
 
-    def _prepare(self, name: str) -> bool:
-        """Before a keyed batch: the table's write mode set for its size (``write_mode``); True if it is
-        large (``LARGE_TABLE_RECORDS`` live rows: the MERGE then lists up to ``KEY_LIST_LIMIT`` keys).
-        Both from metadata the catalog has loaded: py4j calls, no job (a commit only when the mode changes)."""
+    def _prepare(self, name: str) -> tuple[Any, str, bool]:
+        """Before a keyed batch: the catalog's table (``java_table``), its write mode set for its size
+        (``write_mode``), and whether it is large (``LARGE_TABLE_RECORDS`` live rows: the MERGE then lists
+        up to ``KEY_LIST_LIMIT`` keys). From metadata the catalog has loaded: py4j calls, no job (a commit
+        only when the mode changes)."""
         iceberg_table = java_table(self.spark, name)
         rows = write_mode.live_rows(iceberg_table)
-        write_mode.follow_size(iceberg_table, rows, self.settings.copy_on_write_below_rows)
-        return rows is not None and rows >= LARGE_TABLE_RECORDS
+        mode = write_mode.follow_size(iceberg_table, rows, self.settings.copy_on_write_below_rows)
+        return iceberg_table, mode, rows is not None and rows >= LARGE_TABLE_RECORDS
 
     def _take_from_old_keys(self, table: TableSchema, name: str, changes: DataFrame) -> DataFrame:
         """Rows whose key changed leaving TOAST columns unchanged (``_hr_from``: the old key) take
