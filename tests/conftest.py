@@ -76,8 +76,10 @@ def source_dsn(pg_server: ThrowawayPostgres) -> Iterator[str]:
         for (slot,) in conn.execute(
             "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
         ).fetchall():
+            # Waits (up to 10 s) for the walsender to exit: a stream closed just before may still
+            # hold its slot, and a slot still active makes the drop, then DROP DATABASE, fail.
             conn.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots "
                 "WHERE slot_name = %s AND active_pid IS NOT NULL",
                 (slot,),
             )
