@@ -215,8 +215,9 @@ class InitialCopy:
         state.copy_started(row.oid, table_lsn)
         todo = [c for c in chunks if not c.done]
         reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
-        sink, ahead = (None, False) if resume or len(todo) < 2 else self._copy_sink(schema, reader)
-        if sink is None and (resume or len(todo) != 1):
+        files = not resume and len(todo) >= 2 and takes_files(schema, reader)  # else the Spark path
+        ahead = self._copy_sink_ahead(schema) if files else None
+        if ahead is None and (resume or len(todo) != 1):
             # A resume's merge needs the table. A one-chunk table's write creates it (write_snapshot
             # ensures it; written on the driver, in the same commit as its rows).
             self.target.ensure_table(schema)
@@ -225,9 +226,10 @@ class InitialCopy:
               snapshot_lsn=self.source.format_position(snapshot_lsn))
         started = time.monotonic()
         position = Position(snapshot_lsn, 0)
+        sink = ahead if ahead is not None else self.target.copy_sink(schema, True) if files else None
         if sink is not None:
             copied = FileCopy(self, progress, row.oid, schema, reader, position, permits).run(
-                sink, ahead, todo, (len(chunks) - len(todo), len(chunks), done_rows, started))
+                sink, ahead is not None, todo, (len(chunks) - len(todo), len(chunks), done_rows, started))
             if copied is FileCopyEnd.STOPPED:
                 return  # progress is kept; the next run resumes here
             if copied is not FileCopyEnd.TO_SPARK:
@@ -294,18 +296,11 @@ class InitialCopy:
             return None
         return self.target.write_snapshot_arrow(schema, rows, replace=replace)
 
-    def _copy_sink(self, schema: TableSchema, reader: ChunkRead) -> tuple[FileSink | None, bool]:
-        """Where a fresh copy's tasks write Parquet themselves (one folder for the whole copy), and whether
-        it is told ahead of the table (``TargetPlugin.copy_sink_ahead``: the table is made while the
-        first groups copy, ``file_copy``) rather than the table's own (``Target.copy_sink``); None: the
-        copy takes the Spark path (a target or storage without a sink, a source with per-row positions,
-        column types only Spark casts)."""
-        if reader.per_row_position or not takes_chunk_rows(schema, reader.routes):
-            return None, False
-        told = self.config.target.plugin.copy_sink_ahead(self.config.target.settings, schema)
-        if told is not None:
-            return told, True
-        return self.target.copy_sink(schema, True), False
+    def _copy_sink_ahead(self, schema: TableSchema) -> FileSink | None:
+        """Where a fresh copy's tasks write Parquet before the target is open: the sink its table's
+        creation will give (``TargetPlugin.copy_sink_ahead``; ``file_copy`` checks it at the first
+        commit), or None: the table's own (``Target.copy_sink``), once the target has made the table."""
+        return self.config.target.plugin.copy_sink_ahead(self.config.target.settings, schema)
 
     def values_changed(self, name: str, counted: list[Callable[[], ValueCounts]]) -> None:
         """Report the values the casts changed, once the write that counted them ran."""
@@ -322,6 +317,12 @@ class InitialCopy:
         finally:
             df.unpersist()
         return rows
+
+
+def takes_files(schema: TableSchema, reader: ChunkRead) -> bool:
+    """A copy's tasks may write ``schema``'s chunks as Parquet themselves (into a ``FileSink``), where the
+    target has one: not for a source with per-row positions, nor for column types only Spark casts."""
+    return not reader.per_row_position and takes_chunk_rows(schema, reader.routes)
 
 
 def schema_at_snapshot(source: Source, conn: Any, tracked: TableSchema, snap: CopySnapshot,
