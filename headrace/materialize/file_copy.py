@@ -171,7 +171,9 @@ class FileCopy:
                      ) -> FileSink | None:
         """Open the target, create the table and get its sink (``Target.copy_sink``: None when it takes
         no files), while the job thread copies into ``sink``."""
-        real = self.copy.target.copy_sink(self.schema, True)
+        target = self.copy.target  # the first use on this path: waits for the target (Iceberg: the JVM)
+        target.ensure_table(self.schema)
+        real = target.copy_sink(self.schema, True)
         event(log, "snapshot.table_ready", table=self.schema.qualified_name,
               seconds=round(time.monotonic() - started, 2), groups_copied=sum(f.done() for f in futures),
               sink_as_told=real is not None and same_place(sink, real))
