@@ -32,7 +32,7 @@ _catalogs = itertools.count()
 ROWS = 600
 
 
-@pytest.mark.parametrize("catalog", ["hadoop", "jdbc"])
+@pytest.mark.parametrize("catalog", ["hadoop", "jdbc", "hadoop file: URI"])
 @pytest.mark.parametrize("name", ["plain", "a/b%c", ".."])
 def test_the_sink_told_ahead_is_the_one_the_created_table_gives(source_dsn: str, tmp_path: Path, spark: Any,
                                                                 pg_server: ThrowawayPostgres, catalog: str,
@@ -43,7 +43,8 @@ def test_the_sink_told_ahead_is_the_one_the_created_table_gives(source_dsn: str,
         table = dataclasses.replace(read_table_schema(conn, "public.told"), target_as=("public", name))
     flat = dataclasses.replace(table, columns=tuple(c for c in table.columns if c.name != "tags"))
     raw = jdbc_target(pg_server, tmp_path)["iceberg"] if catalog == "jdbc" else {
-        "warehouse": str(tmp_path / "wh"), "catalog_name": f"hr_ahead_{next(_catalogs)}"}
+        "warehouse": f"file://{tmp_path / 'wh'}" if "URI" in catalog else str(tmp_path / "wh"),
+        "catalog_name": f"hr_ahead_{next(_catalogs)}"}
     settings = IcebergConfig.model_validate(raw)
     assert copy_sink_ahead(settings, table) is None, "an array column: the copy keeps the table's own sink"
     told = copy_sink_ahead(settings, flat)
