@@ -226,7 +226,9 @@ class InitialCopy:
               snapshot_lsn=self.source.format_position(snapshot_lsn))
         started = time.monotonic()
         position = Position(snapshot_lsn, 0)
-        sink = ahead if ahead is not None else self.target.copy_sink(schema, True) if files else None
+        sink = ahead
+        if sink is None and files:
+            sink = self.target.copy_sink(schema, True)  # None: the target takes no files (the Spark path)
         if sink is not None:
             copied = FileCopy(self, progress, row.oid, schema, reader, position, permits).run(
                 sink, ahead is not None, todo, (len(chunks) - len(todo), len(chunks), done_rows, started))
