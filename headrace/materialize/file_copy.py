@@ -106,7 +106,7 @@ class FileCopy:
         """
         copy, name = self.copy, self.schema.qualified_name
         lanes = CopyLanes(copy.spark, copy.config.spark.master, copy.config.spark.conf, copy.warmth,
-                          self.permits.total)
+                          self.permits.total, warm_now=not ahead)
         tasks = lanes.tasks
         size = tasks * CHUNKS_PER_TASK
         groups = [todo[i:i + size] for i in range(0, len(todo), size)]
@@ -130,6 +130,8 @@ class FileCopy:
                 try:
                     if ahead:  # the jobs copy meanwhile
                         real = self._table_ready(sink, started, futures)
+                        if not all(f.done() for f in futures):
+                            lanes.warm()  # Spark's tasks for the groups left (not before: it slowed the CREATE)
                         if real is None or not same_place(sink, real):
                             refused = _Refused(real)
                             return refused  # the job under way ends; those after it do not start
