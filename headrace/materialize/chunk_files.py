@@ -165,24 +165,29 @@ class CopyLanes:
 
     In local mode the driver's cores are Spark's: known before the session runs, and the driver copies
     on them while it starts and warms (on a cluster, the executors are the copy's cores). The warm-up
-    starts here, once the copy's table exists: an Iceberg table's CREATE (Spark SQL, on the critical
-    path) does not share the JVM with it. Measured on 20M rows: DuckLake 11-26% less end to end,
+    starts here (``warm_now``), or once the copy's table exists (``warm``): an Iceberg table's CREATE
+    (Spark SQL) then does not share the cores with it. Measured on 20M rows: DuckLake 11-26% less end to end,
     Iceberg 3-8% (docs/benchmarks.md, "Initial copy").
     """
 
     def __init__(self, spark: SparkSession, master: str, conf: Mapping[str, str], warmth: SparkWarmth | None,
-                 permits: int) -> None:
+                 permits: int, warm_now: bool = True) -> None:
         cores = local_cores(master, conf)
         self._spark = spark
         self._warmth = warmth
         self._on_driver = cores is not None and warmth is not None
-        if warmth is not None:
-            warmth.warm_in_background()
+        if warm_now:
+            self.warm()
         if cores is None or not self._on_driver:
             cores = spark.sparkContext.defaultParallelism  # the session's own figure, where it runs
         self.tasks = max(1, min(permits, cores))
         self._lane: dict[int, str] = {}
         self._seconds: dict[int, float] = {}
+
+    def warm(self) -> None:
+        """Have the session warmed in the background (once; the driver copies until it is warm)."""
+        if self._warmth is not None:
+            self._warmth.warm_in_background()
 
     def copy(self, group: int, table: TableSchema, reader: ChunkRead, chunks: list[tuple[int, int]],
              position: Position, sink: FileSink) -> list[ChunkFile]:

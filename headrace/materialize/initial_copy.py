@@ -22,7 +22,6 @@ per key and the log holds every change after L1.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +42,8 @@ from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.materialize.chunk_files import ChunkFile, CopyLanes, SparkWarmth
+from headrace.materialize.chunk_files import SparkWarmth
+from headrace.materialize.file_copy import FileCopy, FileCopyEnd, report_progress
 from headrace.materialize.permits import Permits
 from headrace.materialize.snapshot_job import (
     ValueCounts,
@@ -56,17 +56,13 @@ from headrace.outage import lost_connection
 from headrace.source import open_source
 from headrace.source.base import ChunkRead, CopySnapshot, Source
 from headrace.state.lifecycle import TableState
-from headrace.state.progress import Chunk, ProgressStore
+from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("headrace.snapshot")
-
-# Chunks a copy task writes one after another in a group's job: a group holds this many per task. Two
-# make a group ~64 MB of heap a core (default chunk_pages), so few commits, and little redone after a crash.
-CHUNKS_PER_TASK = 2
 
 FailHandler = Callable[[StateStore, TableRow, Exception, TableState], None]
 
@@ -89,7 +85,7 @@ class InitialCopy:
         self.state_dsn = state_dsn
         self.spark = spark
         self._target = target
-        self._warmth = warmth
+        self.warmth = warmth
         self.on_error = on_error
         self.stop = stop
         self.on_values_changed = on_values_changed
@@ -218,7 +214,10 @@ class InitialCopy:
             table_lsn = snapshot_lsn
         state.copy_started(row.oid, table_lsn)
         todo = [c for c in chunks if not c.done]
-        if resume or len(todo) != 1:
+        reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
+        files = not resume and len(todo) >= 2 and takes_files(schema, reader)  # else the Spark path
+        ahead = self._copy_sink_ahead(schema) if files else None
+        if ahead is None and (resume or len(todo) != 1):
             # A resume's merge needs the table. A one-chunk table's write creates it (write_snapshot
             # ensures it; written on the driver, in the same commit as its rows).
             self.target.ensure_table(schema)
@@ -227,15 +226,17 @@ class InitialCopy:
               snapshot_lsn=self.source.format_position(snapshot_lsn))
         started = time.monotonic()
         position = Position(snapshot_lsn, 0)
-        reader = self.source.chunk_reader(schema, snap, self.config.snapshot.binary_copy)
-        sink = None if resume or len(todo) < 2 else self._copy_sink(schema, reader)
+        sink = ahead
+        if sink is None and files:
+            sink = self.target.copy_sink(schema, True)  # None: the target takes no files (the Spark path)
         if sink is not None:
-            copied = self._copy_in_files(progress, row.oid, schema, reader, sink, todo, position, permits,
-                                         (len(chunks) - len(todo), len(chunks), done_rows, started))
-            if copied is None:
-                return  # stopped: progress is kept; the next run resumes here
-            done_rows += copied
-            todo = []
+            copied = FileCopy(self, progress, row.oid, schema, reader, position, permits).run(
+                sink, ahead is not None, todo, (len(chunks) - len(todo), len(chunks), done_rows, started))
+            if copied is FileCopyEnd.STOPPED:
+                return  # progress is kept; the next run resumes here
+            if copied is not FileCopyEnd.TO_SPARK:
+                done_rows += copied
+                todo = []
         table_rows = 0
         group_size = permits.total
         for start in range(0, len(todo), group_size):
@@ -268,7 +269,7 @@ class InitialCopy:
                     if after is None:
                         after = self.target.write_snapshot(schema, df, position, replace=start == 0)
                     rows, table_rows = after - table_rows, after
-            self._values_changed(name, counted)
+            self.values_changed(name, counted)
             for seen in positions:
                 # A keyless table's changes cannot converge by key: its one chunk's own snapshot
                 # position is the table's, so the changes it already holds are not applied again.
@@ -278,7 +279,7 @@ class InitialCopy:
             crash_point("snapshot.after_chunk")
             progress.mark_done(row.oid, group, snapshot_lsn, rows)
             done_rows += rows
-            self._report(name, len(chunks) - len(todo) + start + len(group), len(chunks), done_rows, started)
+            report_progress(name, len(chunks) - len(todo) + start + len(group), len(chunks), done_rows, started)
         crash_point("snapshot.after_write")
         state.copy_finished(row.oid, done_rows)
         self.rows_copied[name] = done_rows
@@ -297,84 +298,13 @@ class InitialCopy:
             return None
         return self.target.write_snapshot_arrow(schema, rows, replace=replace)
 
-    def _copy_sink(self, schema: TableSchema, reader: ChunkRead) -> FileSink | None:
-        """Where a fresh copy's tasks write Parquet themselves (the target's ``copy_sink``, one folder for
-        the whole copy), or None: the copy takes the Spark path (a target or storage without a sink, a
-        source with per-row positions, column types only Spark casts)."""
-        if reader.per_row_position or not takes_chunk_rows(schema, reader.routes):
-            return None
-        return self.target.copy_sink(schema, True)
+    def _copy_sink_ahead(self, schema: TableSchema) -> FileSink | None:
+        """Where a fresh copy's tasks write Parquet before the target is open: the sink its table's
+        creation will give (``TargetPlugin.copy_sink_ahead``; ``file_copy`` checks it at the first
+        commit), or None: the table's own (``Target.copy_sink``), once the target has made the table."""
+        return self.config.target.plugin.copy_sink_ahead(self.config.target.settings, schema)
 
-    def _copy_in_files(self, progress: ProgressStore, oid: int, schema: TableSchema, reader: ChunkRead,
-                       sink: FileSink, todo: list[Chunk], position: Position, permits: Permits,
-                       report: tuple[int, int, int, float]) -> int | None:
-        """Copy ``todo`` with tasks that write Parquet into ``sink``, a group of chunks a Spark job, each
-        group registered in one commit and then marked done; the rows copied, or None when stopped.
-
-        The next group's job runs while a group commits (one job at a time, so the source connections
-        stay those of one job's tasks), and a job has one task per core it may use (at most the
-        permits, each task copying its share of the group): the cores never wait for a commit, nor for
-        one task left over. Measured on 20M rows: docs/benchmarks.md, "Initial copy". Chunks whose
-        values need Spark's casts are appended through ``write_snapshot`` after their group's files.
-        """
-        name = schema.qualified_name
-        lanes = CopyLanes(self.spark, self.config.spark.master, self.config.spark.conf, self._warmth,
-                          permits.total)
-        tasks = lanes.tasks
-        size = tasks * CHUNKS_PER_TASK
-        groups = [todo[i:i + size] for i in range(0, len(todo), size)]
-        ended = threading.Event()  # the commits stopped: jobs not yet started do not start
-
-        def job(i: int, group: list[Chunk]) -> list[ChunkFile] | None:
-            if self.stop.is_set() or ended.is_set():
-                return None
-            with permits.take(min(tasks, len(group))):  # the job's tasks (or threads) read the chunks
-                return lanes.copy(i, schema, reader, [(c.start_page, c.end_page) for c in group], position, sink)
-
-        done_before, total, rows_before, started = report
-        copied = table_rows = 0
-        with ThreadPoolExecutor(1, thread_name_prefix="copy-job") as jobs:
-            futures = [jobs.submit(job, i, group) for i, group in enumerate(groups)]
-            try:
-                for i, (group, future) in enumerate(zip(groups, futures, strict=True)):
-                    waited = time.monotonic()
-                    results = future.result()
-                    committing = time.monotonic()
-                    if results is None:
-                        event(log, "snapshot.paused", table=name, chunks_done=done_before + i * size)
-                        return None
-                    after = self.target.register_copy_files(schema, sink, [r.file for r in results if r.file],
-                                                            replace=i == 0)
-                    rest = [group[r.chunk] for r in results if r.needs_spark]
-                    if rest:
-                        after = self._copy_with_spark(schema, reader, rest, position, permits, tasks)
-                    rows, table_rows = after - table_rows, after
-                    crash_point("snapshot.after_chunk")
-                    progress.mark_done(oid, group, position.lsn, rows)
-                    copied += rows
-                    # Where the group's time went: who copied it, its job, the wait for it, its commit.
-                    self._report(name, done_before + i * size + len(group), total, rows_before + copied, started,
-                                 **lanes.timing(i), waited_s=round(committing - waited, 2), commit_s=round(time.monotonic() - committing, 2))
-            finally:
-                ended.set()
-        return copied
-
-    def _copy_with_spark(self, schema: TableSchema, reader: ChunkRead, rest: list[Chunk], position: Position,
-                         permits: Permits, tasks: int) -> int:
-        """Append chunks whose values only Spark's casts decide; the rows the table then holds."""
-        name = schema.qualified_name
-        event(log, "snapshot.spark_chunks", table=name, chunks=len(rest),
-              reason="values only Spark's casts decide (infinities, BC or far-future dates, NaN numeric)")
-        counted: list[Callable[[], ValueCounts]] = []
-        with permits.take(min(tasks, len(rest))):
-            df = chunk_dataframe(self.spark, schema, reader, [(c.start_page, c.end_page) for c in rest], position,
-                                 value_rules(name, self.target, self.config.values.infinity), counted.append,
-                                 tasks=tasks)
-            after = self.target.write_snapshot(schema, df, position, replace=False)
-        self._values_changed(name, counted)
-        return after
-
-    def _values_changed(self, name: str, counted: list[Callable[[], ValueCounts]]) -> None:
+    def values_changed(self, name: str, counted: list[Callable[[], ValueCounts]]) -> None:
         """Report the values the casts changed, once the write that counted them ran."""
         for read in counted:
             if (changed := read()) and self.on_values_changed is not None:
@@ -390,17 +320,11 @@ class InitialCopy:
             df.unpersist()
         return rows
 
-    @staticmethod
-    def _report(name: str, done: int, total: int, rows: int, started: float, **group: Any) -> None:
-        secs = time.monotonic() - started
-        event(log, "snapshot.progress", table=name, chunks_done=done, chunks_total=total, rows=rows,
-              rows_per_s=int(rows / secs) if secs else 0, **group)
-        if sys.stderr.isatty():
-            width = 30
-            filled = int(width * done / max(total, 1))
-            sys.stderr.write(f"\r{name} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks "
-                             f"{rows:,} rows" + ("\n" if done == total else ""))
-            sys.stderr.flush()
+
+def takes_files(schema: TableSchema, reader: ChunkRead) -> bool:
+    """A copy's tasks may write ``schema``'s chunks as Parquet themselves (into a ``FileSink``), where the
+    target has one: not for a source with per-row positions, nor for column types only Spark casts."""
+    return not reader.per_row_position and takes_chunk_rows(schema, reader.routes)
 
 
 def schema_at_snapshot(source: Source, conn: Any, tracked: TableSchema, snap: CopySnapshot,

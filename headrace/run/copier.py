@@ -58,7 +58,8 @@ class Copier:
         if not todo:
             return False
         # Spark starts while the round takes its snapshot and plans (a big copy may warm it); the round opens
-        # the target itself (an Iceberg target waits for the session): nothing here waits for the JVM.
+        # the target itself (an Iceberg target waits for the session; a fresh Iceberg copy only at its
+        # first commit, its first groups written meanwhile): nothing here waits for the JVM.
         self._spark.start_in_background()
         copy = InitialCopy(self.config, self.dsn, self.state_dsn, cast("SparkSession", self._spark), self._target,
                            self._fail, self._stop, self._observer.values_changed, self.source, warmth=self._spark)

@@ -9,7 +9,8 @@ driver, an Iceberg target, which needs it at once).
 
 A copy round starts it in the background instead (``start_in_background``): the JVM comes up while
 the round takes its snapshot and plans its chunks. A copy about to write a big table's files that
-finds the session not started yet (DuckLake: nothing before needed it) has it warmed
+finds the session not started yet (DuckLake: nothing before needed it; Iceberg: its copy writes
+into the sink told ahead, ``materialize.file_copy``, and creates the table beside it) has it warmed
 (``warm_in_background``, ``warm_up``: the copy's Python workers started and their imports done)
 while its first groups are copied on the driver (``materialize.initial_copy``). Measured on 20M rows: the first
 Spark job of a fresh session took 2-8 s longer than the next one, the JVM's first job and the

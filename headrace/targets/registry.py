@@ -27,7 +27,9 @@ from headrace.core.names import TableName
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from headrace.core.filesink import FileSink
     from headrace.core.interfaces import Target
+    from headrace.core.schema import TableSchema
 
 
 def _no_refusal(settings: Any) -> str | None:
@@ -40,6 +42,10 @@ def _not_mapped(settings: Any, table: TableName) -> bool:
 
 def _no_servers(settings: Any) -> dict[str, str]:
     return {}
+
+
+def _no_sink_ahead(settings: Any, table: TableSchema) -> FileSink | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,10 @@ class TargetPlugin:
     # settings -> role -> libpq connection string of each PostgreSQL server the target depends on
     # (watched through outages like the source: headrace.outage).
     servers: Callable[[Any], dict[str, str]] = _no_servers
+    # (settings, the table) -> where a fresh copy may write the table's files before the target is
+    # open (the folder and field ids its creation will give: ``copy_sink``'s, told without Spark), or
+    # None; the copy checks it against ``copy_sink`` before its first commit (materialize.file_copy).
+    copy_sink_ahead: Callable[[Any, TableSchema], FileSink | None] = _no_sink_ahead
 
 
 def _folder() -> Path:

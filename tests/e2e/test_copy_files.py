@@ -21,7 +21,7 @@ from headrace.core.names import quote_ident
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
 from headrace.materialize.chunk_files import copy_chunks_to_files
-from headrace.materialize.initial_copy import CHUNKS_PER_TASK
+from headrace.materialize.file_copy import CHUNKS_PER_TASK
 from headrace.materialize.snapshot_job import chunk_dataframe, driver_rows
 from headrace.pipeline import Pipeline
 from headrace.readers import duckdb_with, iceberg_metadata_location

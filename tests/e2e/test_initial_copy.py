@@ -18,7 +18,7 @@ import yaml
 
 from headrace.config import parse_config
 from headrace.control.status import pipeline_status
-from headrace.materialize.initial_copy import CHUNKS_PER_TASK
+from headrace.materialize.file_copy import CHUNKS_PER_TASK
 from headrace.pipeline import Pipeline
 from headrace.state.progress import ProgressStore
 from tests.e2e.helpers import assert_same, make_config

@@ -13,13 +13,21 @@ from headrace.targets.registry import TargetPlugin
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from headrace.core.filesink import FileSink
     from headrace.core.interfaces import Target
+    from headrace.core.schema import TableSchema
 
 
 def _open(spark: SparkSession, settings: IcebergConfig, pipeline: str) -> Target:
     from headrace.targets.iceberg.target import IcebergTarget  # Spark-side code, loaded when opened
 
     return IcebergTarget(spark, settings, pipeline)
+
+
+def _copy_sink_ahead(settings: IcebergConfig, table: TableSchema) -> FileSink | None:
+    from headrace.targets.iceberg.files import copy_sink_ahead  # pyarrow, loaded when a copy asks
+
+    return copy_sink_ahead(settings, table)
 
 
 def _spark_conf(settings: IcebergConfig, user_conf: Mapping[str, str]) -> dict[str, str]:
@@ -55,4 +63,5 @@ PLUGIN = TargetPlugin(
     table_name=table_name,
     name_mapped=_name_mapped,
     rename_refusal=_rename_refusal,
+    copy_sink_ahead=_copy_sink_ahead,
 )
