@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from headrace.core.schema import TableSchema
 from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.chunk_files import ChunkFile, CopyLanes
+from headrace.materialize.copy_bars import BARS
 from headrace.materialize.permits import Permits
 from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe
 from headrace.source.base import ChunkRead
@@ -232,13 +232,8 @@ def discard(sink: FileSink, futures: list[Future[list[ChunkFile] | None]]) -> in
 
 
 def report_progress(name: str, done: int, total: int, rows: int, started: float, **group: Any) -> None:
-    """The ``snapshot.progress`` event (and a bar on a terminal): ``done`` of ``total`` chunks."""
+    """The ``snapshot.progress`` event (and the table's bar on a terminal, ``copy_bars``): ``done`` of ``total`` chunks."""
     secs = time.monotonic() - started
     event(log, "snapshot.progress", table=name, chunks_done=done, chunks_total=total, rows=rows,
           rows_per_s=int(rows / secs) if secs else 0, **group)
-    if sys.stderr.isatty():
-        width = 30
-        filled = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r{name} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks "
-                         f"{rows:,} rows" + ("\n" if done == total else ""))
-        sys.stderr.flush()
+    BARS.show(name, done, total, rows)
