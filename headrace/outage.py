@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING
 
+import duckdb
 import psycopg
 import psycopg2
 
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
 # Errors meaning "the connection or the server is gone", whichever driver raised them.
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, psycopg2.OperationalError,
                       psycopg2.InterfaceError, ConnectionError)
+# DuckDB's postgres extension (a DuckLake catalog in PostgreSQL) raises an IOException whose text alone
+# says the catalog server went away (libpq's words): a read during a restart failed with it, and the
+# server answered again by the time the run probed, so the run took it for the table's error and ended.
+_DUCKDB_CONNECTION_TEXT = ("Unable to connect to Postgres", "Connection refused", "server closed the connection",
+                           "terminating connection due to administrator command", "the database system is")
 # A staging (or warehouse) directory that cannot take more files: full, over quota, read-only, denied.
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
@@ -32,6 +38,7 @@ _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.
 def lost_connection(exc: BaseException) -> bool:
     """``exc`` (or what it was raised from) says a database connection broke or could not be made."""
     return any(isinstance(e, _CONNECTION_ERRORS) or (isinstance(e, TransientError) and "connect" in str(e))
+               or (isinstance(e, duckdb.IOException) and any(text in str(e) for text in _DUCKDB_CONNECTION_TEXT))
                for e in exception_chain(exc))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 
+import duckdb
 import psycopg
 
 from headrace.core.backoff import Backoff
@@ -25,6 +26,16 @@ def test_a_broken_connection_is_an_outage_wherever_it_was_wrapped() -> None:
     except TransientError as wrapped:
         assert lost_connection(wrapped)
     assert not lost_connection(SourceError("table public.t has no primary key"))
+
+
+def test_a_ducklake_catalog_that_cannot_be_reached_is_an_outage_other_duckdb_errors_are_not() -> None:
+    refused = duckdb.IOException(
+        'IO Error: Failed to query most recent snapshot for DuckLake: Unable to connect to Postgres at "host=127.0.0.1'
+        ' port=49629 user=postgres dbname=postgres": connection to server at "127.0.0.1", port 49629 failed:'
+        " Connection refused")
+    assert lost_connection(refused)
+    assert not lost_connection(duckdb.IOException('IO Error: No files found that match the pattern "x.parquet"'))
+    assert not lost_connection(duckdb.ConversionException("Conversion Error: Could not convert string 'x' to INT32"))
 
 
 def test_a_full_or_read_only_directory_is_a_storage_outage() -> None:
