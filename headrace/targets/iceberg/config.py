@@ -58,3 +58,8 @@ class IcebergConfig(Frozen):
         " a constant cost per batch), a larger one merge-on-read (back to copy-on-write only below this"
         " again, to merge-on-read from twice it); 0: always merge-on-read (see targets/iceberg/write_mode.py)"
     )
+    apply_on_driver: bool = Field(
+        True, description="small batches into a copy-on-write table are applied on the driver (pyarrow and"
+        " DuckDB read the table, one Parquet file and one Iceberg commit replace it: no Spark job); false: every"
+        " batch is a Spark MERGE (see targets/iceberg/driver_apply.py)"
+    )

@@ -118,7 +118,7 @@ class IcebergTarget(Target):
         self._namespaces: set[str] = set()  # created (or found) in this run
         self._namespaces_lock = threading.Lock()
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
-        self.apply_on_driver = True
+        self.apply_on_driver = settings.apply_on_driver
         self.paths = driver_apply.ApplyPaths()
 
     def _namespace(self, table: TableSchema) -> str:
