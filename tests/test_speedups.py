@@ -5,7 +5,6 @@ errors. Without the built module, the Python paths are the ones under test (and 
 from __future__ import annotations
 
 import json
-import struct
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +14,7 @@ from headrace.core.changes import UNCHANGED
 from headrace.core.errors import UnsupportedError
 from headrace.log import codec
 from headrace.source.postgres import pgoutput
+from tests.pgoutput_wire import tuple_data
 
 speedups = pytest.importorskip("headrace._speedups", reason="headrace._speedups not built (python setup.py build_ext)")
 
@@ -45,30 +45,17 @@ def test_native_json_leaves_unchanged_rows_to_python() -> None:
         codec.encode_row(("id", "doc"), ("1",))
 
 
-def _tuple_data(row: list[str | None | object]) -> bytes:
-    out = struct.pack(">H", len(row))
-    for v in row:
-        if v is None:
-            out += b"n"
-        elif v is UNCHANGED:
-            out += b"u"
-        else:
-            raw = str(v).encode()
-            out += b"t" + struct.pack(">i", len(raw)) + raw
-    return out
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(st.none(), texts, st.just(UNCHANGED)), max_size=8), st.binary(max_size=3))
 def test_native_tuple_decodes_as_python_does(row: list[str | None | object], tail: bytes) -> None:
-    buf = b"I\x00\x00\x00\x01N" + _tuple_data(row) + tail
+    buf = b"I\x00\x00\x00\x01N" + tuple_data(row) + tail
     native = speedups.decode_tuple(buf, 6, UNCHANGED)
     assert native == pgoutput._python_tuple(buf, 6) == (tuple(row), len(buf) - len(tail))
     assert native[0].count(UNCHANGED) == sum(v is UNCHANGED for v in row)  # the marker itself, not a copy
 
 
 def test_native_tuple_errors_are_the_decoders() -> None:
-    buf = b"I\x00\x00\x00\x01N" + _tuple_data(["1", "two"])
+    buf = b"I\x00\x00\x00\x01N" + tuple_data(["1", "two"])
     for cut in range(7, len(buf)):  # every truncation is a MalformedMessage
         with pytest.raises(pgoutput.MalformedMessage):
             pgoutput.decode(buf[:cut])

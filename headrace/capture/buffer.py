@@ -58,11 +58,9 @@ def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int,
     if type(ev) is bytes:
         assert codec is not None, "an undecoded change from a source without a codec"
         oid = codec.relation_oid(ev)
-        tb = buffers.get(oid)
+        tb = buffers.get(oid) or _tracked(oid, relations, buffers)  # the call only at a table's first change
         if tb is None:
-            if oid not in relations:
-                return 0
-            tb = _buffer(oid, relations, buffers)
+            return 0
         buf = tb.buffer
         staged = codec.stage(ev, tb.layout, buf.columns, txn.final_lsn, seq, txn.commit_ts_us, txn.xid)
         if staged is not None:
@@ -77,11 +75,9 @@ def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int,
                 added += buf.append("T", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, None)
         return added
     oid = ev.relation_oid  # type: ignore[union-attr]
-    tb = buffers.get(oid)
+    tb = buffers.get(oid) or _tracked(oid, relations, buffers)
     if tb is None:
-        if oid not in relations:
-            return 0
-        tb = _buffer(oid, relations, buffers)
+        return 0
     buf = tb.buffer
     match ev:
         case Insert():
@@ -109,6 +105,14 @@ def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int,
             data, _ = tb.key.encode(_pick(ev.old, tb.key_at))
             return buf.append("D", txn.final_lsn, seq, txn.commit_ts_us, txn.xid, data)
     return 0
+
+
+def _tracked(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer | None:
+    """The buffer of table ``oid``, made at its first change; None for a table with no RELATION seen."""
+    tb = buffers.get(oid)
+    if tb is None and oid in relations:
+        tb = _buffer(oid, relations, buffers)
+    return tb
 
 
 def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer:

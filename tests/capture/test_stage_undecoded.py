@@ -21,6 +21,7 @@ from headrace.core.undecoded import UndecodedCodec
 from headrace.log.codec import StagingBuffer
 from headrace.source.postgres import pgoutput
 from headrace.source.postgres.pgoutput import MalformedMessage, decode
+from tests.pgoutput_wire import tuple_data
 
 speedups = pytest.importorskip("headrace._speedups", reason="headrace._speedups not built (python setup.py build_ext)")
 CODEC = pgoutput.UNDECODED
@@ -43,19 +44,6 @@ def _schema(ncols: int, key_at: tuple[int, ...]) -> TableSchema:
     names = tuple(f'c{i}"\\é,%'[: 2 + i % 6] + str(i) for i in range(ncols))  # keys that need escaping
     columns = tuple(Column(name, TEXT, 25) for name in names)
     return TableSchema(OID, "public", "t", columns, tuple(names[i] for i in key_at))
-
-
-def tuple_data(row: tuple[Value, ...]) -> bytes:
-    out = struct.pack(">H", len(row))
-    for v in row:
-        if v is None:
-            out += b"n"
-        elif v is UNCHANGED:
-            out += b"u"
-        else:
-            raw = str(v).encode()
-            out += b"t" + struct.pack(">i", len(raw)) + raw
-    return out
 
 
 def message(op: str, marker: str, old: tuple[Value, ...], new: tuple[Value, ...]) -> bytes:
