@@ -136,6 +136,18 @@ def dictionary_columns(rows: pa.Table) -> list[str]:
             and pc.count_distinct(column).as_py() <= limit]
 
 
+def local_path(location: str) -> str | None:
+    """The local path ``location`` names (a path, or a ``file:`` URI: ``file:///x`` and ``file:/x`` name
+    the same one); None for any other scheme."""
+    scheme = urlparse(location).scheme
+    if scheme not in ("", "file"):
+        return None
+    path = location[len("file:"):] if scheme == "file" else location
+    while path.startswith("//"):
+        path = path[1:]
+    return path
+
+
 def open_folder(location: str) -> tuple[pafs.FileSystem, str] | None:
     """The ``pyarrow.fs`` filesystem and path for folder ``location`` (a local path or ``file:`` URI),
     created if missing; None for any other scheme: the copy then keeps Spark's writer.
@@ -144,15 +156,11 @@ def open_folder(location: str) -> tuple[pafs.FileSystem, str] | None:
     its credentials its own way (environment, instance metadata), not from the Spark configuration
     the target's files are written with, and could write as another account; and it is untested.
     """
-    scheme = urlparse(location).scheme
+    path = local_path(location)
+    if path is None:
+        return None
+    filesystem: pafs.FileSystem = pafs.LocalFileSystem()
     try:
-        if scheme in ("", "file"):
-            path = location[len("file:"):] if scheme == "file" else location
-            while path.startswith("//"):  # file:///x and file:/x name the same folder
-                path = path[1:]
-            filesystem: pafs.FileSystem = pafs.LocalFileSystem()
-        else:
-            return None
         filesystem.create_dir(path, recursive=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
         return None

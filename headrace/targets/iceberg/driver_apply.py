@@ -71,7 +71,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from headrace.core.filesink import CODECS, FIELD_ID, FileSink, WrittenFile, open_folder
+from headrace.core.filesink import FIELD_ID, FileSink, WrittenFile, local_path
 from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, POSITION_COLUMNS, unchanged_token
@@ -209,13 +209,10 @@ def _arrow_type(iceberg_type: Any) -> pa.DataType | None:
 def _sink(iceberg: Any, columns: list[_Column]) -> FileSink:
     """Where the new contents go: the table's data folder, as ``files.copy_sink`` finds it (the table's
     location provider and codec), with every column's field id (kept columns too, in any order)."""
-    location = str(iceberg.locationProvider().newDataLocation("probe.parquet")).rsplit("/", 1)[0]
-    opened = open_folder(location)
-    if opened is None:
+    sink = files.table_sink(iceberg, {c.name: c.field_id for c in columns})
+    if sink is None:
         raise NotOnDriver("table folder out of pyarrow.fs's reach")
-    codec = str(iceberg.properties().getOrDefault(files.CODEC_PROPERTY, "zstd")).lower()
-    return FileSink(location, *opened, field_ids={c.name: c.field_id for c in columns},
-                    compression=CODECS.get(codec, "zstd"))
+    return sink
 
 
 def _planned_files(iceberg: Any, snapshot_id: int) -> Iterator[tuple[Any, list[Any]]]:
@@ -232,12 +229,9 @@ def _planned_files(iceberg: Any, snapshot_id: int) -> Iterator[tuple[Any, list[A
 
 def _local_file(location: str) -> tuple[pafs.FileSystem, str]:
     """The ``pyarrow.fs`` filesystem and path of file ``location`` (a local path or ``file:`` URI)."""
-    scheme = urlparse(location).scheme
-    if scheme not in ("", "file"):
-        raise NotOnDriver(f"a file out of pyarrow.fs's reach ({scheme}://)")
-    path = location[len("file:"):] if scheme == "file" else location
-    while path.startswith("//"):  # file:///x and file:/x name the same file
-        path = path[1:]
+    path = local_path(location)
+    if path is None:
+        raise NotOnDriver(f"a file out of pyarrow.fs's reach ({urlparse(location).scheme}://)")
     return pafs.LocalFileSystem(), path
 
 

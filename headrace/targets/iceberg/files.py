@@ -19,11 +19,11 @@ copy's 27 s, issue 21), and checks it against ``copy_sink`` before its first com
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from headrace.core.filesink import CODECS, FileSink, WrittenFile, open_folder
 from headrace.core.names import path_segment
-from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ
+from headrace.core.rows import POSITION_COLUMNS
 from headrace.core.spark_types import spark_type
 from headrace.targets.iceberg.catalog import java_table
 
@@ -55,7 +55,7 @@ def copy_sink_ahead(settings: IcebergConfig, table: TableSchema) -> FileSink | N
 
     if any(isinstance(spark_type(c.type), (ArrayType, MapType, StructType)) for c in table.columns):
         return None
-    names = [*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS]
+    names = [*table.column_names, *POSITION_COLUMNS]
     namespace = path_segment(settings.namespace or table.target_schema)
     location = f"{settings.warehouse.rstrip('/')}/{namespace}/{path_segment(table.target_table)}/data"
     opened = open_folder(location)
@@ -70,15 +70,21 @@ def copy_sink(spark: SparkSession, name: str, table: TableSchema) -> FileSink | 
     table kept from an earlier shape), or a location ``pyarrow.fs`` cannot reach (``s3a://``...)."""
     iceberg = java_table(spark, name)
     ids = {str(f.name()): int(f.fieldId()) for f in iceberg.schema().columns()}
-    if list(ids) != [*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS]:
+    if list(ids) != [*table.column_names, *POSITION_COLUMNS]:
         return None
-    # The folder the table's own writers use (its location provider: write.data.path, or <table>/data).
+    return table_sink(iceberg, ids)
+
+
+def table_sink(iceberg: Any, field_ids: dict[str, int]) -> FileSink | None:
+    """A sink into the data folder the py4j ``Table`` ``iceberg``'s own writers use (its location
+    provider: ``write.data.path``, or ``<table>/data``), in its codec, with ``field_ids``; None for a
+    location ``pyarrow.fs`` cannot reach (``s3a://``...)."""
     location = str(iceberg.locationProvider().newDataLocation("probe.parquet")).rsplit("/", 1)[0]
     opened = open_folder(location)
     if opened is None:
         return None
     codec = str(iceberg.properties().getOrDefault(CODEC_PROPERTY, DEFAULT_CODEC)).lower()
-    return FileSink(location, *opened, field_ids=ids, compression=CODECS.get(codec, DEFAULT_CODEC))
+    return FileSink(location, *opened, field_ids=field_ids, compression=CODECS.get(codec, DEFAULT_CODEC))
 
 
 def register(spark: SparkSession, name: str, written: list[WrittenFile], replace: bool) -> int:
