@@ -257,3 +257,8 @@ def test_the_write_mode_follows_the_table_size(spark: SparkSession, target: Iceb
     finally:
         con.close()
     assert duck == want
+    # The owner's own mode is kept, however small the table.
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read',"
+              " 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')")
+    java.refresh()
+    assert apply(700, [("U", 700, 0, None, 40, "forty", None, None, "x")])[0] == "merge-on-read"

@@ -54,6 +54,7 @@ TABLE_PROPERTIES = {
     "write.delete.mode": WRITE_MODE,
     "write.update.mode": WRITE_MODE,
     "write.merge.mode": WRITE_MODE,
+    write_mode.SET_BY_HEADRACE: WRITE_MODE,  # the mode is headrace's to follow the size (``write_mode``)
     # One position-delete file per batch (per write task), as Iceberg wrote them before 1.8. Its default
     # since, "file", writes one delete file per data file the batch touches and rewrites that data file's
     # earlier delete file into it (read, merged, written again): a small batch of random keys touches

@@ -15,6 +15,11 @@ of files is written copy-on-write, and switches back to merge-on-read at twice e
 a table near the line from switching at every batch). The switch is one metadata commit of the three ``write.*.mode`` properties through the
 catalog's cached table, before the batch's MERGE is planned, so that MERGE already runs in the new
 mode. Both modes give the same rows; readers (DuckDB, pyiceberg) read either.
+
+A mode somebody else chose is left alone: each switch also records the mode headrace set
+(``headrace.write-mode``), and a table whose ``write.merge.mode`` no longer equals that record was
+changed by its owner (``ALTER TABLE ... SET TBLPROPERTIES``), so headrace keeps to that mode from then
+on. To hand the choice back, set ``headrace.write-mode`` to the table's current mode, or unset both.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ HYSTERESIS = 2
 # it too: at 100,000 narrow rows (0.45 MB of Parquet) a 100-change batch cost the same either way
 # (1.10-1.34 s against 1.15 s, before merge-on-read's files pile up); past some MB the rewrite dominates.
 COPY_ON_WRITE_MAX_BYTES = 16 * 1024 * 1024
+# The mode headrace last set on the table; a write.merge.mode other than this one is its owner's.
+SET_BY_HEADRACE = "headrace.write-mode"
 
 
 def live_rows(table: Any) -> int | None:
@@ -61,14 +68,29 @@ def wanted_mode(rows: int | None, size: int, current: str, limit: int) -> str:
     return current if current in (COPY_ON_WRITE, MERGE_ON_READ) else MERGE_ON_READ
 
 
+def chosen_by_owner(properties: Any) -> bool:
+    """Whether the table's owner set its write mode: ``write.merge.mode`` is set and is not the mode
+    headrace last set (a table from before that record counts as headrace's: it set the mode at
+    creation)."""
+    current = properties.get("write.merge.mode")
+    ours = properties.get(SET_BY_HEADRACE)
+    return current is not None and ours is not None and current != ours
+
+
 def follow_size(table: Any, rows: int | None, limit: int) -> str:
-    """Set ``table``'s write mode for its size (``wanted_mode``) if it has another; return the mode."""
+    """Set ``table``'s write mode for its size (``wanted_mode``) if it has another and its owner has not
+    chosen one (``chosen_by_owner``); return the table's mode."""
     properties = table.properties()
     current = properties.get("write.merge.mode") or MERGE_ON_READ
+    if chosen_by_owner(properties):
+        return current
     mode = wanted_mode(rows, int(_summary(table).get("total-files-size") or 0), current, limit)
-    if any(properties.get(p) != mode for p in MODE_PROPERTIES):
+    if any(properties.get(p) != mode for p in (*MODE_PROPERTIES, SET_BY_HEADRACE)):
+        table.refresh()  # the catalog's cached table may predate an owner's change: look again (rare)
+        if chosen_by_owner(table.properties()):
+            return str(table.properties().get("write.merge.mode"))
         update = table.updateProperties()
-        for prop in MODE_PROPERTIES:
+        for prop in (*MODE_PROPERTIES, SET_BY_HEADRACE):
             update = update.set(prop, mode)
         update.commit()
     return mode
