@@ -101,6 +101,8 @@ def test_iceberg_applies_each_change_once_across_replays_and_crashes(spark: Spar
     _apply(spark, target, files[:1], 1)  # a crash after the commit, before the cursor advanced
     assert _contents(target) == AFTER_1
     name = target.table_name(TABLE)
+    # A batch that only adds rows is appended: no MERGE, whose scan of the table would follow its size.
+    assert [r[0] for r in spark.sql(f"SELECT operation FROM {name}.snapshots").collect()] == ["append"]
     apply = keyless.KeylessApply(spark)
     jtable = apply.iceberg_table(name)
     assert apply.applied_position(jtable) == Position(11, 2)

@@ -10,7 +10,7 @@ new metadata but no snapshot):
 - ``headrace.intent.position``: the position (lsn/seq) of the batch's last change;
 - ``headrace.applied.position``: the position of the last change known to be committed before.
 
-The batch's data then commits in ONE MERGE. Before applying, the target resolves the position the
+The batch's data then commits in ONE MERGE (an append when the batch only adds rows). Before applying, the target resolves the position the
 table holds: if a snapshot other than a compaction (operation ``replace``) descends from the
 intent's snapshot, the intent's MERGE committed and the table holds ``intent.position``; otherwise
 it holds ``applied.position``. Changes at or before that position are dropped from the batch, so a
@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from headrace.core.keyless import net_row_changes
 from headrace.core.names import quote_spark
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_DELTA, HR_LSN, HR_SEQ
+from headrace.core.rows import HR_COMMIT_TS, HR_DELTA, HR_LSN, HR_OP, HR_SEQ
 from headrace.core.schema import TableSchema
 from headrace.targets.iceberg.catalog import java_table
 
@@ -92,7 +92,9 @@ class KeylessApply:
             changes = changes.where(
                 (at_lsn > applied.lsn) | ((at_lsn == applied.lsn) & (at_seq > applied.seq))
             )
-        last = changes.agg(F.max(F.struct(F.col(HR_LSN), F.col(HR_SEQ))).alias("p")).collect()[0].p
+        facts = changes.agg(F.max(F.struct(F.col(HR_LSN), F.col(HR_SEQ))).alias("p"),
+                            F.max(F.when(F.col(HR_OP) != "I", F.lit(True))).alias("removes")).collect()[0]
+        last = facts.p
         if last is None:
             return  # nothing after what the table holds: a replay of a committed batch
         current = jtable.currentSnapshot()
@@ -101,7 +103,14 @@ class KeylessApply:
             INTENT_POSITION: _format(Position(last[0], last[1])),
             APPLIED_POSITION: _format(applied),
         })
-        source = self._merge_source(table, name, net_row_changes(changes, table))
+        net = net_row_changes(changes, table)
+        if not facts.removes:
+            # Only rows added (an append-only table: logs, events): the MERGE would match nothing, yet
+            # it joins the batch with a scan of the whole table, so its cost grew with the table
+            # (pgbench_history: 96 s a batch after 5 minutes). An append writes the same rows.
+            net.select(*[F.col(quote_spark(c.name)) for c in table.columns], *_META).writeTo(name).append()
+            return
+        source = self._merge_source(table, name, net)
         view = f"hr_keyless_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(view)
         try:
