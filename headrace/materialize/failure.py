@@ -187,8 +187,11 @@ def _from_java(java: Any) -> HeadraceError:
         return error_for_sqlstate(str(root.getSQLState() or "") or None, sentence, "PSQLException")
     if any(c.startswith(_JAVA_TRANSIENT) for c in classes):
         return TransientError(f"{classes[0]}: {sentence}")
-    if "org.apache.iceberg.exceptions.ValidationException" in classes and "conflict" in message.lower():
-        return TransientError(f"{classes[0]}: {sentence}")  # a concurrent commit touched the same files
+    if "org.apache.iceberg.exceptions.ValidationException" in classes and any(
+            m in message.lower() for m in ("conflict", "missing data files", "missing required files")):
+        # A concurrent commit touched the same files, or removed the files a batch read (a compaction
+        # by another engine): read again and retry.
+        return TransientError(f"{classes[0]}: {sentence}")
     if any(c.startswith(_JAVA_VALUE) for c in classes):
         return ValueNotStorableError(sentence)
     if any(c.startswith(_JAVA_SCHEMA) for c in classes):

@@ -226,7 +226,7 @@ def test_a_commit_over_a_concurrent_one_fails_validation(spark: SparkSession, tm
     driver.write_snapshot(TABLE, snapshot_df(spark, TABLE, SNAPSHOT), Position(100))
     iceberg = java_table(spark, driver.table_name(TABLE))
     snapshot = iceberg.currentSnapshot()
-    read = [data for data, _ in driver_apply._planned_files(iceberg, int(snapshot.snapshotId()))]
+    read = [data for data, _ in driver_apply.planned_files(iceberg, int(snapshot.snapshotId()))]
     driver.write_snapshot(TABLE, snapshot_df(spark, TABLE, [(8, "late", None, None, None)]), Position(100),
                           replace=False)
     with pytest.raises(Py4JJavaError, match="conflicting files"):

@@ -245,8 +245,9 @@ def test_the_write_mode_follows_the_table_size(spark: SparkSession, target: Iceb
     assert apply(500, shrink) == ("merge-on-read", 2)  # 898 rows
     assert apply(600, [("U", 600, 0, None, 30, "thirty", None, None, "w")])[0] == "copy-on-write"  # 298 live
     assert apply(200, touch)[0] == "copy-on-write"  # a replay
-    # Copy-on-write batches are applied on the driver (the one after the shrink reads delete files).
-    assert sized.paths.counts == {"driver": 4, "merge": 2}
+    # Every batch is applied on the driver: copy-on-write ones rewrite the table (the one after the
+    # shrink reads delete files), merge-on-read ones write position deletes (``driver_delta``).
+    assert sized.paths.counts == {"driver": 6}
     want = {i: (str(i), f"doc{i}") for i in range(1, 301) if i not in (150, 160)}
     want.update({10: ("ten", "u"), 290: ("u", "u"), 20: ("twenty", "v"), 30: ("thirty", "w")})
     assert {r[0]: (r[1], r[4]) for r in rows_of(sized, TABLE).values()} == want

@@ -59,7 +59,8 @@ class IcebergConfig(Frozen):
         " again, to merge-on-read from twice it); 0: always merge-on-read (see targets/iceberg/write_mode.py)"
     )
     apply_on_driver: bool = Field(
-        True, description="small batches into a copy-on-write table are applied on the driver (pyarrow and"
-        " DuckDB read the table, one Parquet file and one Iceberg commit replace it: no Spark job); false: every"
-        " batch is a Spark MERGE (see targets/iceberg/driver_apply.py)"
+        True, description="batches built on the driver are applied there, no Spark job: into a copy-on-write"
+        " table pyarrow and DuckDB read it and one Parquet file replaces it (targets/iceberg/driver_apply.py);"
+        " into a merge-on-read one its keys are read and a position-delete file and a data file are committed"
+        " (driver_delta.py); false: every batch is a Spark MERGE"
     )

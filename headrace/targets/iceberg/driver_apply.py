@@ -121,7 +121,7 @@ class _Column:
 _local = threading.local()
 
 
-def _connection() -> duckdb.DuckDBPyConnection:
+def connection() -> duckdb.DuckDBPyConnection:
     """This thread's in-memory DuckDB (apply workers apply several tables at once)."""
     con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
     if con is None:
@@ -143,15 +143,15 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
     if not iceberg.spec().isUnpartitioned():
         raise NotOnDriver("partitioned table")
     jvm: Any = spark.sparkContext._jvm
-    columns = _columns(jvm, iceberg, table, changes.schema)
+    columns = table_columns(jvm, iceberg, table, changes.schema)
     schema = pa.schema([pa.field(c.name, c.arrow) for c in columns])
-    sink = _sink(iceberg, columns)
+    sink = sink_for(iceberg, columns)
     snapshot = iceberg.currentSnapshot()
     data_files: list[Any] = []
     parts = []
     if snapshot is not None:
         deletes_read: dict[str, pa.Table] = {}
-        for data, deletes in _planned_files(iceberg, int(snapshot.snapshotId())):
+        for data, deletes in planned_files(iceberg, int(snapshot.snapshotId())):
             data_files.append(data)
             parts.append(_read_data_file(data, deletes, columns, schema, deletes_read))
     current = pa.concat_tables(parts) if parts else schema.empty_table()
@@ -169,7 +169,7 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
     return DriverApplied(rows_before, after.num_rows, len(data_files), committed=True)
 
 
-def _columns(jvm: Any, iceberg: Any, table: TableSchema, batch: pa.Schema) -> list[_Column]:
+def table_columns(jvm: Any, iceberg: Any, table: TableSchema, batch: pa.Schema) -> list[_Column]:
     """The table's columns in its order, with field ids (one py4j call: the schema as JSON): every
     column of the row shape, in the batch's type, and any kept besides (``_Column.kept``)."""
     fields = json.loads(str(jvm.org.apache.iceberg.SchemaParser.toJson(iceberg.schema())))["fields"]
@@ -206,7 +206,7 @@ def _arrow_type(iceberg_type: Any) -> pa.DataType | None:
     return _PRIMITIVES.get(iceberg_type)
 
 
-def _sink(iceberg: Any, columns: list[_Column]) -> FileSink:
+def sink_for(iceberg: Any, columns: list[_Column]) -> FileSink:
     """Where the new contents go: the table's data folder, as ``files.copy_sink`` finds it (the table's
     location provider and codec), with every column's field id (kept columns too, in any order)."""
     sink = files.table_sink(iceberg, {c.name: c.field_id for c in columns})
@@ -215,9 +215,11 @@ def _sink(iceberg: Any, columns: list[_Column]) -> FileSink:
     return sink
 
 
-def _planned_files(iceberg: Any, snapshot_id: int) -> Iterator[tuple[Any, list[Any]]]:
-    """(data file, its delete files) of every file of snapshot ``snapshot_id`` (py4j objects)."""
-    tasks = iceberg.newScan().useSnapshot(snapshot_id).planFiles()
+def planned_files(iceberg: Any, snapshot_id: int, row_filter: Any = None) -> Iterator[tuple[Any, list[Any]]]:
+    """(data file, its delete files) of every file of snapshot ``snapshot_id`` (py4j objects); with
+    ``row_filter`` (an Iceberg ``Expression``) only the files whose column metrics allow a match."""
+    scan = iceberg.newScan().useSnapshot(snapshot_id)
+    tasks = (scan if row_filter is None else scan.filter(row_filter)).planFiles()
     try:
         found = tasks.iterator()
         while found.hasNext():
@@ -227,7 +229,7 @@ def _planned_files(iceberg: Any, snapshot_id: int) -> Iterator[tuple[Any, list[A
         tasks.close()
 
 
-def _local_file(location: str) -> tuple[pafs.FileSystem, str]:
+def local_file(location: str) -> tuple[pafs.FileSystem, str]:
     """The ``pyarrow.fs`` filesystem and path of file ``location`` (a local path or ``file:`` URI)."""
     path = local_path(location)
     if path is None:
@@ -242,7 +244,7 @@ def _read_data_file(data: Any, deletes: list[Any], columns: list[_Column], schem
     location = str(data.location())
     if str(data.format()) != "PARQUET":
         raise NotOnDriver(f"a {data.format()} data file")
-    filesystem, path = _local_file(location)
+    filesystem, path = local_file(location)
     read = pq.read_table(path, filesystem=filesystem)
     by_id = {int(f.metadata[FIELD_ID]): i for i, f in enumerate(read.schema) if f.metadata and FIELD_ID in f.metadata}
     if not by_id:
@@ -254,11 +256,11 @@ def _read_data_file(data: Any, deletes: list[Any], columns: list[_Column], schem
             arrays.append(pa.nulls(read.num_rows, column.arrow))
             continue
         values = read.column(at)
-        if not _same_values(values.type, column.arrow):
+        if not same_values(values.type, column.arrow):
             raise NotOnDriver(f"column {column.name}: {values.type} in a data file")
         arrays.append(values.cast(column.arrow))
     rows = pa.Table.from_arrays(arrays, schema=schema)
-    removed = [_deleted_positions(d, location, deletes_read) for d in deletes]
+    removed = [deleted_positions(d, location, deletes_read) for d in deletes]
     if removed:
         keep = np.ones(rows.num_rows, dtype=bool)
         for positions in removed:
@@ -267,12 +269,12 @@ def _read_data_file(data: Any, deletes: list[Any], columns: list[_Column], schem
     return rows
 
 
-def _same_values(have: pa.DataType, want: pa.DataType) -> bool:
+def same_values(have: pa.DataType, want: pa.DataType) -> bool:
     """A file's column of type ``have`` reads as ``want`` without changing a value: the same type (field
     names and a timestamp's zone label aside), or a widening Iceberg allows (int to long, float to
     double, a decimal's precision)."""
     if pa.types.is_list(have) and pa.types.is_list(want):
-        return _same_values(have.value_type, want.value_type)
+        return same_values(have.value_type, want.value_type)
     if pa.types.is_timestamp(have) and pa.types.is_timestamp(want):
         return have.unit == want.unit and (have.tz is None) == (want.tz is None)
     if pa.types.is_decimal(have) and pa.types.is_decimal(want):
@@ -281,13 +283,13 @@ def _same_values(have: pa.DataType, want: pa.DataType) -> bool:
     return bool(have == want) or (have, want) in widened
 
 
-def _deleted_positions(delete: Any, data_location: str, deletes_read: dict[str, pa.Table]) -> np.ndarray:
+def deleted_positions(delete: Any, data_location: str, deletes_read: dict[str, pa.Table]) -> np.ndarray:
     """The row positions of data file ``data_location`` that position-delete file ``delete`` removes."""
     if str(delete.content()) != "POSITION_DELETES" or str(delete.format()) != "PARQUET":
         raise NotOnDriver(f"{delete.content()} in {delete.format()}")  # equality deletes, deletion vectors
     location = str(delete.location())
     if location not in deletes_read:
-        filesystem, path = _local_file(location)
+        filesystem, path = local_file(location)
         deletes_read[location] = pq.read_table(path, filesystem=filesystem, columns=["file_path", "pos"])
     rows = deletes_read[location]
     mine = rows.filter(pc.equal(rows.column("file_path"), data_location))
@@ -311,7 +313,7 @@ def _merged(table: TableSchema, current: pa.Table, batch: pa.Table, columns: lis
         _ROW, pa.array(np.arange(batch.num_rows)))
     on = " AND ".join(f"o.{quote_ident(k)} = b.{quote_ident(k)}" for k in keys)
     flags = "".join(f", {left_unchanged_sql('b', c)} AS u{i}" for i, c in enumerate(toast))
-    con = _connection()
+    con = connection()
     con.register("hr_rows", rows_in)
     con.register("hr_batch", batch_in)
     try:

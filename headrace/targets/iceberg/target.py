@@ -39,7 +39,7 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
-from headrace.targets.iceberg import driver_apply, files, maintenance, write_mode
+from headrace.targets.iceberg import driver_apply, driver_delta, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
@@ -250,16 +250,21 @@ class IcebergTarget(Target):
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
                           log_offset: int) -> None:
-        """``apply_batch`` for a small keyed batch built on the driver. Into a copy-on-write table it is
-        applied there too, no Spark job (``driver_apply``); otherwise its bounds come from the Arrow
+        """``apply_batch`` for a small keyed batch built on the driver. It is applied there too, no Spark
+        job: into a copy-on-write table by rewriting it (``driver_apply``), into a merge-on-read one by
+        position deletes (``driver_delta``). Otherwise its bounds come from the Arrow
         table, and it reaches Spark as a local relation (``arrow_frame``), so the MERGE is the batch's
         only Spark work. ``paths`` counts which path each batch took."""
         name = self.table_name(table)
         iceberg_table, mode, large = self._prepare(name)
-        reason = "driver apply off" if not self.apply_on_driver else f"table in {mode} mode"
-        if self.apply_on_driver and mode == write_mode.COPY_ON_WRITE:
+        reason = "driver apply off"
+        if self.apply_on_driver:
             try:
-                driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before)
+                if mode == write_mode.COPY_ON_WRITE:
+                    driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before)
+                else:
+                    driver_delta.apply_delta_on_driver(self.spark, iceberg_table, table, changes, truncate_before,
+                                                       driver_delta.MAX_ROWS)
                 self.paths.took(table.qualified_name, "driver")
                 return
             except driver_apply.NotOnDriver as exc:

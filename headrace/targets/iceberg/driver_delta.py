@@ -1,0 +1,254 @@
+"""Keyed batches applied to a merge-on-read Iceberg table on the driver: a position-delete file and a
+data file in one commit, no Spark job.
+
+A table past copy-on-write's size (``write_mode``) had every batch applied by Spark's MERGE, and on
+2 cores shared with the source that MERGE is what fell behind: under pgbench at full speed the
+1M-row ``pgbench_accounts`` took 68-91 s a batch (``docs/benchmarks.md``), and a burst into a 10M-row
+table cost 1.77x the same burst into 1M rows. What a merge-on-read MERGE writes needs only the
+table's keys and positions: which rows the batch replaces (their file and row number) and which of
+the batch's rows are new versions. So the driver:
+
+1. Lists the current snapshot's data files with their delete files (``driver_apply.planned_files``,
+   py4j, no job), pruned to the batch's key range for an integer key (Iceberg's column metrics), and
+   reads from each only the key and ``_hr_lsn``/``_hr_seq`` columns, by field id, with the row
+   numbers position deletes already removed taken out.
+2. Runs the MERGE's rules in DuckDB over keys, positions and row numbers (``ducklake.plan``'s
+   ``written_before_sql``, as ``driver_apply``): a change replaces or deletes the row of its key
+   only when written after it; a delete removes; a change of a key the table lacks inserts unless
+   it deletes.
+3. Writes the replaced rows' (file, row number) pairs as one position-delete file (Iceberg's
+   reserved field ids, sorted by file and position, as the spec asks) and the batch's new versions
+   as one data file, both in the table's data folder, and commits them in one ``RowDelta`` validated
+   from the snapshot read: a data file added since, a delete file added since, or a data file the
+   deletes point at removed since (a compaction) fails the commit before anything is visible, and
+   the batch is retried. A crash before the commit leaves orphan files (maintenance removes them);
+   a replay after it changes nothing, and a batch that changes nothing commits nothing.
+
+Values never pass through anything but Arrow: the new versions are the batch's own rows.
+Anything else keeps Spark's MERGE (``NotOnDriver`` says why): a TRUNCATE before the batch, TOAST
+columns left unchanged (the new version takes the row's value, which step 1 does not read), a
+column kept after the source dropped it (the same), a key change with TOAST (``_hr_from``), a
+partitioned table, more live rows than ``max_rows`` (the keys are held in memory: at 10M rows of a
+bigint key about 240 MB), and whatever ``driver_apply`` refuses (types, files, locations).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from headrace.core.filesink import FIELD_ID, WrittenFile
+from headrace.core.names import quote_ident
+from headrace.core.position import Position
+from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.schema import TableSchema
+from headrace.targets.ducklake.plan import written_before_sql
+from headrace.targets.iceberg import files, write_mode
+from headrace.targets.iceberg.driver_apply import (
+    SUMMARY_PROPERTY,
+    DriverApplied,
+    NotOnDriver,
+    connection,
+    deleted_positions,
+    local_file,
+    planned_files,
+    same_values,
+    sink_for,
+    table_columns,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Iceberg's reserved field ids of a position-delete file's columns (the table spec, "Position Delete Files").
+DELETE_FILE_PATH_ID = 2147483546
+DELETE_POS_ID = 2147483545
+DELETE_SCHEMA = pa.schema([
+    pa.field("file_path", pa.string(), nullable=False), pa.field("pos", pa.int64(), nullable=False),
+])
+_FILE = "_hr_file"  # which data file of the plan a row is in (index into the files read)
+_POS = "_hr_pos"  # its row number there
+_ROW = "_hr_row_number"
+_INTEGERS = ("int", "long")
+# Live rows up to which a table's keys are read on the driver: key, _hr_lsn, _hr_seq and the row's file
+# and number take ~32 bytes a row for a bigint key in Arrow, ~320 MB at this bound.
+MAX_ROWS = 10_000_000
+
+
+def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
+                          truncate_before: Position | None, max_rows: int) -> DriverApplied:
+    """Apply ``changes`` (a keyed batch in the row shape, as ``driver_batch.batch_schema``) to the
+    merge-on-read table ``iceberg`` (the Spark catalog's cached py4j ``Table``) in one commit. Raises
+    ``NotOnDriver`` before writing anything when the MERGE must do it."""
+    refusal = _refusal(table, changes, truncate_before)
+    if refusal:
+        raise NotOnDriver(refusal)
+    if not iceberg.spec().isUnpartitioned():
+        raise NotOnDriver("partitioned table")
+    live = write_mode.live_rows(iceberg) or 0
+    if live > max_rows:
+        raise NotOnDriver(f"{live} rows: more keys than {max_rows} to read on the driver")
+    jvm: Any = spark.sparkContext._jvm
+    columns = table_columns(jvm, iceberg, table, changes.schema)
+    if any(c.kept for c in columns):
+        raise NotOnDriver("a column kept after the source dropped it")
+    sink = sink_for(iceberg, columns)
+    shape = pa.schema([pa.field(c.name, c.arrow) for c in columns])
+    batch = changes.select([*shape.names, HR_OP]).cast(pa.schema([*shape, pa.field(HR_OP, pa.string())]))
+    by_name = {c.name: c for c in columns}
+    wanted = [by_name[name] for name in (*table.key, HR_LSN, HR_SEQ)]
+    snapshot = iceberg.currentSnapshot()
+    locations: list[str] = []
+    parts: list[pa.Table] = []
+    if snapshot is not None:
+        deletes_read: dict[str, pa.Table] = {}
+        row_filter = _key_range(jvm, table, iceberg, batch)
+        for data, deletes in planned_files(iceberg, int(snapshot.snapshotId()), row_filter):
+            parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read))
+            locations.append(str(data.location()))
+    key_schema = pa.schema([*(pa.field(c.name, c.arrow) for c in wanted), pa.field(_FILE, pa.int32()),
+                            pa.field(_POS, pa.int64())])
+    current = pa.concat_tables(parts) if parts else key_schema.empty_table()
+    replaced, new_rows = _plan(table, current, batch)
+    if not replaced.num_rows and not len(new_rows):
+        return DriverApplied(live, live, 0, committed=False)
+    stem = uuid.uuid4().hex
+    written = sink.write(batch.select(shape.names).take(pa.array(new_rows, pa.int64())), f"{stem}-driver") \
+        if len(new_rows) else None
+    deletes_written = None
+    if replaced.num_rows:
+        delete_sink = files.table_sink(iceberg, {"file_path": DELETE_FILE_PATH_ID, "pos": DELETE_POS_ID})
+        assert delete_sink is not None  # the same folder ``sink_for`` reached
+        file_paths = pa.array(locations, pa.string()).take(replaced.column(_FILE))
+        deletes = pa.Table.from_arrays([file_paths, replaced.column(_POS)], schema=DELETE_SCHEMA)
+        deletes_written = delete_sink.write(deletes.sort_by([("file_path", "ascending"), ("pos", "ascending")]),
+                                            f"{stem}-deletes")
+    referenced = sorted({locations[i] for i in replaced.column(_FILE).to_pylist()})
+    _commit(jvm, iceberg, snapshot, written, deletes_written, referenced)
+    return DriverApplied(live, live - replaced.num_rows + len(new_rows), 0, committed=True)
+
+
+def _refusal(table: TableSchema, changes: pa.Table, truncate_before: Position | None) -> str | None:
+    """Why the batch goes to the MERGE whatever the table (module docstring), or None."""
+    if not table.key:
+        return "table without a key"  # a multiset delta: ``keyless``
+    if HR_FROM in changes.column_names:
+        return "a key change left TOAST columns unchanged"
+    if truncate_before is not None:
+        return "a TRUNCATE before the batch"
+    if any(pc.unique(changes.column(HR_UNCHANGED)).to_pylist()):
+        return "TOAST columns left unchanged"
+    return None
+
+
+def _key_range(jvm: Any, table: TableSchema, iceberg: Any, batch: pa.Table) -> Any:
+    """An Iceberg filter on the batch's key range when the key is one integer column (files whose
+    metrics lie outside it cannot hold a row of the batch); else None (every file)."""
+    if len(table.key) != 1:
+        return None
+    key = table.key[0]
+    if str(iceberg.schema().findType(key).toString()) not in _INTEGERS:
+        return None
+    bounds = pc.min_max(batch.column(key))
+    low, high = bounds["min"], bounds["max"]
+    if not low.is_valid:
+        return None
+    expressions = jvm.org.apache.iceberg.expressions.Expressions
+    both = getattr(expressions, "and")  # Expressions.and: a Python keyword
+    return both(expressions.greaterThanOrEqual(key, low.as_py()), expressions.lessThanOrEqual(key, high.as_py()))
+
+
+def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
+               deletes_read: dict[str, pa.Table]) -> pa.Table:
+    """The ``wanted`` columns (by field id) of data file ``data``'s live rows, with ``_FILE`` (``index``)
+    and ``_POS`` (the row number in the file)."""
+    location = str(data.location())
+    if str(data.format()) != "PARQUET":
+        raise NotOnDriver(f"a {data.format()} data file")
+    filesystem, path = local_file(location)
+    with filesystem.open_input_file(path) as source:
+        parquet = pq.ParquetFile(source)
+        by_id = {int(f.metadata[FIELD_ID]): f.name for f in parquet.schema_arrow
+                 if f.metadata and FIELD_ID in f.metadata}
+        names = [by_id.get(c.field_id) for c in wanted]
+        if None in names:
+            raise NotOnDriver(f"a data file without the key's or the positions' field ids ({location})")
+        read = parquet.read(columns=names)
+    arrays = []
+    for column, values in zip(wanted, read.columns, strict=True):
+        if not same_values(values.type, column.arrow):
+            raise NotOnDriver(f"column {column.name}: {values.type} in a data file")
+        arrays.append(values.cast(column.arrow))
+    n = read.num_rows
+    arrays += [pa.array(np.full(n, index, dtype=np.int32)), pa.array(np.arange(n, dtype=np.int64))]
+    rows = pa.Table.from_arrays(arrays, names=[*(c.name for c in wanted), _FILE, _POS])
+    removed = [deleted_positions(d, location, deletes_read) for d in deletes]
+    if removed:
+        keep = np.ones(n, dtype=bool)
+        for positions in removed:
+            keep[positions] = False
+        rows = rows.filter(pa.array(keep))
+    return rows
+
+
+def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """The rows the batch replaces or deletes (``_FILE``, ``_POS``) and the batch's row numbers to write
+    (``merge_statement``'s rules)."""
+    keys = list(table.key)
+    batch_in = batch.select([*keys, HR_LSN, HR_SEQ, HR_OP]).append_column(
+        _ROW, pa.array(np.arange(batch.num_rows, dtype=np.int64)))
+    on = " AND ".join(f"o.{quote_ident(k)} = b.{quote_ident(k)}" for k in keys)
+    con = connection()
+    con.register("hr_rows", current)
+    con.register("hr_batch", batch_in)
+    try:
+        result = con.execute(
+            f"SELECT b.{_ROW} AS b_row, o.{_FILE} AS t_file, o.{_POS} AS t_pos,"
+            f" coalesce({written_before_sql('o', 'b')}, false) AS older, b.{HR_OP} = 'D' AS deletes"
+            f" FROM hr_batch b LEFT JOIN hr_rows o ON {on}").arrow()
+        plan = result if isinstance(result, pa.Table) else result.read_all()
+    finally:
+        con.unregister("hr_rows")
+        con.unregister("hr_batch")
+    matched = pc.is_valid(plan.column("t_file"))
+    older = plan.column("older")
+    replaced = plan.filter(pc.and_(matched, older)).select(["t_file", "t_pos"]).rename_columns([_FILE, _POS])
+    written = pc.and_(pc.invert(plan.column("deletes")), pc.or_(pc.invert(matched), older))
+    new_rows = pc.filter(plan.column("b_row"), written).to_numpy().astype(np.int64)
+    return replaced, new_rows
+
+
+def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
+            deletes: WrittenFile | None, referenced: list[str]) -> None:
+    """One ``RowDelta``: ``written`` added, ``deletes`` (position deletes into the ``referenced`` data
+    files) added, validated from ``snapshot`` (module docstring)."""
+    api = jvm.org.apache.iceberg
+    delta = iceberg.newRowDelta()
+    if written is not None:
+        data = iceberg.io().newInputFile(written.path)
+        metrics = api.parquet.ParquetUtil.fileMetrics(data, api.MetricsConfig.forTable(iceberg))
+        delta.addRows(api.DataFiles.builder(iceberg.spec()).withInputFile(data).withFormat("parquet")
+                      .withMetrics(metrics).build())
+    if deletes is not None:
+        source = iceberg.io().newInputFile(deletes.path)
+        metrics = api.parquet.ParquetUtil.fileMetrics(source, api.MetricsConfig.forPositionDelete(iceberg))
+        delta.addDeletes(api.FileMetadata.deleteFileBuilder(iceberg.spec()).ofPositionDeletes()
+                         .withPath(deletes.path).withFormat("parquet").withFileSizeInBytes(deletes.bytes)
+                         .withRecordCount(deletes.rows).withMetrics(metrics).build())
+        paths = jvm.java.util.ArrayList()
+        for path in referenced:
+            paths.add(path)
+        delta.validateDataFilesExist(paths)
+        delta.validateDeletedFiles()
+    if snapshot is not None:
+        delta.validateFromSnapshot(snapshot.snapshotId())
+    delta.conflictDetectionFilter(api.expressions.Expressions.alwaysTrue())
+    delta.validateNoConflictingDataFiles()
+    delta.validateNoConflictingDeleteFiles()
+    delta.set(SUMMARY_PROPERTY, "driver")
+    delta.commit()
