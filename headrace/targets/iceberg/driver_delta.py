@@ -28,8 +28,8 @@ Values never pass through anything but Arrow: the new versions are the batch's o
 Anything else keeps Spark's MERGE (``NotOnDriver`` says why): a TRUNCATE before the batch, TOAST
 columns left unchanged (the new version takes the row's value, which step 1 does not read), a
 column kept after the source dropped it (the same), a key change with TOAST (``_hr_from``), a
-partitioned table, more live rows than ``max_rows`` (the keys are held in memory: at 10M rows of a
-bigint key about 240 MB), and whatever ``driver_apply`` refuses (types, files, locations).
+partitioned table, more live rows than ``max_rows`` (``MAX_ROWS``: the keys are held in memory), and
+whatever ``driver_apply`` refuses (types, files, locations).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ _POS = "_hr_pos"  # its row number there
 _ROW = "_hr_row_number"
 _INTEGERS = ("int", "long")
 # Live rows up to which a table's keys are read on the driver: key, _hr_lsn, _hr_seq and the row's file
-# and number take ~32 bytes a row for a bigint key in Arrow, ~320 MB at this bound.
-MAX_ROWS = 10_000_000
+# and number take ~32 bytes a row for a bigint key in Arrow, ~640 MB at this bound.
+MAX_ROWS = 20_000_000
 
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
