@@ -230,6 +230,10 @@ class MaintenanceConfig(_Frozen):
     enabled: bool = Field(True, description="maintain tables on a schedule inside `run`")
     every_minutes: float = Field(60.0, gt=0, description="maintain a table at most this often ...")
     after_batches: int = Field(50, gt=0, description="... and only once it had this many apply batches since")
+    max_batches: int = Field(
+        600, gt=0, description="a table is also due once it had this many apply batches since its last pass,"
+        " however recent that was: each merge-on-read batch adds a data file and a delete file that every"
+        " later batch of the table reads until a pass compacts them")
     retention_hours: float = Field(24.0, ge=0, description="expire snapshots older than this")
     keep_last: int = Field(5, ge=1, description="but always keep this many newest snapshots")
     orphan_age_hours: float = Field(

@@ -1,7 +1,8 @@
 """When to maintain which table, inside ``run`` and for ``headrace maintain``.
 
 The run loop calls ``MaintenanceSchedule.step`` between apply passes; it starts a pass over at most
-one due table (``every_minutes`` since its last pass and ``after_batches`` apply batches since) in
+one due table (``every_minutes`` since its last pass and ``after_batches`` apply batches since, or
+``max_batches`` batches since whenever the last pass was) in
 its own thread, so the loop goes on applying the other tables meanwhile (an Iceberg pass takes tens
 of seconds). The table under maintenance is not applied until its pass ends (``busy``): its apply
 would race the compaction's commit. DuckLake passes also take the target's lock (a few seconds);
@@ -79,8 +80,9 @@ class MaintenanceSchedule:
 
     def _due(self, row: TableRow, now: float) -> bool:
         last = self.last_pass.get(row.oid, self._started)
-        return (self.batches.get(row.oid, 0) >= self.settings.after_batches
-                and now - last >= self.settings.every_minutes * 60)
+        batches = self.batches.get(row.oid, 0)
+        return batches >= self.settings.max_batches or (
+            batches >= self.settings.after_batches and now - last >= self.settings.every_minutes * 60)
 
     @property
     def running(self) -> bool:
