@@ -108,8 +108,11 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
     if snapshot is not None:
         deletes_read: dict[str, pa.Table] = {}
         row_filter = _key_range(jvm, table, iceberg, batch)
+        # One key column: each file's rows are cut to the batch's keys as they are read, so the join
+        # below sees about the batch's rows, not the table's (pyarrow's is_in, a hash of the batch's keys).
+        batch_keys = batch.column(table.key[0]).combine_chunks() if len(table.key) == 1 else None
         for data, deletes in planned_files(iceberg, int(snapshot.snapshotId()), row_filter):
-            parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read))
+            parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read, batch_keys))
             locations.append(str(data.location()))
     key_schema = pa.schema([*(pa.field(c.name, c.arrow) for c in wanted), pa.field(_FILE, pa.int32()),
                             pa.field(_POS, pa.int64())])
@@ -164,9 +167,10 @@ def _key_range(jvm: Any, table: TableSchema, iceberg: Any, batch: pa.Table) -> A
 
 
 def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
-               deletes_read: dict[str, pa.Table]) -> pa.Table:
+               deletes_read: dict[str, pa.Table], batch_keys: pa.Array | None = None) -> pa.Table:
     """The ``wanted`` columns (by field id) of data file ``data``'s live rows, with ``_FILE`` (``index``)
-    and ``_POS`` (the row number in the file)."""
+    and ``_POS`` (the row number in the file); with ``batch_keys`` only the rows whose key (the first
+    wanted column) is one of them."""
     location = str(data.location())
     if str(data.format()) != "PARQUET":
         raise NotOnDriver(f"a {data.format()} data file")
@@ -188,10 +192,12 @@ def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
     arrays += [pa.array(np.full(n, index, dtype=np.int32)), pa.array(np.arange(n, dtype=np.int64))]
     rows = pa.Table.from_arrays(arrays, names=[*(c.name for c in wanted), _FILE, _POS])
     removed = [deleted_positions(d, location, deletes_read) for d in deletes]
-    if removed:
-        keep = np.ones(n, dtype=bool)
+    keep = np.ones(n, dtype=bool) if removed or batch_keys is not None else None
+    if keep is not None:
         for positions in removed:
             keep[positions] = False
+        if batch_keys is not None:
+            keep &= pc.is_in(rows.column(0), value_set=batch_keys).to_numpy(zero_copy_only=False)
         rows = rows.filter(pa.array(keep))
     return rows
 
