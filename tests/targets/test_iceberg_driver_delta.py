@@ -110,7 +110,8 @@ def test_every_matrix_value_and_change_lands_as_the_merge_writes_it(
 def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three data files over separate key ranges: a batch within one range reads that file's keys only
+    """A table too large to keep its keys between batches, in three data files over separate key ranges:
+    a batch within one range reads that file's keys only
     (Iceberg's column metrics), its position deletes name that file only, and Spark, DuckDB and
     pyiceberg read the same rows."""
     driver, merge = _pair(spark, tmp_path)
@@ -128,6 +129,7 @@ def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
         return read_keys(data, *args)
 
     monkeypatch.setattr(driver_delta, "_read_keys", counted)
+    monkeypatch.setattr(driver_delta.KEY_INDEXES, "budget", 0)  # no table's keys kept: read for each batch
     doc = unchanged_token("doc")
     changes = [("U", 200, 0, None, 105, "new", None, ["t"], "n105"), ("D", 200, 1, None, 107, *[None] * 4),
                ("I", 200, 2, None, 150, "ins", None, None, "n150"), ("D", 200, 3, None, 160, *[None] * 4)]
@@ -179,3 +181,47 @@ def test_a_compaction_between_read_and_commit_fails_the_commit(spark: SparkSessi
     driver.apply_arrow_batch(TABLE, batch, None, 1)
     got = {r[0]: r[1] for r in driver.read_table(TABLE).collect()}
     assert got == {1: "a", 2: "two", 3: None}
+
+
+def test_the_keys_kept_between_batches_follow_each_commit_and_any_other_commit_drops_them(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table's keys are read once; each later batch reads no file, and the keys it keeps follow its
+    commits (updates, deletes, re-inserts, updates of rows written by earlier batches); a compaction
+    in between makes them stale, and they are read again. Both tables hold the same rows after every
+    batch."""
+    driver, merge = _pair(spark, tmp_path)
+    tables = [_named(TABLE, "a"), _named(TABLE, "b")]
+    rows = [(i, f"r{i}", None, None, f"d{i}") for i in range(1, 201)]
+    for target, table in zip((driver, merge), tables, strict=True):
+        target.write_snapshot(table, snapshot_df(spark, table, rows), Position(100))
+    reads: list[str] = []
+    read_keys = driver_delta._read_keys
+
+    def counted(data: Any, *args: Any) -> pa.Table:
+        reads.append(str(data.location()))
+        return read_keys(data, *args)
+
+    monkeypatch.setattr(driver_delta, "_read_keys", counted)
+    batches = [
+        [("U", 200, i, None, k, f"u{k}", None, None, "x") for i, k in enumerate(range(1, 201, 7))],
+        [("D", 300, i, None, k, *[None] * 4) for i, k in enumerate(range(1, 201, 5))],
+        [("I", 400, i, None, k, f"again{k}", None, None, "y") for i, k in enumerate(range(1, 201, 10))]
+        + [("U", 400, 100, None, 8, "twice", None, None, "z")],  # a row an earlier batch wrote
+        [("U", 500, i, None, k, f"v{k}", None, None, "w") for i, k in enumerate(range(2, 201, 3))],
+    ]
+    name = driver.table_name(tables[0])
+    for offset, changes in enumerate(batches, start=1):
+        if offset == 4:
+            spark.sql(f"CALL {driver.settings.catalog_name}.system.rewrite_data_files(table => 'public.a', "
+                      "options => map('rewrite-all', 'true'))")
+        before, files = len(reads), _files(spark, name)[0]
+        for target, table in zip((driver, merge), tables, strict=True):
+            target.apply_arrow_batch(table, to_arrow(batch_df(spark, table, changes)), None, offset)
+        assert len(reads) - before == (0 if offset in (2, 3) else files), offset
+        left, right = _iceberg_values(driver.settings, ["a", "b"], TABLE)
+        assert left == right, f"after batch {offset}"
+    assert driver.paths.counts == {"driver": 4}
+    snapshot = java_table(spark, name).currentSnapshot().snapshotId()
+    index = driver_delta.KEY_INDEXES.get(str(java_table(spark, name).location()), snapshot)
+    assert index is not None and index.rows.num_rows == len(left)

@@ -8,10 +8,14 @@ table cost 1.77x the same burst into 1M rows. What a merge-on-read MERGE writes 
 table's keys and positions: which rows the batch replaces (their file and row number) and which of
 the batch's rows are new versions. So the driver:
 
-1. Lists the current snapshot's data files with their delete files (``driver_apply.planned_files``,
-   py4j, no job), pruned to the batch's key range for an integer key (Iceberg's column metrics), and
-   reads from each only the key and ``_hr_lsn``/``_hr_seq`` columns, by field id, with the row
-   numbers position deletes already removed taken out.
+1. Finds the table's keys: which file and row number holds each live key, and its ``_hr_lsn``/``_hr_seq``
+   (``KeyIndex``). A table of up to ``INDEX_ROWS`` rows is read whole once (the current snapshot's data
+   files and their delete files from ``driver_apply.planned_files``, py4j, no job; only those columns,
+   by field id; rows position deletes removed left out), and the index is kept between batches:
+   each commit made here carries it forward (the replaced rows out, the new file's rows in), so the
+   next batch reads no file at all, and any other commit (a compaction, another writer) makes it
+   stale and it is read again. A larger table is read for each batch, only the files in the batch's
+   key range (an integer key: Iceberg's column metrics), cut to the batch's keys as they are read.
 2. Runs the MERGE's rules in DuckDB over keys, positions and row numbers (``ducklake.plan``'s
    ``written_before_sql``, as ``driver_apply``): a change replaces or deletes the row of its key
    only when written after it; a delete removes; a change of a key the table lacks inserts unless
@@ -34,7 +38,10 @@ whatever ``driver_apply`` refuses (types, files, locations).
 
 from __future__ import annotations
 
+import collections
+import threading
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,10 +81,13 @@ DELETE_SCHEMA = pa.schema([
 _FILE = "_hr_file"  # which data file of the plan a row is in (index into the files read)
 _POS = "_hr_pos"  # its row number there
 _ROW = "_hr_row_number"
+_IDX = "_hr_index_row"  # a candidate row's number in its ``KeyIndex``
 _INTEGERS = ("int", "long")
 # Live rows up to which a table's keys are read on the driver: key, _hr_lsn, _hr_seq and the row's file
 # and number take ~32 bytes a row for a bigint key in Arrow, ~640 MB at this bound.
 MAX_ROWS = 20_000_000
+# Rows of ``KeyIndex`` kept between batches, all tables together (~36 bytes a row, ~580 MB).
+INDEX_ROWS = 16_000_000
 
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
@@ -103,37 +113,131 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
     by_name = {c.name: c for c in columns}
     wanted = [by_name[name] for name in (*table.key, HR_LSN, HR_SEQ)]
     snapshot = iceberg.currentSnapshot()
-    locations: list[str] = []
-    parts: list[pa.Table] = []
-    if snapshot is not None:
-        deletes_read: dict[str, pa.Table] = {}
-        row_filter = _key_range(jvm, table, iceberg, batch)
-        # One key column: each file's rows are cut to the batch's keys as they are read, so the join
-        # below sees about the batch's rows, not the table's (pyarrow's is_in, a hash of the batch's keys).
-        batch_keys = batch.column(table.key[0]).combine_chunks() if len(table.key) == 1 else None
-        for data, deletes in planned_files(iceberg, int(snapshot.snapshotId()), row_filter):
-            parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read, batch_keys))
-            locations.append(str(data.location()))
-    key_schema = pa.schema([*(pa.field(c.name, c.arrow) for c in wanted), pa.field(_FILE, pa.int32()),
-                            pa.field(_POS, pa.int64())])
-    current = pa.concat_tables(parts) if parts else key_schema.empty_table()
-    replaced, new_rows = _plan(table, current, batch)
+    snapshot_id = None if snapshot is None else int(snapshot.snapshotId())
+    place = str(iceberg.location())
+    batch_keys = batch.column(table.key[0]).combine_chunks() if len(table.key) == 1 else None
+    index = KEY_INDEXES.get(place, snapshot_id)
+    if index is None:
+        index = _read_index(jvm, table, iceberg, snapshot_id, wanted, batch, batch_keys,
+                            whole=live <= KEY_INDEXES.budget)
+    replaced, new_rows = _plan(table, index.candidates(batch_keys), batch)
     if not replaced.num_rows and not len(new_rows):
+        if index.whole:
+            KEY_INDEXES.put(place, index)
         return DriverApplied(live, live, 0, committed=False)
     stem = uuid.uuid4().hex
-    written = sink.write(batch.select(shape.names).take(pa.array(new_rows, pa.int64())), f"{stem}-driver") \
-        if len(new_rows) else None
+    added = batch.take(pa.array(new_rows, pa.int64()))
+    written = sink.write(added.select(shape.names), f"{stem}-driver") if len(new_rows) else None
     deletes_written = None
     if replaced.num_rows:
         delete_sink = files.table_sink(iceberg, {"file_path": DELETE_FILE_PATH_ID, "pos": DELETE_POS_ID})
         assert delete_sink is not None  # the same folder ``sink_for`` reached
-        file_paths = pa.array(locations, pa.string()).take(replaced.column(_FILE))
+        file_paths = pa.array(index.locations, pa.string()).take(replaced.column(_FILE))
         deletes = pa.Table.from_arrays([file_paths, replaced.column(_POS)], schema=DELETE_SCHEMA)
         deletes_written = delete_sink.write(deletes.sort_by([("file_path", "ascending"), ("pos", "ascending")]),
                                             f"{stem}-deletes")
-    referenced = sorted({locations[i] for i in replaced.column(_FILE).to_pylist()})
-    _commit(jvm, iceberg, snapshot, written, deletes_written, referenced)
+    referenced = sorted({index.locations[i] for i in replaced.column(_FILE).to_pylist()})
+    KEY_INDEXES.drop(place)  # until the commit is known to follow the snapshot it was read at
+    location = _commit(jvm, iceberg, snapshot, written, deletes_written, referenced)
+    committed = iceberg.currentSnapshot()
+    if index.whole and committed is not None and _parent(committed) == snapshot_id:
+        index.advance(int(committed.snapshotId()), replaced.column(_IDX).to_numpy(),
+                      added.select([c.name for c in wanted]), location)
+        KEY_INDEXES.put(place, index)
     return DriverApplied(live, live - replaced.num_rows + len(new_rows), 0, committed=True)
+
+
+def _parent(snapshot: Any) -> int | None:
+    parent = snapshot.parentId()
+    return None if parent is None else int(parent)
+
+
+@dataclass
+class KeyIndex:
+    """A table's keys and positions at one snapshot, with each row's file and row number: every live
+    row (``whole``: kept between batches and carried forward by each commit made here, so a batch
+    reads no file), or only the rows of one batch's keys (a table over the budget)."""
+
+    snapshot_id: int | None
+    locations: list[str]  # the data files ``_FILE`` numbers
+    rows: pa.Table  # the key columns, ``_hr_lsn``, ``_hr_seq``, ``_FILE``, ``_POS``
+    whole: bool
+
+    def candidates(self, batch_keys: pa.Array | None) -> pa.Table:
+        """The rows a batch of ``batch_keys`` (None: a key of several columns) can match, with ``_IDX``."""
+        rows = self.rows.append_column(_IDX, pa.array(np.arange(self.rows.num_rows, dtype=np.int64)))
+        if self.whole and batch_keys is not None:
+            rows = rows.filter(pc.is_in(rows.column(0), value_set=batch_keys))
+        return rows
+
+    def advance(self, snapshot_id: int, removed: np.ndarray, added: pa.Table, location: str | None) -> None:
+        """Carry the index to ``snapshot_id``: the rows at ``removed`` (``_IDX``) deleted, ``added`` (key
+        and position columns, in file order) written as file ``location``."""
+        keep = np.ones(self.rows.num_rows, dtype=bool)
+        keep[removed] = False
+        parts = [self.rows.filter(pa.array(keep))]
+        if location is not None:
+            self.locations.append(location)
+            n = added.num_rows
+            parts.append(added.append_column(_FILE, pa.array(np.full(n, len(self.locations) - 1, dtype=np.int32)))
+                         .append_column(_POS, pa.array(np.arange(n, dtype=np.int64))))
+        rows = pa.concat_tables(parts)
+        self.rows = rows.combine_chunks() if rows.column(0).num_chunks > 32 else rows
+        self.snapshot_id = snapshot_id
+
+
+class KeyIndexes:
+    """The ``KeyIndex`` of recently applied tables, by table location, up to ``budget`` rows in all
+    (least recently used out first)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._indexes: collections.OrderedDict[str, KeyIndex] = collections.OrderedDict()
+
+    def get(self, place: str, snapshot_id: int | None) -> KeyIndex | None:
+        """The index of the table at ``place`` if it is at ``snapshot_id`` (any other commit, a
+        compaction or another writer's, makes it stale: dropped)."""
+        with self._lock:
+            index = self._indexes.pop(place, None)
+            if index is None or index.snapshot_id != snapshot_id:
+                return None
+            self._indexes[place] = index
+            return index
+
+    def put(self, place: str, index: KeyIndex) -> None:
+        with self._lock:
+            self._indexes.pop(place, None)
+            self._indexes[place] = index
+            while len(self._indexes) > 1 and sum(i.rows.num_rows for i in self._indexes.values()) > self.budget:
+                self._indexes.popitem(last=False)
+
+    def drop(self, place: str) -> None:
+        with self._lock:
+            self._indexes.pop(place, None)
+
+
+KEY_INDEXES = KeyIndexes(INDEX_ROWS)
+
+
+def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | None, wanted: list[Any],
+                batch: pa.Table, batch_keys: pa.Array | None, whole: bool) -> KeyIndex:
+    """The table's ``KeyIndex`` at ``snapshot_id`` read from its files: every live row (``whole``), or
+    only the files in the batch's key range (an integer key: Iceberg's column metrics) cut to the
+    batch's keys as they are read (one key column: pyarrow's ``is_in``)."""
+    locations: list[str] = []
+    parts: list[pa.Table] = []
+    if snapshot_id is not None:
+        deletes_read: dict[str, pa.Table] = {}
+        row_filter = None if whole else _key_range(jvm, table, iceberg, batch)
+        for data, deletes in planned_files(iceberg, snapshot_id, row_filter):
+            parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read,
+                                    None if whole else batch_keys))
+            locations.append(str(data.location()))
+    schema = pa.schema([*(pa.field(c.name, c.arrow) for c in wanted), pa.field(_FILE, pa.int32()),
+                        pa.field(_POS, pa.int64())])
+    rows = pa.concat_tables(parts).combine_chunks() if parts else schema.empty_table()
+    return KeyIndex(snapshot_id, locations, rows, whole)
 
 
 def _refusal(table: TableSchema, changes: pa.Table, truncate_before: Position | None) -> str | None:
@@ -203,7 +307,7 @@ def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
 
 
 def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """The rows the batch replaces or deletes (``_FILE``, ``_POS``) and the batch's row numbers to write
+    """The rows the batch replaces or deletes (``_FILE``, ``_POS``, ``_IDX``) and the batch's row numbers to write
     (``merge_statement``'s rules)."""
     keys = list(table.key)
     batch_in = batch.select([*keys, HR_LSN, HR_SEQ, HR_OP]).append_column(
@@ -214,7 +318,7 @@ def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Ta
     con.register("hr_batch", batch_in)
     try:
         result = con.execute(
-            f"SELECT b.{_ROW} AS b_row, o.{_FILE} AS t_file, o.{_POS} AS t_pos,"
+            f"SELECT b.{_ROW} AS b_row, o.{_FILE} AS t_file, o.{_POS} AS t_pos, o.{_IDX} AS t_idx,"
             f" coalesce({written_before_sql('o', 'b')}, false) AS older, b.{HR_OP} = 'D' AS deletes"
             f" FROM hr_batch b LEFT JOIN hr_rows o ON {on}").arrow()
         plan = result if isinstance(result, pa.Table) else result.read_all()
@@ -223,23 +327,28 @@ def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Ta
         con.unregister("hr_batch")
     matched = pc.is_valid(plan.column("t_file"))
     older = plan.column("older")
-    replaced = plan.filter(pc.and_(matched, older)).select(["t_file", "t_pos"]).rename_columns([_FILE, _POS])
+    replaced = plan.filter(pc.and_(matched, older)).select(["t_file", "t_pos", "t_idx"]).rename_columns(
+        [_FILE, _POS, _IDX])
     written = pc.and_(pc.invert(plan.column("deletes")), pc.or_(pc.invert(matched), older))
     new_rows = pc.filter(plan.column("b_row"), written).to_numpy().astype(np.int64)
     return replaced, new_rows
 
 
 def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
-            deletes: WrittenFile | None, referenced: list[str]) -> None:
+            deletes: WrittenFile | None, referenced: list[str]) -> str | None:
     """One ``RowDelta``: ``written`` added, ``deletes`` (position deletes into the ``referenced`` data
-    files) added, validated from ``snapshot`` (module docstring)."""
+    files) added, validated from ``snapshot`` (module docstring). Returns the added data file's location
+    as the table names it (``file:/...`` for a local path): what later deletes must name."""
     api = jvm.org.apache.iceberg
     delta = iceberg.newRowDelta()
+    location = None
     if written is not None:
         data = iceberg.io().newInputFile(written.path)
         metrics = api.parquet.ParquetUtil.fileMetrics(data, api.MetricsConfig.forTable(iceberg))
-        delta.addRows(api.DataFiles.builder(iceberg.spec()).withInputFile(data).withFormat("parquet")
-                      .withMetrics(metrics).build())
+        added = api.DataFiles.builder(iceberg.spec()).withInputFile(data).withFormat("parquet") \
+            .withMetrics(metrics).build()
+        location = str(added.location())
+        delta.addRows(added)
     if deletes is not None:
         source = iceberg.io().newInputFile(deletes.path)
         metrics = api.parquet.ParquetUtil.fileMetrics(source, api.MetricsConfig.forPositionDelete(iceberg))
@@ -258,3 +367,4 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
     delta.validateNoConflictingDeleteFiles()
     delta.set(SUMMARY_PROPERTY, "driver")
     delta.commit()
+    return location
