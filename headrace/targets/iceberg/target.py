@@ -210,7 +210,10 @@ class IcebergTarget(Target):
 
     def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
         """A small copy already on the driver: pyarrow writes it into the table's data folder and one
-        Iceberg commit registers it, no Spark job (the table created first if missing)."""
+        Iceberg commit registers it, no Spark job. A table not made yet is created in that same commit
+        (``files.create_with_rows``), else first if missing."""
+        if replace and (created := self._create_with_rows(table, rows)) is not None:
+            return created
         sink = self.copy_sink(table, replace)
         if sink is None:  # rare (see copy_sink): the rows go through Spark after all
             columns = rows.to_pydict()
@@ -218,6 +221,17 @@ class IcebergTarget(Target):
             return self.write_snapshot(table, df, Position(0, 0), replace)
         return self.register_copy_files(table, sink, [sink.write(rows, uuid.uuid4().hex)] if rows.num_rows else [],
                                         replace)
+
+    def _create_with_rows(self, table: TableSchema, rows: pa.Table) -> int | None:
+        """``files.create_with_rows`` into the table ``ensure_table`` would create; None where the table
+        exists already, or where its field ids cannot be told ahead (``files.copy_sink_ahead``)."""
+        ahead = files.copy_sink_ahead(self.settings, table)
+        if ahead is None:
+            return None
+        self._ensure_namespace(self._namespace(table))
+        return files.create_with_rows(
+            self.spark, self.settings.catalog_name, path_segment(self.settings.namespace or table.target_schema),
+            path_segment(table.target_table), row_struct(table).json(), TABLE_PROPERTIES, rows, ahead.field_ids)
 
     def apply_batch(
         self,
