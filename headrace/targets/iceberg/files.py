@@ -27,7 +27,7 @@ from headrace.core.filesink import CODECS, FileSink, WrittenFile, open_folder
 from headrace.core.names import path_segment
 from headrace.core.rows import POSITION_COLUMNS
 from headrace.core.spark_types import spark_type
-from headrace.targets.iceberg.catalog import java_table
+from headrace.targets.iceberg.catalog import JavaCatalog, java_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -99,8 +99,8 @@ def table_sink(iceberg: Any, field_ids: dict[str, int]) -> FileSink | None:
     return FileSink(location, *opened, field_ids=field_ids, compression=CODECS.get(codec, DEFAULT_CODEC))
 
 
-def create_with_rows(spark: SparkSession, catalog_name: str, namespace: str, name: str, struct_json: str,
-                     properties: dict[str, str], rows: pa.Table, field_ids: dict[str, int]) -> int | None:
+def create_with_rows(java: JavaCatalog, namespace: str, name: str, struct_json: str, properties: dict[str, str],
+                     rows: pa.Table, field_ids: dict[str, int]) -> int | None:
     """Create table ``namespace.name`` (Spark schema ``struct_json``, ``properties``) holding ``rows``,
     in one commit through the catalog's Java API; the rows it holds, or None when the table exists
     already (nothing done: the caller writes into it as usual).
@@ -113,18 +113,10 @@ def create_with_rows(spark: SparkSession, catalog_name: str, namespace: str, nam
     """
     from py4j.protocol import Py4JJavaError
 
-    jvm: Any = spark.sparkContext._jvm
-    api = jvm.org.apache.iceberg
-    levels = spark.sparkContext._gateway.new_array(jvm.java.lang.String, 1)  # type: ignore[union-attr]
-    levels[0] = namespace
-    ident = api.catalog.TableIdentifier.of(api.catalog.Namespace.of(levels), name)
-    catalog = spark._jsparkSession.sessionState().catalogManager().catalog(catalog_name).icebergCatalog()
-    schema = api.spark.SparkSchemaUtil.convert(jvm.org.apache.spark.sql.types.DataType.fromJson(struct_json))
-    props = jvm.java.util.HashMap()
-    for key, value in properties.items():
-        props.put(key, value)
+    schema = java.schema_util.convert(java.data_type.fromJson(struct_json))
     try:
-        txn = catalog.buildTable(ident, schema).withProperties(props).createTransaction()
+        txn = java.iceberg.buildTable(java.identifier(namespace, name), schema).withProperties(
+            java.java_map(properties)).createTransaction()
         table = txn.table()
         # The new table's fresh ids (1..N in order; nested fields after): those the rows are written with.
         sink = table_sink(table, field_ids) if table.schema().highestFieldId() == len(field_ids) else None
@@ -132,8 +124,9 @@ def create_with_rows(spark: SparkSession, catalog_name: str, namespace: str, nam
             return None  # the transaction is never committed: no table, the usual path makes it
         if rows.num_rows:
             append = txn.newAppend()
-            metrics = api.MetricsConfig.forTable(table)
-            append.appendFile(_data_file(api, table, metrics, sink.write(rows, uuid.uuid4().hex)))
+            metrics = java.metrics_config.forTable(table)
+            append.appendFile(_data_file(java.data_files, java.parquet_util, table, metrics,
+                                         sink.write(rows, uuid.uuid4().hex)))
             append.commit()
         txn.commitTransaction()
     except Py4JJavaError as exc:
@@ -143,12 +136,12 @@ def create_with_rows(spark: SparkSession, catalog_name: str, namespace: str, nam
     return rows.num_rows
 
 
-def _data_file(api: Any, iceberg: Any, metrics: Any, file: WrittenFile) -> Any:
+def _data_file(data_files: Any, parquet_util: Any, iceberg: Any, metrics: Any, file: WrittenFile) -> Any:
     """The ``DataFile`` of a Parquet file written into ``iceberg``'s data folder, with its metrics
     (``metrics``: the table's ``MetricsConfig``) read from its footer by ``ParquetUtil``."""
     data = iceberg.io().newInputFile(file.path)
-    return (api.DataFiles.builder(iceberg.spec()).withInputFile(data).withFormat("parquet")
-            .withMetrics(api.parquet.ParquetUtil.fileMetrics(data, metrics)).build())
+    return (data_files.builder(iceberg.spec()).withInputFile(data).withFormat("parquet")
+            .withMetrics(parquet_util.fileMetrics(data, metrics)).build())
 
 
 def register(spark: SparkSession, name: str, written: list[WrittenFile], replace: bool) -> int:
@@ -164,7 +157,7 @@ def register(spark: SparkSession, name: str, written: list[WrittenFile], replace
     else:
         update = iceberg.newAppend()
     for file in written:
-        built = _data_file(api, iceberg, metrics, file)
+        built = _data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg, metrics, file)
         if replace:
             update.addFile(built)
         else:

@@ -41,7 +41,7 @@ from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
 from headrace.targets.iceberg import driver_apply, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
-from headrace.targets.iceberg.catalog import java_table, spark_catalog_conf
+from headrace.targets.iceberg.catalog import JavaCatalog, java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.keyless import KeylessApply
 from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
@@ -117,6 +117,7 @@ class IcebergTarget(Target):
             _require_jdbc_driver(spark)
         self._namespaces: set[str] = set()  # created (or found) in this run
         self._namespaces_lock = threading.Lock()
+        self._java: JavaCatalog | None = None  # ``_java_catalog``
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
         self.apply_on_driver = settings.apply_on_driver
         self.paths = driver_apply.ApplyPaths()
@@ -228,10 +229,21 @@ class IcebergTarget(Target):
         ahead = files.copy_sink_ahead(self.settings, table)
         if ahead is None:
             return None
-        self._ensure_namespace(self._namespace(table))
-        return files.create_with_rows(
-            self.spark, self.settings.catalog_name, path_segment(self.settings.namespace or table.target_schema),
-            path_segment(table.target_table), row_struct(table).json(), TABLE_PROPERTIES, rows, ahead.field_ids)
+        java = self._java_catalog()
+        namespace = path_segment(self.settings.namespace or table.target_schema)
+        with self._namespaces_lock:
+            if (spark_name := self._namespace(table)) not in self._namespaces:
+                java.ensure_namespace(namespace)
+                self._namespaces.add(spark_name)
+        return files.create_with_rows(java, namespace, path_segment(table.target_table), row_struct(table).json(),
+                                      TABLE_PROPERTIES, rows, ahead.field_ids)
+
+    def _java_catalog(self) -> JavaCatalog:
+        """The catalog's Java handles for small copies (``catalog.JavaCatalog``), looked up once."""
+        with self._namespaces_lock:
+            if self._java is None:
+                self._java = JavaCatalog(self.spark, self.settings.catalog_name)
+            return self._java
 
     def apply_batch(
         self,
