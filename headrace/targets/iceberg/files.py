@@ -10,8 +10,9 @@ cached instance (``catalog.java_table``), so Spark SQL sees the commit at once.
 
 A small table copied fresh (``create_with_rows``) is created with its one file in a single catalog
 transaction instead: no ``CREATE TABLE`` through Spark SQL, no second commit. Measured on 200 tables
-of 1,000 rows (bench/initial_copy.py --small-tables 200, 2 cores shared, load average 5-10), from
-start until every table is STREAMING: 42.6-79.2 s with the two commits, 28.8-33.7 s with one.
+of 1,000 rows (bench/initial_copy.py --small-tables 200; 2 cores shared with other work), start until
+every table is STREAMING, small tables already read through shared sessions (``permits``): 46.9 s with
+the two commits (load average 10.0; per-table copy median 0.91 s), 33.7 s with one (load 8.4; 0.63 s).
 
 A crash between a file's write and the commit leaves an orphan file in the data folder, which no
 snapshot references: ``maintenance``'s ``remove_orphan_files`` deletes it.
