@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -176,6 +177,8 @@ class JavaCatalog:
         self.parquet_util = api.parquet.ParquetUtil
         self.metrics_config = api.MetricsConfig
         self.hash_map = jvm.java.util.HashMap
+        self._namespaces: set[str] = set()  # made or found by ``ensure_namespace``
+        self._namespaces_lock = threading.Lock()
 
     def identifier(self, namespace: str, name: str) -> Any:
         """Iceberg's ``TableIdentifier`` of table ``name`` in one-level ``namespace`` (names unquoted)."""
@@ -195,15 +198,19 @@ class JavaCatalog:
         return made
 
     def ensure_namespace(self, namespace: str) -> None:
-        """Create one-level ``namespace`` if missing, as ``CREATE NAMESPACE IF NOT EXISTS`` does, without
-        Spark SQL: a fresh session's first statement took ~1.4 s of the JVM (parser, analyzer)."""
+        """Create one-level ``namespace`` if missing, once a run, as ``CREATE NAMESPACE IF NOT EXISTS``
+        does, without Spark SQL: a fresh session's first statement took ~1.4 s of the JVM (parser,
+        analyzer). One thread at a time: two concurrent creations can both try."""
         from py4j.protocol import Py4JJavaError
 
-        levels = self.levels(namespace)
-        if self.spark_catalog.namespaceExists(levels):
-            return
-        try:
-            self.spark_catalog.createNamespace(levels, self.hash_map())
-        except Py4JJavaError as exc:
-            if "AlreadyExists" not in str(exc.java_exception.getClass().getName()):
-                raise
+        with self._namespaces_lock:
+            if namespace in self._namespaces:
+                return
+            levels = self.levels(namespace)
+            if not self.spark_catalog.namespaceExists(levels):
+                try:
+                    self.spark_catalog.createNamespace(levels, self.hash_map())
+                except Py4JJavaError as exc:
+                    if "AlreadyExists" not in str(exc.java_exception.getClass().getName()):
+                        raise
+            self._namespaces.add(namespace)

@@ -229,21 +229,12 @@ class IcebergTarget(Target):
         ahead = files.copy_sink_ahead(self.settings, table)
         if ahead is None:
             return None
-        java = self._java_catalog()
+        with self._namespaces_lock:  # the catalog's Java handles, looked up once
+            java = self._java = self._java or JavaCatalog(self.spark, self.settings.catalog_name)
         namespace = path_segment(self.settings.namespace or table.target_schema)
-        with self._namespaces_lock:
-            if (spark_name := self._namespace(table)) not in self._namespaces:
-                java.ensure_namespace(namespace)
-                self._namespaces.add(spark_name)
+        java.ensure_namespace(namespace)
         return files.create_with_rows(java, namespace, path_segment(table.target_table), row_struct(table).json(),
                                       TABLE_PROPERTIES, rows, ahead.field_ids)
-
-    def _java_catalog(self) -> JavaCatalog:
-        """The catalog's Java handles for small copies (``catalog.JavaCatalog``), looked up once."""
-        with self._namespaces_lock:
-            if self._java is None:
-                self._java = JavaCatalog(self.spark, self.settings.catalog_name)
-            return self._java
 
     def apply_batch(
         self,
