@@ -50,6 +50,7 @@ from headrace.materialize.snapshot_job import (
     chunk_dataframe,
     driver_rows,
     prefetched,
+    read_by,
     takes_chunk_rows,
 )
 from headrace.outage import lost_connection
@@ -168,6 +169,7 @@ class InitialCopy:
                 futures = [pool.submit(copy_one, oid) for oid in oids]
                 errors = [f.exception() for f in futures]
         finally:
+            permits.close_parked()
             for state, progress in stores:
                 progress.close()
                 state.close()
@@ -253,8 +255,7 @@ class InitialCopy:
                 if len(todo) == 1:
                     # A one-chunk table is read here, holding its connection only for the read, not
                     # for the Spark job that writes it: small tables then copy many at a time.
-                    with permits.take(1):
-                        reader = prefetched(reader, *ranges[0])
+                    reader = self._prefetch(schema, snap, reader, ranges[0], permits)
                     if not resume:
                         after = self._write_on_driver(schema, reader, position, replace=start == 0)
                 else:
@@ -286,6 +287,18 @@ class InitialCopy:
         secs = time.monotonic() - started
         event(log, "snapshot.done", table=name, rows=done_rows, chunks=len(chunks), seconds=round(secs, 2),
               rows_per_s=int(done_rows / secs) if secs else 0)
+
+    def _prefetch(self, schema: TableSchema, snap: CopySnapshot, reader: ChunkRead, chunk: tuple[int, int],
+                  permits: Permits) -> ChunkRead:
+        """``reader`` with its one chunk read now on the driver (``prefetched``): through a session the
+        round's small tables share (``Permits.session``) where the source has them, else on a
+        connection of its own."""
+        opener = self.source.chunk_session(snap, self.config.snapshot.binary_copy)
+        if opener is None:
+            with permits.take(1):
+                return prefetched(reader, *chunk)
+        with permits.session(opener) as session:
+            return read_by(session, schema, reader, *chunk)
 
     def _write_on_driver(self, schema: TableSchema, reader: ChunkRead, position: Position, replace: bool
                          ) -> int | None:

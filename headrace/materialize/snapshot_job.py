@@ -23,7 +23,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from headrace.core.position import Position
 from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts, spark_type
-from headrace.source.base import POSITION_COLUMN, ChunkRead, Route
+from headrace.source.base import POSITION_COLUMN, ChunkRead, ChunkSession, Route
 
 # (column, reason) -> values the casts changed (see ``changed_value_counts``)
 ValueCounts = dict[tuple[str, str], int]
@@ -130,6 +130,12 @@ def prefetched(reader: ChunkRead, start: int, end: int) -> ChunkRead:
     inside it, so the source connection is held for the read only, not for the whole write.
     """
     return replace(reader, read=_Batches(list(reader.read(start, end))))
+
+
+def read_by(session: ChunkSession, table: TableSchema, reader: ChunkRead, start: int, end: int) -> ChunkRead:
+    """``prefetched``, the chunk read through ``session`` (a driver connection shared by a round's
+    small tables, ``Source.chunk_session``) instead of a connection of its own."""
+    return replace(reader, read=_Batches(session.read(table, start, end)))
 
 
 def driver_rows(table: TableSchema, reader: ChunkRead, position: Position) -> pa.Table | None:

@@ -72,6 +72,21 @@ class ChunkRead:
     per_row_position: bool = False
 
 
+class ChunkSession(Protocol):
+    """A source connection on the driver that reads chunk after chunk, of any tables, under one copy
+    snapshot (``Source.chunk_session``): a round's small tables then pay one connection, not one each."""
+
+    broken: bool  # a read failed: the session cannot read again and must be closed
+
+    def read(self, table: TableSchema, start: int, end: int) -> list[pa.RecordBatch]:
+        """Chunk ``[start, end)`` of ``table``, as the table's ``chunk_reader`` would read it."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection."""
+        ...
+
+
 @dataclass(frozen=True)
 class CopySnapshot:
     """What a copy round reads under. ``position``: every change after it is in the stream and
@@ -267,6 +282,11 @@ class Source(ABC):
     @abstractmethod
     def chunk_reader(self, table: TableSchema, snapshot: CopySnapshot, binary: bool) -> ChunkRead:
         """How Spark tasks read chunks of ``table``."""
+
+    def chunk_session(self, snapshot: CopySnapshot, binary: bool) -> Callable[[], ChunkSession] | None:
+        """Opens driver sessions reading chunks under ``snapshot`` as ``chunk_reader(..., binary)``
+        does; None: none, each chunk read on the driver opens its own connection."""
+        return None
 
     # -- optional capabilities -------------------------------------------------------------------
     def catalog_watch(self) -> CatalogWatch | None:

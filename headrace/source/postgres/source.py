@@ -25,6 +25,7 @@ from headrace.source.base import (
     CatalogWatch,
     ChangeStream,
     ChunkRead,
+    ChunkSession,
     CopySnapshot,
     LogWatch,
     RetainedLog,
@@ -177,6 +178,11 @@ class PostgresSource(Source):
 
     def chunk_reader(self, table: TableSchema, snapshot: CopySnapshot, binary: bool) -> ChunkRead:
         return chunk_reader(self.dsn, snapshot.token, table, binary)
+
+    def chunk_session(self, snapshot: CopySnapshot, binary: bool) -> Callable[[], ChunkSession] | None:
+        if not binary:
+            return None  # the CSV path reads as it always did, a connection per chunk
+        return partial(binary_copy.SnapshotSession, self.dsn, snapshot.token, "a copy round")
 
     # -- optional capabilities -------------------------------------------------------------------
     def catalog_watch(self) -> CatalogWatch | None:

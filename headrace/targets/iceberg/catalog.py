@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -150,3 +151,66 @@ def java_table(spark: SparkSession, name: str) -> Any:
     session = spark._jsparkSession
     jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
     return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, name)
+
+
+class JavaCatalog:
+    """The Iceberg catalog inside Spark's catalog ``catalog_name``, and the Java classes a small table's
+    copy calls (``files.create_with_rows``), looked up once: through py4j each lookup of a package, a
+    class or the catalog is a round trip of its own, ~20 of the ~60 a copy made (issue 21). The
+    catalog is the very instance Spark's catalog caches tables in, and Iceberg's catalogs are safe to
+    call from several threads.
+    """
+
+    def __init__(self, spark: SparkSession, catalog_name: str) -> None:
+        jvm: Any = spark.sparkContext._jvm
+        self._gateway: Any = spark.sparkContext._gateway
+        self._string = jvm.java.lang.String
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # see java_table
+        self.spark_catalog = spark._jsparkSession.sessionState().catalogManager().catalog(catalog_name)
+        self.iceberg = self.spark_catalog.icebergCatalog()
+        api = jvm.org.apache.iceberg
+        self.table_identifier = api.catalog.TableIdentifier
+        self.namespace = api.catalog.Namespace
+        self.schema_util = api.spark.SparkSchemaUtil
+        self.data_type = jvm.org.apache.spark.sql.types.DataType
+        self.data_files = api.DataFiles
+        self.parquet_util = api.parquet.ParquetUtil
+        self.metrics_config = api.MetricsConfig
+        self.hash_map = jvm.java.util.HashMap
+        self._namespaces: set[str] = set()  # made or found by ``ensure_namespace``
+        self._namespaces_lock = threading.Lock()
+
+    def identifier(self, namespace: str, name: str) -> Any:
+        """Iceberg's ``TableIdentifier`` of table ``name`` in one-level ``namespace`` (names unquoted)."""
+        return self.table_identifier.of(self.namespace.of(self.levels(namespace)), name)
+
+    def levels(self, namespace: str) -> Any:
+        """A one-level namespace as the Java ``String[]`` the catalogs take."""
+        levels = self._gateway.new_array(self._string, 1)
+        levels[0] = namespace
+        return levels
+
+    def java_map(self, values: dict[str, str]) -> Any:
+        """``values`` as a ``java.util.HashMap``."""
+        made = self.hash_map()
+        for key, value in values.items():
+            made.put(key, value)
+        return made
+
+    def ensure_namespace(self, namespace: str) -> None:
+        """Create one-level ``namespace`` if missing, once a run, as ``CREATE NAMESPACE IF NOT EXISTS``
+        does, without Spark SQL: a fresh session's first statement took ~1.4 s of the JVM (parser,
+        analyzer). One thread at a time: two concurrent creations can both try."""
+        from py4j.protocol import Py4JJavaError
+
+        with self._namespaces_lock:
+            if namespace in self._namespaces:
+                return
+            levels = self.levels(namespace)
+            if not self.spark_catalog.namespaceExists(levels):
+                try:
+                    self.spark_catalog.createNamespace(levels, self.hash_map())
+                except Py4JJavaError as exc:
+                    if "AlreadyExists" not in str(exc.java_exception.getClass().getName()):
+                        raise
+            self._namespaces.add(namespace)

@@ -41,7 +41,7 @@ from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import spark_type, text_value_frame
 from headrace.targets.iceberg import driver_apply, driver_delta, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
-from headrace.targets.iceberg.catalog import java_table, spark_catalog_conf
+from headrace.targets.iceberg.catalog import JavaCatalog, java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.keyless import KeylessApply
 from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
@@ -118,6 +118,7 @@ class IcebergTarget(Target):
             _require_jdbc_driver(spark)
         self._namespaces: set[str] = set()  # created (or found) in this run
         self._namespaces_lock = threading.Lock()
+        self._java: JavaCatalog | None = None  # ``_java_catalog``
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
         self.apply_on_driver = settings.apply_on_driver
         self.paths = driver_apply.ApplyPaths()
@@ -211,7 +212,10 @@ class IcebergTarget(Target):
 
     def write_snapshot_arrow(self, table: TableSchema, rows: pa.Table, replace: bool = True) -> int:
         """A small copy already on the driver: pyarrow writes it into the table's data folder and one
-        Iceberg commit registers it, no Spark job (the table created first if missing)."""
+        Iceberg commit registers it, no Spark job. A table not made yet is created in that same commit
+        (``files.create_with_rows``), else first if missing."""
+        if replace and (created := self._create_with_rows(table, rows)) is not None:
+            return created
         sink = self.copy_sink(table, replace)
         if sink is None:  # rare (see copy_sink): the rows go through Spark after all
             columns = rows.to_pydict()
@@ -219,6 +223,19 @@ class IcebergTarget(Target):
             return self.write_snapshot(table, df, Position(0, 0), replace)
         return self.register_copy_files(table, sink, [sink.write(rows, uuid.uuid4().hex)] if rows.num_rows else [],
                                         replace)
+
+    def _create_with_rows(self, table: TableSchema, rows: pa.Table) -> int | None:
+        """``files.create_with_rows`` into the table ``ensure_table`` would create; None where the table
+        exists already, or where its field ids cannot be told ahead (``files.copy_sink_ahead``)."""
+        ahead = files.copy_sink_ahead(self.settings, table)
+        if ahead is None:
+            return None
+        with self._namespaces_lock:  # the catalog's Java handles, looked up once
+            java = self._java = self._java or JavaCatalog(self.spark, self.settings.catalog_name)
+        namespace = path_segment(self.settings.namespace or table.target_schema)
+        java.ensure_namespace(namespace)
+        return files.create_with_rows(java, namespace, path_segment(table.target_table), row_struct(table).json(),
+                                      TABLE_PROPERTIES, rows, ahead.field_ids)
 
     def apply_batch(
         self,
