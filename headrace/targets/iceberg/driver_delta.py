@@ -28,6 +28,11 @@ the batch's rows are new versions. So the driver:
    the batch is retried. A crash before the commit leaves orphan files (maintenance removes them);
    a replay after it changes nothing, and a batch that changes nothing commits nothing.
 
+Measured (``bench/table_size.py --targets iceberg --sizes 1000000,10000000 --repeat 3``, a 25K-change
+burst of random keys, load 4.3 from other work): the burst's apply took 0.44-0.58 s into 1M rows and
+0.42-0.50 s into 10M (0.83x), against 2.57 / 4.66 s (1.8x) reading the keys for every batch and 2.90
+/ 4.81 s by Spark's MERGE (midday, quiet); the first batch after start reads the 10M keys (2.7 s).
+
 Values never pass through anything but Arrow: the new versions are the batch's own rows.
 Anything else keeps Spark's MERGE (``NotOnDriver`` says why): a TRUNCATE before the batch, TOAST
 columns left unchanged (the new version takes the row's value, which step 1 does not read), a
