@@ -122,13 +122,12 @@ class ApplyConfig(_Frozen):
         None, ge=0, description="a keyed batch of at most this many staged rows is"
         " read, deduplicated and cast by DuckDB on the driver instead of a Spark job (the same values; a"
         " value it cannot cast exactly goes through Spark): DuckLake then commits it in DuckDB, Iceberg"
-        " MERGEs it from a local relation; 0 sends every batch through Spark; unset: 200000 on DuckLake,"
-        " 50000 on Iceberg")
+        " on the driver too (target.iceberg.apply_on_driver) or else MERGEs it from a local relation; 0 sends"
+        " every batch through Spark; unset: 200000")
     max_batch_rows: int | None = Field(
         None, gt=0, description="the most staged rows an apply batch of a keyed table takes (at least one"
-        " staged file); unset: driver_batch_rows on DuckLake (a backlog then drains as a row of driver"
-        " batches beside capture, not as Spark batches of everything staged), no cap on Iceberg (a MERGE's"
-        " fixed cost is better spread over large batches)")
+        " staged file); unset: driver_batch_rows (a backlog then drains as a row of driver batches beside"
+        " capture, not as Spark batches of everything staged)")
 
     def driver_rows(self, target_default: int) -> int:
         """``driver_batch_rows``, or the target's own (``Target.driver_batch_rows``) when unset."""

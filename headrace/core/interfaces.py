@@ -50,9 +50,7 @@ class Target(ABC):
     # (``write_snapshot_arrow``: small tables read before their copy).
     copies_arrow: bool = False
     # Staged rows up to which a keyed batch is built on the driver when ``apply.driver_batch_rows`` is
-    # unset (bench/driver_batch.py, 2026-11-24: Iceberg's driver path is 1.3-2x faster than Spark at
-    # 50,000 staged rows but level at 200,000: its MERGE from a local relation grows faster than from
-    # Spark's own read).
+    # unset (DuckLake and Iceberg: 200,000, see each).
     driver_batch_rows: int = 50_000
     # True when, ``apply.max_batch_rows`` unset, a keyed batch takes at most ``driver_batch_rows`` staged
     # rows (a backlog then drains as a row of driver batches beside capture); False: no cap (a MERGE's

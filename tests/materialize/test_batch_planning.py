@@ -65,7 +65,7 @@ def test_the_row_cap_and_the_driver_bound_by_target() -> None:
     duck = (DuckLakeTarget.driver_batch_rows, DuckLakeTarget.caps_batches)
     ice = (IcebergTarget.driver_batch_rows, IcebergTarget.caps_batches)
     assert default.driver_rows(duck[0]) == 200_000 and default.batch_rows(*duck) == 200_000
-    assert default.driver_rows(ice[0]) == 50_000 and default.batch_rows(*ice) is None
+    assert default.driver_rows(ice[0]) == 200_000 and default.batch_rows(*ice) == 200_000
     assert ApplyConfig(driver_batch_rows=0).batch_rows(*duck) is None  # driver batches off: no cap
     set_ = ApplyConfig(driver_batch_rows=5, max_batch_rows=1000)
     assert set_.driver_rows(duck[0]) == 5 and set_.batch_rows(*ice) == 1000

@@ -28,6 +28,11 @@ the batch's rows are new versions. So the driver:
    the batch is retried. A crash before the commit leaves orphan files (maintenance removes them);
    a replay after it changes nothing, and a batch that changes nothing commits nothing.
 
+Measured (``bench/table_size.py --targets iceberg --sizes 1000000,10000000 --repeat 3``, a 25K-change
+burst of random keys, load 4.3 from other work): the burst's apply took 0.44-0.58 s into 1M rows and
+0.42-0.50 s into 10M (0.83x), against 2.57 / 4.66 s (1.8x) reading the keys for every batch and 2.90
+/ 4.81 s by Spark's MERGE (midday, quiet); the first batch after start reads the 10M keys (2.7 s).
+
 Values never pass through anything but Arrow: the new versions are the batch's own rows.
 Anything else keeps Spark's MERGE (``NotOnDriver`` says why): a TRUNCATE before the batch, TOAST
 columns left unchanged (the new version takes the row's value, which step 1 does not read), a
@@ -41,7 +46,7 @@ from __future__ import annotations
 import collections
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -156,33 +161,46 @@ def _parent(snapshot: Any) -> int | None:
 class KeyIndex:
     """A table's keys and positions at one snapshot, with each row's file and row number: every live
     row (``whole``: kept between batches and carried forward by each commit made here, so a batch
-    reads no file), or only the rows of one batch's keys (a table over the budget)."""
+    reads no file), or only the rows of one batch's keys (a table over the budget).
+
+    Carrying it forward costs about the batch, not the table: replaced rows are only marked dead
+    (``live``), new rows appended as a chunk; the rows are rewritten without the dead ones once a
+    quarter of them are dead."""
 
     snapshot_id: int | None
     locations: list[str]  # the data files ``_FILE`` numbers
     rows: pa.Table  # the key columns, ``_hr_lsn``, ``_hr_seq``, ``_FILE``, ``_POS``
     whole: bool
+    live: np.ndarray = field(default_factory=lambda: np.ones(0, dtype=bool))
+
+    def __post_init__(self) -> None:
+        if len(self.live) != self.rows.num_rows:
+            self.live = np.ones(self.rows.num_rows, dtype=bool)
 
     def candidates(self, batch_keys: pa.Array | None) -> pa.Table:
-        """The rows a batch of ``batch_keys`` (None: a key of several columns) can match, with ``_IDX``."""
-        rows = self.rows.append_column(_IDX, pa.array(np.arange(self.rows.num_rows, dtype=np.int64)))
+        """The live rows a batch of ``batch_keys`` (None: a key of several columns) can match, with
+        their row numbers here (``_IDX``)."""
+        live = self.live
         if self.whole and batch_keys is not None:
-            rows = rows.filter(pc.is_in(rows.column(0), value_set=batch_keys))
-        return rows
+            live = live & pc.is_in(self.rows.column(0), value_set=batch_keys).to_numpy(zero_copy_only=False)
+        at = np.flatnonzero(live)
+        return self.rows.take(pa.array(at, pa.int64())).append_column(_IDX, pa.array(at, pa.int64()))
 
     def advance(self, snapshot_id: int, removed: np.ndarray, added: pa.Table, location: str | None) -> None:
         """Carry the index to ``snapshot_id``: the rows at ``removed`` (``_IDX``) deleted, ``added`` (key
         and position columns, in file order) written as file ``location``."""
-        keep = np.ones(self.rows.num_rows, dtype=bool)
-        keep[removed] = False
-        parts = [self.rows.filter(pa.array(keep))]
+        self.live[removed] = False
         if location is not None:
             self.locations.append(location)
             n = added.num_rows
-            parts.append(added.append_column(_FILE, pa.array(np.full(n, len(self.locations) - 1, dtype=np.int32)))
-                         .append_column(_POS, pa.array(np.arange(n, dtype=np.int64))))
-        rows = pa.concat_tables(parts)
-        self.rows = rows.combine_chunks() if rows.column(0).num_chunks > 32 else rows
+            added = (added.append_column(_FILE, pa.array(np.full(n, len(self.locations) - 1, dtype=np.int32)))
+                     .append_column(_POS, pa.array(np.arange(n, dtype=np.int64))))
+            self.rows = pa.concat_tables([self.rows, added.cast(self.rows.schema)])
+            self.live = np.concatenate([self.live, np.ones(n, dtype=bool)])
+        if self.live.sum() < 0.75 * len(self.live):
+            self.rows, self.live = self.rows.filter(pa.array(self.live)), np.ones(int(self.live.sum()), dtype=bool)
+        if self.rows.column(0).num_chunks > 64:
+            self.rows = self.rows.combine_chunks()
         self.snapshot_id = snapshot_id
 
 

@@ -98,6 +98,12 @@ class IcebergTarget(Target):
 
     name = "iceberg"
     applies_arrow = True  # small keyed batches built on the driver (``apply_arrow_batch``)
+    # Driver batches of up to 200,000 staged rows, and no larger batch while a backlog drains: they are
+    # applied there too, with no Spark job (``driver_apply``, ``driver_delta``). Paired, a backlog of 1M
+    # changes into 4 tables of 100K rows: 15.2 s (8 driver batches, 14.8 CPU-s) against 42.6 s (4 Spark
+    # batches of 250K, 49.9 CPU-s) with the earlier 50,000 and no cap.
+    driver_batch_rows = 200_000
+    caps_batches = True
     copies_arrow = True  # small copies: pyarrow writes the file, Iceberg's Java API commits it (``files``)
 
     def __init__(self, spark: SparkSession, settings: IcebergConfig, pipeline: str) -> None:
