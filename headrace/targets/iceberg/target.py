@@ -37,12 +37,13 @@ from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
-from headrace.core.schema import SchemaChange, TableSchema, rename_collision
-from headrace.core.spark_types import spark_type, text_value_frame
+from headrace.core.schema import SchemaChange, TableSchema
+from headrace.core.spark_types import spark_type
 from headrace.targets.iceberg import driver_apply, driver_delta, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import JavaCatalog, java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
+from headrace.targets.iceberg.evolve import evolve_columns
 from headrace.targets.iceberg.keyless import KeylessApply
 from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
 from headrace.targets.iceberg.session import JDBC_DRIVER_JAR
@@ -350,43 +351,12 @@ class IcebergTarget(Target):
         )
 
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
-        """One ALTER TABLE per change (Iceberg schema evolution: metadata only, no data rewritten).
-
-        Each step checks the table's current schema first, so running it again after a crash
-        skips what is done. Filling an added column with its default is a MERGE over every row.
-        """
+        """Follow the source's schema changes: a rename of the table, then one ALTER TABLE per column
+        change (``evolve``); each step skips what is done, so it may run again after a crash."""
         name = self.table_name(old)
         if any(c.kind == "rename_table" and c.apply for c in changes):
             name = self._rename_table(old, new)
-        for change in changes:
-            col = change.column
-            if not change.apply or change.kind == "rename_table" or col is None:
-                continue
-            current = {f.name: f.dataType for f in self.spark.table(name).schema.fields}
-            target_type = spark_type(col.type)
-            column = quote_spark(col.name)
-            if change.kind == "drop_column" and col.name in current:
-                self.spark.sql(f"ALTER TABLE {name} DROP COLUMN {column}")
-            elif change.kind == "rename_column" and change.old_name and change.old_name in current:
-                if col.name in current:
-                    raise rename_collision(new, change, name)
-                self.spark.sql(f"ALTER TABLE {name} RENAME COLUMN {quote_spark(change.old_name)} TO {column}")
-            elif change.kind == "alter_column_type" and current.get(col.name, target_type) != target_type:
-                self.spark.sql(f"ALTER TABLE {name} ALTER COLUMN {column} TYPE {target_type.simpleString()}")
-            elif change.kind == "add_column":
-                existed = col.name in current
-                if not existed:
-                    self.spark.sql(f"ALTER TABLE {name} ADD COLUMN {column} {target_type.simpleString()}")
-                if existed or col.missing is not None:
-                    # Rows older than the column read PostgreSQL's default for it (NULL if none).
-                    view = f"hr_default_{uuid.uuid4().hex}"
-                    text_value_frame(self.spark, col.missing, col.type).createOrReplaceTempView(view)
-                    try:
-                        self.spark.sql(
-                            f"MERGE INTO {name} t USING {view} s ON true WHEN MATCHED THEN UPDATE SET t.{column} = s.v"
-                        )
-                    finally:
-                        self.spark.catalog.dropTempView(view)
+        evolve_columns(self.spark, name, new, changes)
 
     def _rename_table(self, old: TableSchema, new: TableSchema) -> str:
         """Rename the table to follow the source (unless done already: evolve may run again after a
