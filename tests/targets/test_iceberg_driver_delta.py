@@ -46,6 +46,20 @@ def _pair(spark: SparkSession, tmp_path: Path) -> tuple[IcebergTarget, IcebergTa
     return driver, merge
 
 
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The data files whose keys ``driver_delta`` reads, as it reads them."""
+    read: list[str] = []
+    read_keys = driver_delta._read_keys
+
+    def counted(data: Any, *args: Any) -> pa.Table:
+        read.append(str(data.location()))
+        return read_keys(data, *args)
+
+    monkeypatch.setattr(driver_delta, "_read_keys", counted)
+    return read
+
+
 def _files(spark: SparkSession, name: str) -> tuple[int, int]:
     row = spark.sql(f"SELECT (SELECT count(*) FROM {name}.data_files), (SELECT count(*) FROM {name}.delete_files)")
     return tuple(row.first())  # type: ignore[arg-type,return-value]
@@ -108,7 +122,7 @@ def test_every_matrix_value_and_change_lands_as_the_merge_writes_it(
 
 
 def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: list[str]
 ) -> None:
     """A table too large to keep its keys between batches, in three data files over separate key ranges:
     a batch within one range reads that file's keys only
@@ -121,14 +135,6 @@ def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
         for start in (100, 200):
             rows = [(i, f"r{i}", None, None, f"d{i}") for i in range(start, start + 10)]
             target.write_snapshot(table, snapshot_df(spark, table, rows), Position(100), replace=False)
-    reads: list[str] = []
-    read_keys = driver_delta._read_keys
-
-    def counted(data: Any, *args: Any) -> pa.Table:
-        reads.append(str(data.location()))
-        return read_keys(data, *args)
-
-    monkeypatch.setattr(driver_delta, "_read_keys", counted)
     monkeypatch.setattr(driver_delta.KEY_INDEXES, "budget", 0)  # no table's keys kept: read for each batch
     doc = unchanged_token("doc")
     changes = [("U", 200, 0, None, 105, "new", None, ["t"], "n105"), ("D", 200, 1, None, 107, *[None] * 4),
@@ -184,7 +190,7 @@ def test_a_compaction_between_read_and_commit_fails_the_commit(spark: SparkSessi
 
 
 def test_the_keys_kept_between_batches_follow_each_commit_and_any_other_commit_drops_them(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, tmp_path: Path, reads: list[str]
 ) -> None:
     """A table's keys are read once; each later batch reads no file, and the keys it keeps follow its
     commits (updates, deletes, re-inserts, updates of rows written by earlier batches); a compaction
@@ -195,14 +201,6 @@ def test_the_keys_kept_between_batches_follow_each_commit_and_any_other_commit_d
     rows = [(i, f"r{i}", None, None, f"d{i}") for i in range(1, 201)]
     for target, table in zip((driver, merge), tables, strict=True):
         target.write_snapshot(table, snapshot_df(spark, table, rows), Position(100))
-    reads: list[str] = []
-    read_keys = driver_delta._read_keys
-
-    def counted(data: Any, *args: Any) -> pa.Table:
-        reads.append(str(data.location()))
-        return read_keys(data, *args)
-
-    monkeypatch.setattr(driver_delta, "_read_keys", counted)
     batches = [
         [("U", 200, i, None, k, f"u{k}", None, None, "x") for i, k in enumerate(range(1, 201, 7))],
         [("D", 300, i, None, k, *[None] * 4) for i, k in enumerate(range(1, 201, 5))],

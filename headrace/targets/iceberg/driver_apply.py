@@ -86,7 +86,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("headrace.targets.iceberg")
 
 SUMMARY_PROPERTY = "headrace.apply"  # set to "driver" in the summary of every snapshot committed here
-_ROW = "_hr_row_number"  # the plan's row numbers (of the batch, of the table's rows)
+ROW_NUMBER = "_hr_row_number"  # the plan's row numbers (of the batch, of the table's rows)
 _PRIMITIVES: dict[str, pa.DataType] = {
     "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
     "date": pa.date32(), "string": pa.string(), "binary": pa.binary(),
@@ -308,22 +308,11 @@ def _merged(table: TableSchema, current: pa.Table, batch: pa.Table, columns: lis
     keys = list(table.key)
     tokens = {t for text in pc.unique(batch.column(HR_UNCHANGED)).to_pylist() if text for t in text.split(",")}
     toast = [c for c in table.column_names if c not in keys and unchanged_token(c) in tokens]
-    rows_in = current.select([*keys, HR_LSN, HR_SEQ]).append_column(_ROW, pa.array(np.arange(current.num_rows)))
+    rows_in = current.select([*keys, HR_LSN, HR_SEQ]).append_column(ROW_NUMBER, pa.array(np.arange(current.num_rows)))
     batch_in = batch.select([*keys, HR_LSN, HR_SEQ, HR_OP, HR_UNCHANGED]).append_column(
-        _ROW, pa.array(np.arange(batch.num_rows)))
-    on = " AND ".join(f"o.{quote_ident(k)} = b.{quote_ident(k)}" for k in keys)
+        ROW_NUMBER, pa.array(np.arange(batch.num_rows)))
     flags = "".join(f", {left_unchanged_sql('b', c)} AS u{i}" for i, c in enumerate(toast))
-    con = connection()
-    con.register("hr_rows", rows_in)
-    con.register("hr_batch", batch_in)
-    try:
-        result = con.execute(
-            f"SELECT b.{_ROW} AS b_row, o.{_ROW} AS t_row, coalesce({written_before_sql('o', 'b')}, false) AS older,"
-            f" b.{HR_OP} = 'D' AS deletes{flags} FROM hr_batch b LEFT JOIN hr_rows o ON {on}").arrow()
-        plan = result if isinstance(result, pa.Table) else result.read_all()
-    finally:
-        con.unregister("hr_rows")
-        con.unregister("hr_batch")
+    plan = plan_join(keys, rows_in, batch_in, f"o.{ROW_NUMBER} AS t_row", flags)
     matched = pc.is_valid(plan.column("t_row"))
     older = plan.column("older")
     replaced = pc.filter(plan.column("t_row"), pc.and_(matched, older)).to_numpy().astype(np.int64)
@@ -350,6 +339,25 @@ def _merged(table: TableSchema, current: pa.Table, batch: pa.Table, columns: lis
         arrays.append(values.take(pa.array(np.concatenate([kept, from_batch]), pa.int64())))
     after = pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, c.arrow) for c in columns]))
     return after, bool(len(replaced) or len(new_b))
+
+
+def plan_join(keys: list[str], rows: pa.Table, batch: pa.Table, row_columns: str, extra: str = "") -> pa.Table:
+    """The MERGE's join in DuckDB: each ``batch`` row (``b_row``: its ``ROW_NUMBER``) with the row of ``rows``
+    holding its key (``row_columns``: what of it to return, as SQL over ``o``), whether that row was
+    written before the change (``older``) and whether the change deletes (``deletes``); ``extra``: more
+    of the SELECT list."""
+    on = " AND ".join(f"o.{quote_ident(k)} = b.{quote_ident(k)}" for k in keys)
+    con = connection()
+    con.register("hr_rows", rows)
+    con.register("hr_batch", batch)
+    try:
+        result = con.execute(
+            f"SELECT b.{ROW_NUMBER} AS b_row, {row_columns}, coalesce({written_before_sql('o', 'b')}, false) AS older,"
+            f" b.{HR_OP} = 'D' AS deletes{extra} FROM hr_batch b LEFT JOIN hr_rows o ON {on}").arrow()
+        return result if isinstance(result, pa.Table) else result.read_all()
+    finally:
+        con.unregister("hr_rows")
+        con.unregister("hr_batch")
 
 
 def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], written: WrittenFile | None) -> None:

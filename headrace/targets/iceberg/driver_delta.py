@@ -55,19 +55,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from headrace.core.filesink import FIELD_ID, WrittenFile
-from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
 from headrace.core.schema import TableSchema
-from headrace.targets.ducklake.plan import written_before_sql
 from headrace.targets.iceberg import files, write_mode
 from headrace.targets.iceberg.driver_apply import (
+    ROW_NUMBER,
     SUMMARY_PROPERTY,
     DriverApplied,
     NotOnDriver,
-    connection,
     deleted_positions,
     local_file,
+    plan_join,
     planned_files,
     same_values,
     sink_for,
@@ -85,7 +84,6 @@ DELETE_SCHEMA = pa.schema([
 ])
 _FILE = "_hr_file"  # which data file of the plan a row is in (index into the files read)
 _POS = "_hr_pos"  # its row number there
-_ROW = "_hr_row_number"
 _IDX = "_hr_index_row"  # a candidate row's number in its ``KeyIndex``
 _INTEGERS = ("int", "long")
 # Live rows up to which a table's keys are read on the driver: key, _hr_lsn, _hr_seq and the row's file
@@ -329,20 +327,8 @@ def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Ta
     (``merge_statement``'s rules)."""
     keys = list(table.key)
     batch_in = batch.select([*keys, HR_LSN, HR_SEQ, HR_OP]).append_column(
-        _ROW, pa.array(np.arange(batch.num_rows, dtype=np.int64)))
-    on = " AND ".join(f"o.{quote_ident(k)} = b.{quote_ident(k)}" for k in keys)
-    con = connection()
-    con.register("hr_rows", current)
-    con.register("hr_batch", batch_in)
-    try:
-        result = con.execute(
-            f"SELECT b.{_ROW} AS b_row, o.{_FILE} AS t_file, o.{_POS} AS t_pos, o.{_IDX} AS t_idx,"
-            f" coalesce({written_before_sql('o', 'b')}, false) AS older, b.{HR_OP} = 'D' AS deletes"
-            f" FROM hr_batch b LEFT JOIN hr_rows o ON {on}").arrow()
-        plan = result if isinstance(result, pa.Table) else result.read_all()
-    finally:
-        con.unregister("hr_rows")
-        con.unregister("hr_batch")
+        ROW_NUMBER, pa.array(np.arange(batch.num_rows, dtype=np.int64)))
+    plan = plan_join(keys, current, batch_in, f"o.{_FILE} AS t_file, o.{_POS} AS t_pos, o.{_IDX} AS t_idx")
     matched = pc.is_valid(plan.column("t_file"))
     older = plan.column("older")
     replaced = plan.filter(pc.and_(matched, older)).select(["t_file", "t_pos", "t_idx"]).rename_columns(
