@@ -10,7 +10,6 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -23,10 +22,11 @@ from headrace.core.keyless import net_row_changes
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import TableName, quote_ident
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_SEQ, POSITION_COLUMNS
+from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ, POSITION_COLUMNS
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import text_value_frame
-from headrace.targets.ducklake import extension, files, maintenance, naming, plan
+from headrace.targets.ducklake import batches, extension, files, maintenance, naming, plan
+from headrace.targets.ducklake.batches import ChangeWrite
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.copies import CopyWrite
 from headrace.targets.ducklake.group import GroupQueue, write_through
@@ -38,16 +38,6 @@ if TYPE_CHECKING:
 L = extension.LAKE_ALIAS
 CURSOR_TABLE = f"{L}._headrace.cursor"  # its own schema: cannot collide with replicated tables
 SNAPSHOT_ROWS = "hr_snapshot_rows"  # what DuckDB calls a driver-side copy's Arrow rows
-
-
-@dataclass(frozen=True, eq=False)
-class ChangeWrite:
-    """One table's change batch (Arrow, the row shape) waiting for a commit with its cursor."""
-
-    table: TableSchema
-    changes: pa.Table
-    truncate_before: Position | None
-    log_offset: int
 
 
 class DuckLakeTarget(Target):
@@ -86,10 +76,6 @@ class DuckLakeTarget(Target):
 
     def _qualified(self, table: TableSchema) -> str:
         return f"{L}.{quote_ident(self._schema(table))}.{quote_ident(table.target_table)}"
-
-    def _key(self, table: TableSchema) -> tuple[str, ...]:
-        # REPLICA IDENTITY FULL: every column identifies the row.
-        return table.key or table.column_names
 
     # -- Target ------------------------------------------------------------------------------
     def ensure_table(self, table: TableSchema) -> str:
@@ -244,39 +230,9 @@ class DuckLakeTarget(Target):
         """Apply each batch of ``group`` and write their cursors in one transaction (lock held)."""
         with self._transaction(group[0].table):
             for write in group:
-                self._apply_changes(write)
-            self._write_cursors(group)
+                batches.apply(self._con, self._qualified(write.table), write)
+            batches.write_cursors(self._con, CURSOR_TABLE, self.pipeline, group)
         return [None] * len(group)
-
-    def _apply_changes(self, write: ChangeWrite) -> None:
-        """One batch's rows, inside the group's transaction (lock held); its cursor is the caller's."""
-        table, batch, truncate_before = write.table, write.changes, write.truncate_before
-        target = self._qualified(table)
-        self._con.register("hr_batch", batch)
-        try:
-            if truncate_before is not None:
-                self._con.execute(
-                    f"DELETE FROM {target} WHERE {HR_LSN} < ? OR ({HR_LSN} = ? AND {HR_SEQ} < ?)",
-                    [truncate_before.lsn, truncate_before.lsn, truncate_before.seq],
-                )
-            if batch.num_rows and not table.key:
-                self._apply_net(table)
-            elif batch.num_rows:
-                moved = HR_FROM in batch.schema.names
-                kept = self._kept_columns(table)
-                planned = self._con.execute(plan.plan_sql(target, table, self._key(table), moved, kept)).arrow()
-                if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
-                    planned = planned.read_all()
-                self._con.register("hr_planned", planned)
-                if self._scalar("SELECT count(*) FROM hr_planned WHERE hr_older"):
-                    self._con.execute(
-                        f"DELETE FROM {target} WHERE rowid IN "
-                        "(SELECT hr_old_rowid FROM hr_planned WHERE hr_older)"
-                    )
-                self._con.execute(plan.insert_planned_sql(target, table, kept))
-        finally:
-            self._con.unregister("hr_batch")
-            self._con.unregister("hr_planned")
 
     @contextmanager
     def _transaction(self, table: TableSchema) -> Iterator[None]:
@@ -412,27 +368,3 @@ class DuckLakeTarget(Target):
     def _scalar(self, sql: str) -> Any:
         row = self._con.execute(sql).fetchone()
         return None if row is None else row[0]
-
-    def _write_cursors(self, group: list[ChangeWrite]) -> None:
-        # DuckLake has no primary keys or ON CONFLICT; delete + insert in the same transaction, one
-        # statement each for the whole group.
-        last = {w.table.oid: w.log_offset for w in group}  # a table twice in a group: its later batch
-        self._con.execute(
-            f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid IN ({', '.join('?' * len(last))})",
-            [self.pipeline, *last],
-        )
-        self._con.execute(
-            f"INSERT INTO {CURSOR_TABLE} VALUES {', '.join(['(?, ?, ?, now())'] * len(last))}",
-            [v for oid, offset in last.items() for v in (self.pipeline, oid, offset)],
-        )
-
-    def _apply_net(self, table: TableSchema) -> None:
-        """Apply ``hr_batch`` (net row changes of a keyless table): remove, then add, copies."""
-        self._con.execute(plan.net_delete_sql(self._qualified(table), table))
-        self._con.execute(plan.net_insert_sql(self._qualified(table), table))
-
-    def _kept_columns(self, table: TableSchema) -> list[str]:
-        """Target columns the source no longer has (``schema_changes.drop_column: keep``); lock held."""
-        known = {*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS}
-        return [r[0] for r in self._con.execute(f"DESCRIBE {self._qualified(table)}").fetchall()
-                if r[0] not in known]
