@@ -213,11 +213,14 @@ class DuckLakeTarget(Target):
         DuckDB transaction; see ``apply_batch``.
 
         Keyed tables' batches that arrive while another commit runs share the next one (``group``):
-        measured (bench/freshness.py, 10 busy tables beside 200 idle ones) one DuckLake commit per
-        batch was most of a small batch's time, and grew with the tables in the lake. Every table's
-        data and cursor still commit together, so a crash leaves each batch applied with its cursor
-        or neither. A keyless table's batch commits alone: it is a multiset delta, applied exactly
-        once, and a group that failed is committed again one write at a time.
+        a DuckLake commit costs more the more tables the lake holds (one small batch into a lake of
+        10 tables: statements ~40 ms, commit included; of 210: ~80 ms). bench/freshness.py, 10 busy
+        tables beside 200 idle ones, 1,000 changes/s, flush 0.5 s, runs back to back on our 2-core
+        machine (2026-11-24): one commit per batch, apply.batch median 0.35 s, freshness p99 2.18 s;
+        1.7 batches per commit, 0.24 s and p99 1.75 s. Every table's data and cursor still commit
+        together, so a crash leaves each batch applied with its cursor or neither. A keyless table's
+        batch commits alone: it is a multiset delta, applied exactly once, and a group that failed is
+        committed again one write at a time.
         """
         write = ChangeWrite(table, changes, truncate_before, log_offset)
         if not table.key:
