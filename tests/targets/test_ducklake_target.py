@@ -22,7 +22,7 @@ from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.materialize.failure import classify
 from headrace.source.postgres.throwaway import ThrowawayPostgres
-from headrace.targets.ducklake import extension
+from headrace.targets.ducklake import batches, extension
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.files import SNAPSHOT_FOLDER
 from headrace.targets.ducklake.target import CURSOR_TABLE, DuckLakeTarget
@@ -337,7 +337,7 @@ def test_failure_mid_transaction_changes_nothing(
     def crash(*args: Any) -> None:
         raise RuntimeError("killed after the data statements, before the cursor")
 
-    monkeypatch.setattr(target, "_write_cursor", crash)
+    monkeypatch.setattr(batches, "write_cursors", crash)
     batch = batch_df(spark, SIMPLE, [("U", 200, 0, None, 1, "a2", "x2"), ("D", 200, 1, None, 2, None, None)])
     with pytest.raises(RuntimeError):
         target.apply_batch(SIMPLE, batch, Position(120), 2)

@@ -1,0 +1,81 @@
+"""One change batch's statements inside a DuckLake transaction, and the cursors of a group of them.
+
+A batch (``ChangeWrite``) commits with other tables' batches when they meet at the target's lock
+(``group``); what it runs is the same alone or in a group: optional truncate; the plan joining the
+batch to the target rows of its keys (``plan.plan_sql``: old values of unchanged TOAST columns,
+stale changes skipped so replays are no-ops); delete of the older rows by ``rowid`` (skipped when
+the plan found none); insert of the new versions. A keyless batch is a net multiset delta instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+from headrace.core.position import Position
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_SEQ
+from headrace.core.schema import TableSchema
+from headrace.targets.ducklake import plan
+
+
+@dataclass(frozen=True, eq=False)
+class ChangeWrite:
+    """One table's change batch (Arrow, the row shape) waiting for a commit with its cursor."""
+
+    table: TableSchema
+    changes: pa.Table
+    truncate_before: Position | None
+    log_offset: int
+
+
+def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite) -> None:
+    """Apply ``write``'s rows to ``target`` (its table's qualified name) inside the caller's
+    transaction; the cursor is the caller's (``write_cursors``)."""
+    table, batch, truncate_before = write.table, write.changes, write.truncate_before
+    con.register("hr_batch", batch)
+    try:
+        if truncate_before is not None:
+            con.execute(
+                f"DELETE FROM {target} WHERE {HR_LSN} < ? OR ({HR_LSN} = ? AND {HR_SEQ} < ?)",
+                [truncate_before.lsn, truncate_before.lsn, truncate_before.seq],
+            )
+        if batch.num_rows and not table.key:
+            con.execute(plan.net_delete_sql(target, table))
+            con.execute(plan.net_insert_sql(target, table))
+        elif batch.num_rows:
+            moved = HR_FROM in batch.schema.names
+            kept = kept_columns(con, target, table)
+            planned = con.execute(plan.plan_sql(target, table, table.key, moved, kept)).arrow()
+            if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
+                planned = planned.read_all()
+            con.register("hr_planned", planned)
+            older = con.execute("SELECT count(*) FROM hr_planned WHERE hr_older").fetchone()
+            if older and older[0]:
+                con.execute(f"DELETE FROM {target} WHERE rowid IN (SELECT hr_old_rowid FROM hr_planned WHERE hr_older)")
+            con.execute(plan.insert_planned_sql(target, table, kept))
+    finally:
+        con.unregister("hr_batch")
+        con.unregister("hr_planned")
+
+
+def kept_columns(con: duckdb.DuckDBPyConnection, target: str, table: TableSchema) -> list[str]:
+    """Target columns the source no longer has (``schema_changes.drop_column: keep``)."""
+    known = {*table.column_names, HR_LSN, HR_SEQ, HR_COMMIT_TS}
+    return [r[0] for r in con.execute(f"DESCRIBE {target}").fetchall() if r[0] not in known]
+
+
+def write_cursors(con: duckdb.DuckDBPyConnection, cursor_table: str, pipeline: str, group: list[ChangeWrite]) -> None:
+    """Each table's cursor row in ``cursor_table`` set to its batch's offset (a table twice in the
+    group: its later batch's), inside the caller's transaction."""
+    # DuckLake has no primary keys or ON CONFLICT: delete + insert, one statement each for the group.
+    last = {w.table.oid: w.log_offset for w in group}
+    con.execute(
+        f"DELETE FROM {cursor_table} WHERE pipeline = ? AND table_oid IN ({', '.join('?' * len(last))})",
+        [pipeline, *last],
+    )
+    con.execute(
+        f"INSERT INTO {cursor_table} VALUES {', '.join(['(?, ?, ?, now())'] * len(last))}",
+        [v for oid, offset in last.items() for v in (pipeline, oid, offset)],
+    )
