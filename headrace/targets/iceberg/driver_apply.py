@@ -260,13 +260,18 @@ def _read_data_file(data: Any, deletes: list[Any], columns: list[_Column], schem
             raise NotOnDriver(f"column {column.name}: {values.type} in a data file")
         arrays.append(values.cast(column.arrow))
     rows = pa.Table.from_arrays(arrays, schema=schema)
-    removed = [deleted_positions(d, location, deletes_read) for d in deletes]
-    if removed:
-        keep = np.ones(rows.num_rows, dtype=bool)
-        for positions in removed:
-            keep[positions] = False
-        rows = rows.filter(pa.array(keep))
-    return rows
+    keep = live_rows_mask(rows.num_rows, location, deletes, deletes_read)
+    return rows if keep is None else rows.filter(pa.array(keep))
+
+
+def live_rows_mask(n: int, location: str, deletes: list[Any], deletes_read: dict[str, pa.Table]) -> np.ndarray | None:
+    """Which of the ``n`` rows of data file ``location`` its position ``deletes`` leave; None: all."""
+    if not deletes:
+        return None
+    keep = np.ones(n, dtype=bool)
+    for delete in deletes:
+        keep[_deleted_positions(delete, location, deletes_read)] = False
+    return keep
 
 
 def same_values(have: pa.DataType, want: pa.DataType) -> bool:
@@ -283,7 +288,7 @@ def same_values(have: pa.DataType, want: pa.DataType) -> bool:
     return bool(have == want) or (have, want) in widened
 
 
-def deleted_positions(delete: Any, data_location: str, deletes_read: dict[str, pa.Table]) -> np.ndarray:
+def _deleted_positions(delete: Any, data_location: str, deletes_read: dict[str, pa.Table]) -> np.ndarray:
     """The row positions of data file ``data_location`` that position-delete file ``delete`` removes."""
     if str(delete.content()) != "POSITION_DELETES" or str(delete.format()) != "PARQUET":
         raise NotOnDriver(f"{delete.content()} in {delete.format()}")  # equality deletes, deletion vectors
@@ -368,10 +373,8 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], writte
     for data in data_files:
         overwrite.deleteFile(data)
     if written is not None:
-        data = iceberg.io().newInputFile(written.path)
-        metrics = api.parquet.ParquetUtil.fileMetrics(data, api.MetricsConfig.forTable(iceberg))
-        overwrite.addFile(api.DataFiles.builder(iceberg.spec()).withInputFile(data).withFormat("parquet")
-                          .withMetrics(metrics).build())
+        overwrite.addFile(files.data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg,
+                                          api.MetricsConfig.forTable(iceberg), written))
     if snapshot is not None:
         overwrite.validateFromSnapshot(snapshot.snapshotId())
     overwrite.conflictDetectionFilter(api.expressions.Expressions.alwaysTrue())

@@ -64,7 +64,7 @@ from headrace.targets.iceberg.driver_apply import (
     SUMMARY_PROPERTY,
     DriverApplied,
     NotOnDriver,
-    deleted_positions,
+    live_rows_mask,
     local_file,
     plan_join,
     planned_files,
@@ -311,15 +311,11 @@ def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
     n = read.num_rows
     arrays += [pa.array(np.full(n, index, dtype=np.int32)), pa.array(np.arange(n, dtype=np.int64))]
     rows = pa.Table.from_arrays(arrays, names=[*(c.name for c in wanted), _FILE, _POS])
-    removed = [deleted_positions(d, location, deletes_read) for d in deletes]
-    keep = np.ones(n, dtype=bool) if removed or batch_keys is not None else None
-    if keep is not None:
-        for positions in removed:
-            keep[positions] = False
-        if batch_keys is not None:
-            keep &= pc.is_in(rows.column(0), value_set=batch_keys).to_numpy(zero_copy_only=False)
-        rows = rows.filter(pa.array(keep))
-    return rows
+    keep = live_rows_mask(n, location, deletes, deletes_read)
+    if batch_keys is not None:
+        ours = pc.is_in(rows.column(0), value_set=batch_keys).to_numpy(zero_copy_only=False)
+        keep = ours if keep is None else keep & ours
+    return rows if keep is None else rows.filter(pa.array(keep))
 
 
 def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Table, np.ndarray]:
@@ -347,10 +343,8 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
     delta = iceberg.newRowDelta()
     location = None
     if written is not None:
-        data = iceberg.io().newInputFile(written.path)
-        metrics = api.parquet.ParquetUtil.fileMetrics(data, api.MetricsConfig.forTable(iceberg))
-        added = api.DataFiles.builder(iceberg.spec()).withInputFile(data).withFormat("parquet") \
-            .withMetrics(metrics).build()
+        added = files.data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg, api.MetricsConfig.forTable(iceberg),
+                                written)
         location = str(added.location())
         delta.addRows(added)
     if deletes is not None:

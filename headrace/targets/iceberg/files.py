@@ -131,7 +131,7 @@ def create_with_rows(java: JavaCatalog, namespace: str, name: str, struct_json: 
         if rows.num_rows:
             append = txn.newAppend()
             metrics = java.metrics_config.forTable(table)
-            append.appendFile(_data_file(java.data_files, java.parquet_util, table, metrics,
+            append.appendFile(data_file(java.data_files, java.parquet_util, table, metrics,
                                          sink.write(rows, uuid.uuid4().hex)))
             append.commit()
         txn.commitTransaction()
@@ -142,7 +142,7 @@ def create_with_rows(java: JavaCatalog, namespace: str, name: str, struct_json: 
     return rows.num_rows
 
 
-def _data_file(data_files: Any, parquet_util: Any, iceberg: Any, metrics: Any, file: WrittenFile) -> Any:
+def data_file(data_files: Any, parquet_util: Any, iceberg: Any, metrics: Any, file: WrittenFile) -> Any:
     """The ``DataFile`` of a Parquet file written into ``iceberg``'s data folder, with its metrics
     (``metrics``: the table's ``MetricsConfig``) read from its footer by ``ParquetUtil``."""
     data = iceberg.io().newInputFile(file.path)
@@ -163,7 +163,7 @@ def register(spark: SparkSession, name: str, written: list[WrittenFile], replace
     else:
         update = iceberg.newAppend()
     for file in written:
-        built = _data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg, metrics, file)
+        built = data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg, metrics, file)
         if replace:
             update.addFile(built)
         else:
