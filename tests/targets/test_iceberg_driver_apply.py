@@ -71,6 +71,44 @@ def _snapshot_summaries(spark: SparkSession, name: str) -> list[str | None]:
     return [r[0] for r in rows]
 
 
+MATRIX_RULES = ValueRules("public.matrix", "clamp", keep_infinity=False)  # Iceberg keeps no infinity
+
+
+def driver_matrix_rows(tmp_path: Path, schema: TableSchema, rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The type-matrix rows the driver builds batches of (a value only Spark casts never reaches
+    ``apply_arrow_batch``)."""
+    taken = []
+    for n, texts in enumerate(rows):
+        path, facts = _stage(tmp_path / f"row{n}.parquet", schema.column_names, [("I", 100, 1, texts, None)])
+        try:
+            read_driver_batch([path], schema, None, MATRIX_RULES, [facts])
+        except DriverFallback:
+            continue
+        taken.append(texts)
+    assert len(taken) > 80
+    return taken
+
+
+def apply_both_ways(tmp_path: Path, schema: TableSchema, driver: IcebergTarget, merge: IcebergTarget,
+                    batches: list[list[tuple[Any, ...]]]) -> list[int]:
+    """Stage each batch and apply it to table ``by_driver`` through ``driver`` and ``by_merge`` through
+    ``merge``; both hold the same values after each, as DuckDB reads them. The row counts after each."""
+    by_driver, by_merge = _named(schema, "by_driver"), _named(schema, "by_merge")
+    for target, table in ((driver, by_driver), (merge, by_merge)):
+        target.ensure_table(table)
+    counts = []
+    for offset, staged in enumerate(batches, start=1):
+        path, facts = _stage(tmp_path / f"batch{offset}.parquet", schema.column_names, staged)
+        batch = read_driver_batch([path], schema, None, MATRIX_RULES, [facts])
+        assert isinstance(batch.changes, pa.Table)
+        for target, table in ((driver, by_driver), (merge, by_merge)):
+            target.apply_arrow_batch(table, batch.changes, batch.truncate_before, offset)
+        left, right = _iceberg_values(driver.settings, ["by_driver", "by_merge"], schema)
+        assert left == right, f"after batch {offset}"
+        counts.append(len(left))
+    return counts
+
+
 def test_every_matrix_value_lands_as_the_merge_writes_it(
     spark: SparkSession, tmp_path: Path, matrix_texts: tuple[TableSchema, list[tuple[str, ...]]]  # noqa: F811
 ) -> None:
@@ -79,17 +117,8 @@ def test_every_matrix_value_lands_as_the_merge_writes_it(
     re-inserted, the updates replayed, and a TRUNCATE with an insert after it: both tables hold the
     same values after each step, as DuckDB reads them and as Spark does."""
     schema, rows = matrix_texts
-    rules = ValueRules("public.matrix", "clamp", keep_infinity=False)  # Iceberg keeps no infinity
     names = schema.column_names
-    taken = []
-    for n, texts in enumerate(rows):
-        path, facts = _stage(tmp_path / f"row{n}.parquet", names, [("I", 100, 1, texts, None)])
-        try:
-            read_driver_batch([path], schema, None, rules, [facts])
-        except DriverFallback:  # a value only Spark casts: such a batch never reaches apply_arrow_batch
-            continue
-        taken.append(texts)
-    assert len(taken) > 80
+    taken = driver_matrix_rows(tmp_path, schema, rows)
     toast = [names.index("c_text"), names.index("c_bytea")]
 
     def updated(i: int, texts: tuple[Any, ...], unchanged: bool) -> tuple[Any, ...]:
@@ -112,18 +141,9 @@ def test_every_matrix_value_lands_as_the_merge_writes_it(
     batches.append(batches[1])  # replayed: changes nothing
     batches.append([("T", 400, 0, None, None), ("I", 400, 1, ("777777", *taken[3][1:]), None)])
     driver, merge = _pair(spark, tmp_path)
+    counts = apply_both_ways(tmp_path, schema, driver, merge, batches)
+    assert counts == [{1: n, 2: n - len(deleted), 5: 1}.get(offset, n) for offset in range(1, len(batches) + 1)]
     by_driver, by_merge = _named(schema, "by_driver"), _named(schema, "by_merge")
-    for target, table in ((driver, by_driver), (merge, by_merge)):
-        target.ensure_table(table)
-    for offset, staged in enumerate(batches, start=1):
-        path, facts = _stage(tmp_path / f"batch{offset}.parquet", names, staged)
-        batch = read_driver_batch([path], schema, None, rules, [facts])
-        assert isinstance(batch.changes, pa.Table)
-        for target, table in ((driver, by_driver), (merge, by_merge)):
-            target.apply_arrow_batch(table, batch.changes, batch.truncate_before, offset)
-        left, right = _iceberg_values(driver.settings, ["by_driver", "by_merge"], schema)
-        assert left == right, f"after batch {offset}"
-        assert len(left) == {1: n, 2: n - len(deleted), 5: 1}.get(offset, n)
     assert driver.paths.counts == {"driver": len(batches)} and merge.paths.counts == {"merge": len(batches)}
     _assert_same_rows(_spark_rows(driver, by_driver), _spark_rows(merge, by_merge))
     # Four commits: the replay changed nothing and committed nothing.

@@ -18,8 +18,6 @@ from headrace.core.errors import TransientError
 from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
-from headrace.core.spark_types import ValueRules
-from headrace.materialize.driver_batch import DriverFallback, read_driver_batch
 from headrace.materialize.failure import translate
 from headrace.readers import iceberg_metadata_location
 from headrace.targets.ducklake.files import to_arrow
@@ -31,7 +29,7 @@ from tests.e2e.test_copy_files import _iceberg_values
 from tests.materialize.test_driver_batch import _stage, matrix_texts  # noqa: F401
 from tests.targets.conftest import batch_df, snapshot_df
 from tests.targets.test_contract import SNAPSHOT, TABLE
-from tests.targets.test_iceberg_driver_apply import _named
+from tests.targets.test_iceberg_driver_apply import _named, apply_both_ways, driver_matrix_rows
 
 _catalogs = itertools.count()
 
@@ -72,17 +70,8 @@ def test_every_matrix_value_and_change_lands_as_the_merge_writes_it(
     had deleted, the batch replayed, keys re-inserted, and updated again over earlier position deletes:
     both tables hold the same values after each batch; a replay commits nothing."""
     schema, rows = matrix_texts
-    rules = ValueRules("public.matrix", "clamp", keep_infinity=False)
     names = schema.column_names
-    taken = []
-    for n, texts in enumerate(rows):
-        path, facts = _stage(tmp_path / f"row{n}.parquet", names, [("I", 100, 1, texts, None)])
-        try:
-            read_driver_batch([path], schema, None, rules, [facts])
-        except DriverFallback:
-            continue
-        taken.append(texts)
-    assert len(taken) > 80
+    taken = driver_matrix_rows(tmp_path, schema, rows)
     n = len(taken)
     nulls = [None] * (len(names) - 1)
 
@@ -100,23 +89,14 @@ def test_every_matrix_value_and_change_lands_as_the_merge_writes_it(
     ]
     batches[2] = batches[1]
     driver, merge = _pair(spark, tmp_path)
-    by_driver, by_merge = _named(schema, "by_driver"), _named(schema, "by_merge")
-    for target, table in ((driver, by_driver), (merge, by_merge)):
-        target.ensure_table(table)
-    for offset, staged in enumerate(batches, start=1):
-        path, facts = _stage(tmp_path / f"batch{offset}.parquet", names, staged)
-        batch = read_driver_batch([path], schema, None, rules, [facts])
-        assert isinstance(batch.changes, pa.Table)
-        for target, table in ((driver, by_driver), (merge, by_merge)):
-            target.apply_arrow_batch(table, batch.changes, batch.truncate_before, offset)
-        left, right = _iceberg_values(driver.settings, ["by_driver", "by_merge"], schema)
-        assert left == right, f"after batch {offset}"
+    counts = apply_both_ways(tmp_path, schema, driver, merge, batches)
+    by_driver = _named(schema, "by_driver")
     assert driver.paths.counts == {"driver": len(batches)} and merge.paths.counts == {"merge": len(batches)}
     name = driver.table_name(by_driver)
     operations = [r[0] for r in spark.sql(f"SELECT operation FROM {name}.snapshots ORDER BY committed_at").collect()]
     assert len(operations) == 4, operations  # the replay committed nothing
     assert _files(spark, name)[1] == 2  # the two batches that replaced rows wrote a delete file each
-    assert len(left) == n  # every deleted key came back in batch 4
+    assert counts[-1] == n  # every deleted key came back in batch 4
     location = iceberg_metadata_location(driver.settings, "public", "by_driver")
     assert StaticTable.from_metadata(location).scan().to_arrow().num_rows == n
 
