@@ -12,13 +12,10 @@ import psycopg
 import pytest
 
 from headrace.core.names import quote_ident
-from headrace.pipeline import Pipeline
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.source.postgres import binary_copy
-from headrace.state.lifecycle import TableState
-from headrace.state.store import StateStore
 from tests.e2e.helpers import assert_same, make_config
-from tests.e2e.test_pipeline import run_caught_up
+from tests.e2e.test_small_tables_copy import copied_to_streaming
 
 TABLES = 12
 
@@ -56,13 +53,7 @@ def test_small_iceberg_tables_are_created_with_their_rows_in_one_commit_through_
     names = [f"public.{quote_ident(n)}" for n in rows]
     # 4 connections: the exported snapshot's session, at most 2 driver sessions, 1 left for planning.
     config = make_config(source_dsn, tmp_path, names, "iceberg", snapshot={"tables_at_once": 6, "max_connections": 4})
-    pipeline = Pipeline(config, spark=spark)
-    run_caught_up(pipeline)
-    state = StateStore(source_dsn, config.name)
-    try:
-        assert {r.state for r in state.tables()} == {TableState.STREAMING}
-    finally:
-        state.close()
+    pipeline = copied_to_streaming(source_dsn, config, spark)
     assert 1 <= len(opened) <= 2, f"{len(opened)} driver sessions for {len(rows)} tables"
     for name in names:
         assert_same(pipeline, source_dsn, name)

@@ -31,6 +31,18 @@ KEYLESS = 8
 ODD = ["Odd Name", "MiXed", "ünï", "a.b", "select"]
 
 
+def copied_to_streaming(source_dsn: str, config: Any, spark: Any) -> Pipeline:
+    """Run ``config``'s pipeline until caught up; every table must then be STREAMING."""
+    pipeline = Pipeline(config, spark=spark)
+    run_caught_up(pipeline)
+    state = StateStore(source_dsn, config.name)
+    try:
+        assert {r.state for r in state.tables()} == {TableState.STREAMING}
+    finally:
+        state.close()
+    return pipeline
+
+
 def _tables(dsn: str) -> list[str]:
     """Keyed tables (some empty), keyless ones with duplicate rows, and awkward names: 33 in all."""
     names = []
@@ -94,13 +106,7 @@ def test_many_small_tables_copy_side_by_side_and_match_the_source(
         _matrix(source_dsn)
         names.append("public.matrix")
     config = make_config(source_dsn, tmp_path, names, target, snapshot={"tables_at_once": 4, "max_connections": 3})
-    pipeline = Pipeline(config, spark=spark)
-    run_caught_up(pipeline)
-    state = StateStore(source_dsn, config.name)
-    try:
-        assert {r.state for r in state.tables()} == {TableState.STREAMING}
-    finally:
-        state.close()
+    pipeline = copied_to_streaming(source_dsn, config, spark)
     for name in names:
         if name != "public.matrix":
             assert_same(pipeline, source_dsn, name)
