@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from contextlib import suppress
 from typing import NoReturn
 
 import pyarrow as pa
@@ -66,7 +67,11 @@ _SPLIT: dict[TypeKind, tuple[str, pa.DataType, str, str]] = {
 
 # Settings that make the server print text-route values the way headrace's casts expect.
 SESSION_SETTINGS = ("SET TimeZone = 'UTC'", "SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'",
-                    "SET bytea_output = 'hex'", "SET extra_float_digits = 1")
+                    "SET bytea_output = 'hex'", "SET extra_float_digits = 1",
+                    # A session parked between small tables' reads (SnapshotSession) sits idle in its
+                    # transaction; a server's timeout for that would end it and fail the next table. It
+                    # holds back nothing the exported snapshot it imported does not already hold.
+                    "SET idle_in_transaction_session_timeout = 0")
 
 
 def column_route(ct: ColumnType) -> Route:
@@ -199,8 +204,17 @@ class SnapshotSession:
         return got.rename_columns(schema.names).cast(schema).to_batches()
 
     def close(self) -> None:
-        """End the transaction and the connection (quietly: nothing was written)."""
-        self._conn.close()
+        """End the transaction, then the connection. The ROLLBACK first: a backend still exiting after
+        the close then shows as idle, not as a read in its transaction (what counts a copy's
+        connections sees it released); an aborted transaction has nothing to roll back."""
+        import adbc_driver_manager
+
+        try:
+            if not self.broken:
+                with suppress(adbc_driver_manager.Error):  # nothing was written: a lost server is no loss
+                    self._cur.execute("ROLLBACK")
+        finally:
+            self._conn.close()
 
     def _raise(self, exc: Exception, doing: str) -> NoReturn:
         """Raise the driver's error as the CSV path would: same kind, message and fix."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import psycopg
 
-from headrace.source.postgres.binary_copy import Route, column_routes, copy_chunk_binary
+from headrace.source.postgres.binary_copy import Route, SnapshotSession, column_routes, copy_chunk_binary
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import OPEN_END, copy_chunk
 
@@ -40,3 +41,26 @@ def test_routes_and_values_match_the_text_path(source_dsn: str) -> None:
     assert (got[2]["c10"], got[2]["t10"]) == (None, "infinity")
     assert got[1]["c11"] == dt.datetime(2024, 1, 1, 8, tzinfo=dt.timezone.utc) and got[1]["t11"] is None
     assert (got[2]["c11"], got[2]["t11"]) == (None, "0044-03-15 10:00:00+00 BC")
+
+
+def test_a_parked_session_outlives_the_servers_idle_in_transaction_timeout(source_dsn: str) -> None:
+    """A session parked between small tables' reads sits idle in its transaction: a database's
+    ``idle_in_transaction_session_timeout`` must not end it. Its close rolls back first, so a backend
+    still exiting shows idle after ROLLBACK (released), not as a read."""
+    dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{dbname}" SET idle_in_transaction_session_timeout = 100')
+        conn.execute("CREATE TABLE parked (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO parked SELECT g, g::text FROM generate_series(1, 50) g")
+        schema = read_table_schema(conn, "public.parked")
+        session = SnapshotSession(source_dsn, None, "public.parked")
+        try:
+            assert sum(b.num_rows for b in session.read(schema, 0, OPEN_END)) == 50
+            time.sleep(0.5)  # five times the timeout, parked
+            assert sum(b.num_rows for b in session.read(schema, 0, OPEN_END)) == 50
+            session._cur.execute("SELECT pg_backend_pid()")
+            pid = session._cur.fetchone()[0]
+        finally:
+            session.close()
+        state = conn.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        assert state is None or state == ("idle", "ROLLBACK"), state
