@@ -122,11 +122,11 @@ def local_cores(master: str, conf: Mapping[str, str] | None = None) -> int | Non
     """The task slots a ``local`` master gives (``local`` 1, ``local[N]`` N, ``local[*]`` every core,
     ``local[N,F]`` N; ``spark.default.parallelism`` first when set): known before the session starts.
     None for any other master (a cluster's cores are known once its executors register)."""
-    if conf and conf.get("spark.default.parallelism", "").strip().isdigit():
-        return max(1, int(conf["spark.default.parallelism"]))
     match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
     if match is None:
         return None
+    if conf and conf.get("spark.default.parallelism", "").strip().isdigit():
+        return max(1, int(conf["spark.default.parallelism"]))
     cores = match.group(1)
     if cores is None:
         return 1

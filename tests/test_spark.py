@@ -17,3 +17,4 @@ def test_local_masters_give_their_cores_and_other_masters_none() -> None:
     assert local_cores("local[*]", {"spark.default.parallelism": "5"}) == 5
     for cluster in ("spark://10.0.0.1:7077", "yarn", "k8s://https://api:6443", "local-cluster[2,1,1024]"):
         assert local_cores(cluster) is None
+        assert local_cores(cluster, {"spark.default.parallelism": "8"}) is None  # still a cluster

@@ -4,15 +4,17 @@ A chunk is read, put in the row shape (``snapshot_job.chunk_rows``) batch by bat
 the target's ``FileSink``, one file a chunk; the driver then registers a group's files in one commit
 (``materialize.initial_copy``). The same per-chunk work runs in two places:
 
-- ``copy_chunks_to_files``: a Spark job, one task per core, each task copying its run of chunks;
-- ``copy_chunks_on_driver``: threads of the driver, while a run's fresh Spark session is not warm yet
-  (local mode, where the driver's cores are Spark's): the copy starts at once instead of waiting
-  for the JVM's start and first job and the Python workers' start and imports (2-8 s measured on 20M
-  rows, docs/benchmarks.md "Initial copy"). The reader (ADBC) and the Parquet writer run in native
-  code without the GIL, so two threads use two cores much as two Spark tasks do.
+- ``copy_chunks_to_files``: a Spark job, one task per core, each task copying its run of chunks (on
+  a cluster, where the executors are the copy's cores);
+- ``copy_chunks_on_driver``: threads of the driver (local mode, where the driver's cores are Spark's):
+  the copy starts at once instead of waiting for the JVM's start and first job and the Python
+  workers' start and imports, and each group is copied faster than by a Spark job on the same cores
+  (``CopyLanes``). The reader (ADBC) and the Parquet writer run in native code without the GIL, so
+  two threads use two cores as two Spark tasks do.
 
-``CopyLanes`` chooses between them for each group. ``warm_copy_workers`` is the warm-up: a tiny job, one task per core, importing what copy tasks import,
-so that the Python workers Spark keeps (``spark.python.worker.reuse``) are ready for the first group.
+``CopyLanes`` chooses between them. ``warm_copy_workers`` is the warm-up on a cluster: a tiny job,
+one task per core, importing what copy tasks import, so that the Python workers Spark keeps
+(``spark.python.worker.reuse``) are ready for the first group.
 """
 
 from __future__ import annotations
@@ -149,25 +151,24 @@ def warm_copy_workers(spark: SparkSession) -> None:
 
 
 class SparkWarmth(Protocol):
-    """How far the run's Spark session is (``run.spark_on_demand.SparkOnDemand``)."""
-
-    @property
-    def warm(self) -> bool:
-        """A Spark job now runs at its steady pace."""
+    """The run's Spark session, which a cluster's copy has warmed (``run.spark_on_demand.SparkOnDemand``)."""
 
     def warm_in_background(self) -> None:
         """Start the session if need be and warm it, on a thread of its own."""
 
 
 class CopyLanes:
-    """Who copies each group of a file-writing copy: the driver's threads while the session warms
-    (local mode, ``warmth`` given), Spark's jobs from then on; and with how many tasks.
+    """Who copies each group of a file-writing copy, and with how many tasks: in local mode the
+    driver's threads, every group; on a cluster Spark's jobs, on the executors.
 
-    In local mode the driver's cores are Spark's: known before the session runs, and the driver copies
-    on them while it starts and warms (on a cluster, the executors are the copy's cores). The warm-up
-    starts here (``warm_now``), or once the copy's table exists (``warm``): an Iceberg table's CREATE
-    (Spark SQL) then does not share the cores with it. Measured on 20M rows: DuckLake 11-26% less end to end,
-    Iceberg 3-8% (docs/benchmarks.md, "Initial copy").
+    In local mode the driver's cores are Spark's, known before the session runs: the driver copies on
+    them from the first group, and no Spark job runs for the copy (so none is warmed up). Measured on
+    20M rows into Iceberg, 2 cores (docs/benchmarks.md, "Initial copy"): a group of 1.18M rows took
+    1.3 s on the driver's two threads against 1.6 s as a warm job of two tasks (the Python workers
+    take the rows through the JVM's pipes), and warming the workers beside the copy took 12 s of the
+    cores: end to end 29.5 s and 50 CPU-seconds against 34.5-37 s and 61 before, when the driver
+    copied only until the session was warm. On a cluster the warm-up starts here (``warm_now``), or
+    once the copy's table exists (``warm``): an Iceberg table's CREATE then does not wait behind it.
     """
 
     def __init__(self, spark: SparkSession, master: str, conf: Mapping[str, str], warmth: SparkWarmth | None,
@@ -175,33 +176,30 @@ class CopyLanes:
         cores = local_cores(master, conf)
         self._spark = spark
         self._warmth = warmth
-        self._on_driver = cores is not None and warmth is not None
+        self._on_driver = cores is not None
         if warm_now:
             self.warm()
-        if cores is None or not self._on_driver:
+        if cores is None:
             cores = spark.sparkContext.defaultParallelism  # the session's own figure, where it runs
         self.tasks = max(1, min(permits, cores))
-        self._lane: dict[int, str] = {}
         self._seconds: dict[int, float] = {}
 
     def warm(self) -> None:
-        """Have the session warmed in the background (once; the driver copies until it is warm)."""
-        if self._warmth is not None:
+        """On a cluster, have the executors' Python workers warmed in the background (once)."""
+        if self._warmth is not None and not self._on_driver:
             self._warmth.warm_in_background()
 
     def copy(self, group: int, table: TableSchema, reader: ChunkRead, chunks: list[tuple[int, int]],
              position: Position, sink: FileSink) -> list[ChunkFile]:
-        """Copy group number ``group``'s ``chunks`` into ``sink``, in the lane its moment allows."""
+        """Copy group number ``group``'s ``chunks`` into ``sink``, in this copy's lane."""
         began = time.monotonic()
-        if self._on_driver and not (self._warmth is None or self._warmth.warm):
-            self._lane[group] = "driver"  # Spark still starts or warms up: the driver's threads copy meanwhile
+        if self._on_driver:
             files = copy_chunks_on_driver(table, reader, chunks, position, sink, self.tasks)
         else:
-            self._lane[group] = "spark"
             files = copy_chunks_to_files(self._spark, table, reader, chunks, position, sink, self.tasks)
         self._seconds[group] = time.monotonic() - began
         return files
 
     def timing(self, group: int) -> dict[str, object]:
         """Who copied the group and how long its job took, for its progress event."""
-        return {"lane": self._lane.get(group, "spark"), "job_s": round(self._seconds.get(group, 0.0), 2)}
+        return {"lane": "driver" if self._on_driver else "spark", "job_s": round(self._seconds.get(group, 0.0), 2)}

@@ -15,13 +15,10 @@ location of its own): the files written so far are deleted, and the copy starts 
 sink, or through Spark when the table as it is takes no files (``FileCopyEnd.TO_SPARK``). Nothing is
 committed or marked done before that check, so a crash meanwhile leaves orphan files only.
 
-The session is warmed for the copy's tasks only once the table exists, and only if groups are left
-to copy. Measured with ``bench/initial_copy.py`` at 5M rows, local[2], on a machine shared with
-other work (load 5-12 on 2 cores, so seconds vary by 2x): the copy started 0.07-0.24 s after
-``run.start`` instead of 9-17 s; end to end 25-30 s in 4 runs of 6 (25-60 s in all: the JVM, now
-sharing the cores with the copy, took 13-30 s to start against 7-15 s) against 28-35 s in 5 runs
-before. A warm-up started at once ran 11 s beside the CREATE and the commits after every group was
-written. The quiet 20M runs are docs/benchmarks.md's.
+On a cluster the session is warmed for the copy's tasks only once the table exists, and only if
+groups are left to copy: a warm-up started at once ran 11 s beside the CREATE. In local mode the
+driver's threads copy every group (``chunk_files.CopyLanes``). The quiet 20M runs are
+docs/benchmarks.md's.
 """
 
 from __future__ import annotations
@@ -139,7 +136,7 @@ class FileCopy:
                     if ahead:  # the jobs copy meanwhile
                         real = self._table_ready(sink, started, futures)
                         if not all(f.done() for f in futures):
-                            lanes.warm()  # Spark's tasks for the groups left (not before: it slowed the CREATE)
+                            lanes.warm()  # a cluster's tasks for the groups left (not before: it slowed the CREATE)
                         if real is None or not same_place(sink, real):
                             refused = _Refused(real)
                             return refused  # the job under way ends; those after it do not start

@@ -77,9 +77,9 @@ class InitialCopy:
                  source: Source | None = None, warmth: SparkWarmth | None = None) -> None:
         """``spark`` may be a stand-in that starts the session on first use, and ``target`` a function
         opening the target (which may start it too): the round takes its snapshot and plans meanwhile.
-        ``warmth`` (None: the session is warm) tells whether that session is warm; a copy about to
-        write files has it warmed in the background and, in local mode, copies its groups on the
-        driver until then (``chunk_files.copy_chunks_on_driver``)."""
+        ``warmth`` (None: nothing to warm): on a cluster, a copy about to write files has the session
+        warmed in the background for its tasks; in local mode the driver's threads copy every group
+        (``chunk_files.CopyLanes``)."""
         self.config = config
         self.dsn = dsn
         self.source = source or open_source(config, dsn)

@@ -1,8 +1,8 @@
 """The initial-copy round: the tables that need a copy (or a retried one), copied in a thread of their own.
 
-Copies run beside the apply loop, so the other tables keep streaming meanwhile. A round starts
-Spark in the background (``SparkOnDemand.start_in_background``) instead of waiting for it; a big
-copy copies on the driver until it is warm (``initial_copy``).
+Copies run beside the apply loop, so the other tables keep streaming meanwhile. On a cluster a round
+starts Spark in the background (``SparkOnDemand.start_in_background``) instead of waiting for it; in
+local mode the driver's threads copy (``chunk_files.CopyLanes``) and Spark starts only when used.
 Stopping lets the running copy finish its current chunk group; what is left resumes at the next
 round (progress is kept per chunk).
 """
@@ -20,6 +20,7 @@ from headrace.materialize.initial_copy import FailHandler, InitialCopy
 from headrace.run.observer import RunObserver
 from headrace.run.spark_on_demand import SparkOnDemand
 from headrace.source.base import Source
+from headrace.spark import local_cores
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
 
@@ -57,10 +58,14 @@ class Copier:
         todo = [r.oid for r in state.tables() if r.state.needs_copy or retry_copy(r, now)]
         if not todo:
             return False
-        # Spark starts while the round takes its snapshot and plans (a big copy may warm it); the round opens
-        # the target itself (an Iceberg target waits for the session; a fresh Iceberg copy only at its
-        # first commit, its first groups written meanwhile): nothing here waits for the JVM.
-        self._spark.start_in_background()
+        # On a cluster Spark starts while the round takes its snapshot and plans (its jobs copy the big
+        # tables). In local mode the driver's threads copy and Spark starts when something needs it (an
+        # Iceberg target, at once; a DuckLake copy, only for values that need Spark's casts): a DuckLake
+        # copy then does not share the two cores with a JVM it never uses. The round opens the target
+        # itself (a fresh Iceberg copy waits for the session only at its first commit, its first groups
+        # written meanwhile): nothing here waits for the JVM.
+        if local_cores(self.config.spark.master, self.config.spark.conf) is None:
+            self._spark.start_in_background()
         copy = InitialCopy(self.config, self.dsn, self.state_dsn, cast("SparkSession", self._spark), self._target,
                            self._fail, self._stop, self._observer.values_changed, self.source, warmth=self._spark)
         self._thread = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)

@@ -7,14 +7,11 @@ shared the cores with it) and ~0.5 GiB. The target and the apply workers are han
 the session starts when one of them first reaches for it (a copy, a batch too big or too odd for the
 driver, an Iceberg target, which needs it at once).
 
-A copy round starts it in the background instead (``start_in_background``): the JVM comes up while
-the round takes its snapshot and plans its chunks. A copy about to write a big table's files that
-finds the session not started yet (DuckLake: nothing before needed it; Iceberg: its copy writes
-into the sink told ahead, ``materialize.file_copy``, and creates the table beside it) has it warmed
-(``warm_in_background``, ``warm_up``: the copy's Python workers started and their imports done)
-while its first groups are copied on the driver (``materialize.initial_copy``). Measured on 20M rows: the first
-Spark job of a fresh session took 2-8 s longer than the next one, the JVM's first job and the
-Python workers' start (docs/benchmarks.md, "Initial copy").
+On a cluster a copy round starts it in the background instead (``start_in_background``): the JVM comes
+up while the round takes its snapshot and plans its chunks, and a copy about to write a big table's
+files has the executors' Python workers warmed (``warm_in_background``, ``warm_up``: started and their
+imports done), for the first Spark job of a fresh session took 2-8 s longer than the next one. In
+local mode the driver's threads copy (``materialize.chunk_files.CopyLanes``): nothing is warmed.
 """
 
 from __future__ import annotations
@@ -55,14 +52,6 @@ class SparkOnDemand:
     def started(self) -> bool:
         """The session runs (something used it)."""
         return self._session is not None
-
-    @property
-    def warm(self) -> bool:
-        """A Spark job now runs at its steady pace: nothing to warm (a session handed in, ``warm_up``
-        None), or the session runs and ``warm_in_background``'s warm-up has ended."""
-        if self.warm_up is None:
-            return True
-        return self._session is not None and self._warmed.is_set()
 
     def session(self) -> SparkSession:
         """The session, started now if it was not."""

@@ -95,7 +95,6 @@ def _run_held(pipeline: Pipeline, spark: Any, folder: Path) -> _Events:
         return spark
 
     pipeline.spark_on_demand._start = start
-    pipeline.spark_on_demand.warm_up = lambda session: None  # warm once started: later groups go to Spark
     events = _Events()
     snapshot_log = logging.getLogger("headrace.snapshot")
     level = snapshot_log.level

@@ -1,11 +1,11 @@
-"""While the run's Spark session starts and warms up, a copy's first groups are copied by the driver's
-threads (local mode), then the rest by Spark's jobs: the same files, the same rows, within
-``snapshot.max_connections``; and the driver's files hold what Spark's tasks write, value for value."""
+"""In local mode a copy's groups are copied by the driver's threads, every one of them, with no Spark
+job and no Spark session started (a DuckLake copy needs none): the same files and rows, within
+``snapshot.max_connections``; and the driver's files hold what Spark's tasks (a cluster's lane) write,
+value for value."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +22,20 @@ from tests.e2e.test_pipeline import run_caught_up
 from tests.targets.test_ducklake_target import settings_for
 
 
-class _Seen(logging.Handler):
-    """Sets ``first`` at the copy's first progress event (a group committed) and keeps each group's lane."""
+class _Lanes(logging.Handler):
+    """Each committed group's lane, from the copy's progress events."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
-        self.first = threading.Event()
         self.lanes: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage() == "snapshot.progress":
             self.lanes.append(record.__dict__["lane"])
-            self.first.set()
 
 
-def test_groups_copied_on_the_driver_until_spark_is_warm_then_by_spark(source_dsn: str, tmp_path: Path,
-                                                                         spark: Any) -> None:
+def test_local_mode_copies_every_group_on_the_driver_without_starting_spark(source_dsn: str, tmp_path: Path,
+                                                                            spark: Any) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE warming (id int PRIMARY KEY, amount numeric(12,2), at timestamptz, pad text)")
         conn.execute("INSERT INTO warming SELECT g, g / 7.0, '2024-01-01'::timestamptz + g * interval '1 minute',"
@@ -45,12 +43,9 @@ def test_groups_copied_on_the_driver_until_spark_is_warm_then_by_spark(source_ds
     config = make_config(source_dsn, tmp_path, ["public.warming"], "ducklake",
                          snapshot={"chunk_pages": 2, "max_connections": 3})
     pipeline = Pipeline(config, spark=spark)
-    seen = _Seen()
-    # The session is handed in (started at once, warm as it is): a start held until the first group has
-    # committed, then a warm-up, stand for a fresh session's, so the first groups go to the driver and the
-    # later ones to Spark.
-    pipeline.spark_on_demand._start = lambda: spark if seen.first.wait(60) else None
-    pipeline.spark_on_demand.warm_up = lambda session: None
+    started: list[str] = []
+    pipeline.spark_on_demand._start = lambda: started.append("started") or spark  # type: ignore[func-returns-value]
+    seen = _Lanes()
     snapshot_log = logging.getLogger("headrace.snapshot")
     level = snapshot_log.level
     snapshot_log.addHandler(seen)
@@ -61,7 +56,8 @@ def test_groups_copied_on_the_driver_until_spark_is_warm_then_by_spark(source_ds
     finally:
         snapshot_log.removeHandler(seen)
         snapshot_log.setLevel(level)
-    assert seen.lanes[0] == "driver" and seen.lanes[-1] == "spark", seen.lanes
+    assert len(seen.lanes) > 1 and set(seen.lanes) == {"driver"}, seen.lanes
+    assert started == [], "a DuckLake copy in local mode started the Spark session"
     assert max(connections) <= 3, f"the copy held {max(connections)} source connections with max_connections 3"
     assert assert_same(pipeline, source_dsn, "public.warming") == 600
 

@@ -44,14 +44,14 @@ def test_a_background_start_then_a_warm_up_once_and_it_says_when_it_is_warm(spar
         release.wait(30)
 
     lazy = SparkOnDemand(lambda: spark, warm_up)
-    assert not lazy.warm  # not started: a job now would pay the start
+    assert not lazy.wait_warm(0)  # not started: a job now would pay the start
     lazy.start_in_background()
     lazy.start_in_background()  # under way already: nothing more
     lazy.warm_in_background()
     lazy.warm_in_background()  # once
-    assert not lazy.wait_warm(0.05) and not lazy.warm  # warming
+    assert not lazy.wait_warm(0.05)  # warming
     release.set()
-    assert lazy.wait_warm(30) and lazy.warm and lazy.started
+    assert lazy.wait_warm(30) and lazy.started
     assert warmed == [spark]
     lazy.warm_in_background()
     assert warmed == [spark]
@@ -63,6 +63,6 @@ def test_a_failed_warm_up_leaves_a_warm_working_session_and_a_handed_in_one_is_w
 
     lazy = SparkOnDemand(lambda: spark, warm_up)
     lazy.warm_in_background()
-    assert lazy.wait_warm(30) and lazy.warm  # the copy goes on with Spark's jobs
+    assert lazy.wait_warm(30)  # the copy goes on with Spark's jobs
     assert lazy.range(2).count() == 2
-    assert SparkOnDemand(lambda: spark).warm  # nothing to warm: Spark's jobs from the first group
+    assert SparkOnDemand(lambda: spark).wait_warm(0)  # nothing to warm: Spark's jobs from the first group
