@@ -251,9 +251,11 @@ class DuckLakeTarget(Target):
             raise
 
     def _rollback(self) -> None:
-        # A refused COMMIT (a DuckLake conflict) has ended the transaction already; a failing
-        # ROLLBACK ("no transaction is active") would hide the conflict, which is worth retrying.
-        with suppress(duckdb.TransactionException):
+        # A refused COMMIT (a DuckLake conflict) has ended the transaction already, and a lost
+        # catalog fails the ROLLBACK too: either failing ROLLBACK ("no transaction is active", "server
+        # closed the connection") would hide the error that matters (a conflict is retried, an
+        # outage ridden out).
+        with suppress(duckdb.Error):
             self._con.execute("ROLLBACK")
 
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
@@ -364,8 +366,17 @@ class DuckLakeTarget(Target):
             return maintenance.table_files(self._con, L, self._schema(table), table.target_table)
 
     def close(self) -> None:
-        """Close the DuckDB connection (detaches the lake)."""
-        self._con.close()
+        """Close the DuckDB connection, detaching the lake first, under the lock (no batch is mid-way).
+
+        A transaction still open at the close is rolled back by DuckDB inside its destructor, where
+        an error (the catalog's PostgreSQL gone: "Failed to execute query ROLLBACK") cannot be
+        raised and aborts the whole process (seen once in the outage tests). Rolled back and
+        detached here instead, their errors (a lost catalog; no transaction open) are caught."""
+        with self._lock:
+            self._rollback()
+            with suppress(duckdb.Error):
+                self._con.execute(f"USE memory; DETACH {L}")
+            self._con.close()
 
     # -- internals ---------------------------------------------------------------------------
     def _scalar(self, sql: str) -> Any:
