@@ -120,7 +120,7 @@ class StateStore:
     # -- tables ---------------------------------------------------------------------------------
     def tables(self) -> list[TableRow]:
         """Every table's row. Read at every pass of the run loop: a schema is parsed only when its
-        text is new to this store (``_schema``), not 200 times a pass for 200 quiet tables."""
+        text is new to this store (``_table_row``), not 200 times a pass for 200 quiet tables."""
         rows = self.conn.execute(
             f"SELECT {_ROW_COLUMNS} FROM _headrace.tables WHERE pipeline = %s ORDER BY schema_name, table_name",
             (self.pipeline,),

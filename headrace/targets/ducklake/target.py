@@ -375,7 +375,7 @@ class DuckLakeTarget(Target):
         with self._lock:
             self._rollback()
             with suppress(duckdb.Error):
-                self._con.execute(f"USE memory; DETACH {L}")
+                self._con.execute(f"DETACH {L}")
             self._con.close()
 
     # -- internals ---------------------------------------------------------------------------

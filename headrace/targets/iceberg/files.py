@@ -132,7 +132,7 @@ def create_with_rows(java: JavaCatalog, namespace: str, name: str, struct_json: 
             append = txn.newAppend()
             metrics = java.metrics_config.forTable(table)
             append.appendFile(data_file(java.data_files, java.parquet_util, table, metrics,
-                                         sink.write(rows, uuid.uuid4().hex)))
+                                        sink.write(rows, uuid.uuid4().hex)))
             append.commit()
         txn.commitTransaction()
     except Py4JJavaError as exc:
