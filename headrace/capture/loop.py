@@ -75,6 +75,8 @@ class Capture:
         self._lock = threading.Lock()
         self._source_lock = threading.Lock()  # the source connection: capture's thread and the flusher's
         self._acked = 0  # the position last confirmed to the stream
+        self._bounded = 0  # the most a confirmation may carry, as recorded in state (acked_lsn)
+        self._forwarded = 0  # a closed stream's ``forwardable``: recorded before its slot is checked again
         self._submitted = 0  # the end of the last flush handed to the flusher
         self._writers: ThreadPoolExecutor | None = None  # a flush's files, written side by side
         self._halt = threading.Event()  # the current flusher's: ends its wait for staging space
@@ -161,11 +163,16 @@ class Capture:
             source = opened.enter_context(self.source.connect())
             self._source = source
             opened.callback(setattr, self, "_source", None)
+            if self._forwarded > self._bounded:
+                # The last stream's final read may have answered the server's goodbye with its
+                # forwarded position (a restart asks for one) before it could be recorded.
+                state.log_index.register([], state.captured_lsn(), self._forwarded)
+                self._bounded = self._forwarded
             self.source.check_same_source(source, state)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
             remove_orphans(self.staging, state.log_index)
             stream = self.source.open_stream(self.captured_lsn, self._known)
-            opened.callback(stream.close)
+            opened.callback(self._closed, stream)
             self._stream(stop, state.log_index, flush_state.log_index, source, stream)
 
     def _known(self) -> dict[int, TableSchema]:
@@ -212,6 +219,8 @@ class Capture:
                     self._heartbeat_due = False
                     last_message_at = time.monotonic()
                 events = stream.read(max_messages=10_000, timeout=0.2)
+                if stream.forwardable > self._bounded:
+                    self._bound(index, stream.forwardable)
                 self.table_errors.update(stream.new_table_errors())  # tables the stream stopped (MySQL DROP)
                 if events:
                     last_message_at = time.monotonic()
@@ -312,6 +321,16 @@ class Capture:
             self._submitted = max(self._submitted, end_lsn)
         return job.rows
 
+    def _closed(self, stream: ChangeStream) -> None:
+        stream.close()
+        self._forwarded = max(self._forwarded, stream.forwardable)
+
+    def _bound(self, index: LogIndex, reach: int) -> None:
+        """Record in state that the slot may be confirmed up to ``reach`` (before anything can send
+        it): start-up and reconnection refuse a slot beyond the recorded bound as moved by someone else."""
+        index.register([], self.captured_lsn, reach)
+        self._bounded = max(self._bounded, reach)
+
     def _ack(self, stream: ChangeStream) -> None:
         """Confirm the slot up to what the flusher registered, if it moved (capture's thread only)."""
         registered = self.captured_lsn
@@ -369,6 +388,7 @@ class Capture:
         with self._source_lock:
             bound = self.source.flushed_position(self._source) if self._source is not None else end_lsn
         index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
+        self._bounded = max(self._bounded, bound)
         if files:
             crash_point("capture.after_register")
             count_changes(self.changes_captured, files)

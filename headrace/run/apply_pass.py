@@ -81,6 +81,7 @@ class ApplyPass:
         self.cursors = CursorCache()  # the target's cursors, read once per table (and after a failure)
         self.settled = False  # at the last pass every table was STREAMING or PAUSED: the loop may wait long
         self.wake: Callable[[], None] = lambda: None  # a batch finished: ends the run loop's idle wait
+        self.heartbeat: Callable[[], None] = lambda: None  # asks capture for one (``_transition``)
         self._in_flight: dict[int, _InFlight] = {}  # oid -> its batch on a worker thread (loop thread only)
         self._dispatched: dict[int, int] = {}  # oid -> pass of its last dispatch: the longest-waiting go first
         self._passes = 0
@@ -217,10 +218,12 @@ class ApplyPass:
             state.recovered(row.oid, row.resume_state or TableState.CATCHUP)
 
     def _transition(self, state: StateStore, row: TableRow, applied: Applied | None, captured_lsn: int) -> None:
-        if (applied is None or applied.drained) and row.state in (TableState.CATCHUP, TableState.ERRORED) \
-                and past_snapshot(row, captured_lsn):
-            state.caught_up(row.oid)
-            event(log, "table.streaming", table=row.qualified_name)
+        if (applied is None or applied.drained) and row.state in (TableState.CATCHUP, TableState.ERRORED):
+            if past_snapshot(row, captured_lsn):
+                state.caught_up(row.oid)
+                event(log, "table.streaming", table=row.qualified_name)
+            else:  # on a quiet source, capture passes the copy's position at its next heartbeat: now
+                self.heartbeat()
 
 
 _worker = threading.local()

@@ -162,6 +162,7 @@ class Pipeline:
         self.capture = Capture(self.config, self.dsn, self.state_dsn, {r.oid: r.schema for r in rows}, self.source)
         capture_stop = threading.Event()
         self.capture.on_staged = self.operations.wake  # staged files end the loop's idle wait
+        self.apply_pass.heartbeat = self.capture.request_heartbeat
         thread = threading.Thread(target=self.capture.run, args=(capture_stop,), name="capture", daemon=True)
         thread.start()
         for service in self.services:

@@ -37,6 +37,10 @@ POSITION_COLUMN = "_pos"
 class ChangeStream(Protocol):
     """The change stream from a position: core.changes events, in commit order."""
 
+    # The most the source may have been told is durable beyond what ``acknowledge`` was given (psycopg2
+    # forwards a slot's confirmation on its own: ``ReplicationStream``); 0 for a stream that never does.
+    forwardable: int
+
     def read(self, max_messages: int, timeout: float) -> Sequence[tuple[int, Event | bytes]]:
         """Up to ``max_messages`` (position, event) pairs, waiting up to ``timeout`` seconds; a
         change may come as its undecoded ``bytes`` (only from a source whose ``undecoded`` codec

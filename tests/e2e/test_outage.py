@@ -388,3 +388,48 @@ def _streaming_one(dsn: str) -> bool:
         finally:
             state.close()
     return False
+
+
+
+def test_a_slot_psycopg2_confirmed_past_untracked_writes_is_taken_as_ours(own_server: ThrowawayPostgres,
+                                                                          tmp_path: Path, spark: Any) -> None:
+    """Writes to tables the pipeline does not track move the WAL with nothing to send. psycopg2
+    forwards the slot's confirmation to the keepalives' wal_end and sends it when the server asks
+    (after ``wal_sender_timeout / 2`` without news, 0.5 s here with no heartbeats; when it restarts).
+    The slot then stands beyond what capture acknowledged: a reconnection after a restart and a new
+    run both take it as this pipeline's, not as moved by someone else (CI saw that refusal). With
+    no heartbeats, the copied table reaches STREAMING because the apply loop asks capture for one."""
+    dsn = own_server.dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER DATABASE postgres SET wal_sender_timeout = '1s'")
+        conn.execute("CREATE TABLE kept (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY, pad text)")
+        conn.execute("INSERT INTO kept SELECT g, 'x' FROM generate_series(1, 50) g")
+    raw = raw_config(dsn, tmp_path, ["public.kept"], target="ducklake", reconnect=RECONNECT,
+                     api={"listen": "127.0.0.1:0"}, staging={"heartbeat_seconds": 3600})
+
+    def untracked_writes(first: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(first, first + 50):
+                conn.execute("INSERT INTO other VALUES (%s, repeat('y', 500))", (i,))
+            before = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]  # type: ignore[index]
+            wait_until(lambda: conn.execute("SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots"
+                                            " WHERE slot_name = 'headrace_t'", (before,)).fetchone()[0],  # type: ignore[index]
+                       30, "psycopg2 never confirmed the slot past the untracked writes")
+
+    pipeline = Pipeline(parse_config(raw), spark=spark)
+    with running(pipeline):
+        wait_until(lambda: _streaming_one(dsn), 180, "the table never reached STREAMING")
+        wait_until(lambda: assert_same(pipeline, dsn, "public.kept") == 50, 60, "the copy did not land")
+        untracked_writes(0)
+        own_server.restart("fast")
+        _back(pipeline)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO kept VALUES (51, 'after a restart')")
+        wait_until(lambda: assert_same(pipeline, dsn, "public.kept") == 51, 60, "kept did not converge")
+        untracked_writes(100)
+    pipeline = Pipeline(parse_config(raw), spark=spark)  # a new run checks the slot at start-up
+    with running(pipeline):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO kept VALUES (52, 'in a new run')")
+        wait_until(lambda: assert_same(pipeline, dsn, "public.kept") == 52, 60, "kept did not converge")

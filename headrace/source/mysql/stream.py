@@ -29,6 +29,8 @@ class PositionStream:
     touch no tracked table (or DDL): capture registers that position, as a PostgreSQL heartbeat's
     commit lets it, so an idle pipeline is caught up and a restart does not read them again."""
 
+    forwardable = 0  # a MySQL server keeps no position of ours (``BinlogStream.acknowledge``)
+
     def __init__(self, inner: Any, start: int, known: Callable[[], dict[int, TableSchema]] = dict,
                  names: TableNames | None = None) -> None:
         self.inner = inner

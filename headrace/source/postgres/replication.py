@@ -212,11 +212,21 @@ class ReplicationStream:
     status updates are only sent from inside those calls. ``raw_changes``: INSERT, UPDATE and DELETE
     come as their message's ``bytes`` (for capture to stage with ``pgoutput.UNDECODED``) when that
     is built; every other message, and every message without it, is decoded.
+
+    ``forwardable``: the most the slot may have been confirmed to without ``acknowledge`` saying so.
+    psycopg2 forwards its flush position to a keepalive's ``wal_end`` when every message read has
+    been acknowledged, and sends it with the next status message: the one ``acknowledge`` sends, or
+    its own answer to a keepalive asking for one (the server asks when shutting down, and after
+    ``wal_sender_timeout / 2`` without news). Capture records this bound before it can be sent, so
+    start-up can tell such advances from someone else's.
     """
 
     def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int, status_interval: float = 10.0,
                  raw_changes: bool = False) -> None:
         self.slot = slot
+        self.forwardable = 0
+        self._acknowledged = 0  # the most ``acknowledge`` was given (psycopg2's explicitly_flushed_lsn)
+        self._last_data = 0  # data_start of the last message read (psycopg2's last_msg_data_start)
         self._raw_kinds = UNDECODED_KINDS if raw_changes and UNDECODED is not None else frozenset()
         self._status_interval = status_interval
         self._what = f"replication stream of slot {slot}"
@@ -247,10 +257,18 @@ class ReplicationStream:
         read_message = self._cur.read_message
         raw_kinds = self._raw_kinds
         deadline = time.monotonic() + timeout
+        # psycopg2 forwards on a keepalive only while the last message read starts at or before what
+        # was acknowledged (a RELATION message starts at 0): at the start of this read, or after any
+        # message of it.
+        acknowledged = self._acknowledged
+        forwards = acknowledged >= self._last_data
         try:
             while len(events) < max_messages:
                 msg = read_message()  # also answers keepalives and sends periodic status updates
                 if msg is not None:
+                    self._last_data = msg.data_start
+                    if msg.data_start <= acknowledged:
+                        forwards = True
                     payload = msg.payload
                     if len(payload) > 5 and payload[0] in raw_kinds and type(payload) is bytes:
                         append((msg.data_start, payload))
@@ -266,6 +284,9 @@ class ReplicationStream:
                 select.select([self._fd], [], [], min(remaining, self._status_interval))
         except psycopg2.Error as exc:
             raise _translate(exc, self._what) from exc
+        finally:
+            if forwards:  # at most the last wal_end seen, a message's or a keepalive's
+                self.forwardable = max(self.forwardable, self._cur.wal_end)
         return events
 
     def new_table_errors(self) -> dict[int, str]:
@@ -273,7 +294,9 @@ class ReplicationStream:
         return {}
 
     def acknowledge(self, flush_lsn: int) -> None:
-        """Tell the server everything up to ``flush_lsn`` is durable (write = flush = apply)."""
+        """Tell the server everything up to ``flush_lsn`` is durable (write = flush = apply); what it
+        is told may be ``forwardable``."""
+        self._acknowledged = max(self._acknowledged, flush_lsn)
         try:
             self._cur.send_feedback(write_lsn=flush_lsn, flush_lsn=flush_lsn, apply_lsn=flush_lsn, force=True)
         except psycopg2.Error as exc:

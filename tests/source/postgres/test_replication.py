@@ -186,3 +186,35 @@ def test_idle_stream_survives_wal_sender_timeout(conn: psycopg.Connection, sourc
             assert stream.read(10, 0.5) == []
         conn.execute("INSERT INTO t (id) VALUES (1)")
         assert any(isinstance(e, Insert) for _, e in read_until(stream, Commit))
+
+
+def test_stream_bounds_what_psycopg2_confirms_on_its_own(conn: psycopg.Connection, source_dsn: str) -> None:
+    """psycopg2 answers a keepalive asking for a reply (here: ``wal_sender_timeout / 2`` without
+    one) with its flush position forwarded to the keepalive's ``wal_end``, while every message read
+    is acknowledged. The slot moves without ``acknowledge``, never beyond ``forwardable``; and not
+    at all past a message read but not acknowledged."""
+    conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET wal_sender_timeout = \'1s\'')
+    ensure_publication(conn, "pub", ["public.t"])
+    start = ensure_slot(conn, "hr")
+
+    def confirmed() -> int:
+        row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'hr'")
+        return parse_lsn(row.fetchone()[0])  # type: ignore[index]
+
+    with ReplicationStream(source_dsn, "hr", "pub", start, status_interval=24 * 3600) as stream:
+        for i in range(20):
+            conn.execute("INSERT INTO u VALUES (%s)", (i,))  # not published: the WAL moves, nothing is sent
+        deadline = time.monotonic() + 30
+        while confirmed() == start:
+            assert time.monotonic() < deadline, "the slot was never confirmed on psycopg2's own"
+            assert stream.read(10, 0.2) == []
+        assert start < confirmed() <= stream.forwardable
+
+        conn.execute("INSERT INTO t (id) VALUES (1)")
+        read_until(stream, Commit)  # read, not acknowledged: psycopg2 stops forwarding
+        reach, held = stream.forwardable, confirmed()
+        for i in range(20, 40):
+            conn.execute("INSERT INTO u VALUES (%s)", (i,))
+        for _ in range(10):  # 2 s: past the timeout twice over
+            assert stream.read(10, 0.2) == []
+        assert stream.forwardable == reach and confirmed() == held
