@@ -24,6 +24,7 @@ from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg import driver_delta
 from headrace.targets.iceberg.catalog import java_table
 from headrace.targets.iceberg.config import IcebergConfig
+from headrace.targets.iceberg.driver_apply import NotOnDriver
 from headrace.targets.iceberg.target import IcebergTarget
 from tests.e2e.test_copy_files import _iceberg_values
 from tests.materialize.test_driver_batch import _stage, matrix_texts  # noqa: F401
@@ -102,12 +103,12 @@ def test_every_matrix_value_and_change_lands_as_the_merge_writes_it(
 
 
 def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: list[str]
+    spark: SparkSession, tmp_path: Path, reads: list[str]
 ) -> None:
-    """A table too large to keep its keys between batches, in three data files over separate key ranges:
-    a batch within one range reads that file's keys only
-    (Iceberg's column metrics), its position deletes name that file only, and Spark, DuckDB and
-    pyiceberg read the same rows."""
+    """A table too large to keep its keys between batches (``driver_key_rows``), in three data files
+    over separate key ranges: a batch within one range reads that file's keys only (Iceberg's column
+    metrics), its position deletes name that file only, and Spark, DuckDB and pyiceberg read the same
+    rows. A batch whose range spans more rows than that goes to the MERGE."""
     driver, merge = _pair(spark, tmp_path)
     tables = [_named(TABLE, "a"), _named(TABLE, "b")]
     for target, table in zip((driver, merge), tables, strict=True):
@@ -115,7 +116,7 @@ def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
         for start in (100, 200):
             rows = [(i, f"r{i}", None, None, f"d{i}") for i in range(start, start + 10)]
             target.write_snapshot(table, snapshot_df(spark, table, rows), Position(100), replace=False)
-    monkeypatch.setattr(driver_delta.KEY_INDEXES, "budget", 0)  # no table's keys kept: read for each batch
+    driver.driver_key_rows = 15  # fewer than the table's 23 rows: its keys are read for each batch
     doc = unchanged_token("doc")
     changes = [("U", 200, 0, None, 105, "new", None, ["t"], "n105"), ("D", 200, 1, None, 107, *[None] * 4),
                ("I", 200, 2, None, 150, "ins", None, None, "n150"), ("D", 200, 3, None, 160, *[None] * 4)]
@@ -137,6 +138,11 @@ def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
     driver.apply_arrow_batch(tables[0], to_arrow(batch_df(spark, tables[0], toast)), None, 2)
     assert driver.paths.counts == {"driver": 1, "merge": 1}
     assert {r[0]: r[4] for r in driver.read_table(tables[0]).collect()}[1] == "big1"
+    # A batch whose key range spans files of more rows than driver_key_rows: the MERGE, saying why.
+    wide = [("U", 400, 0, None, 2, "two", None, None, "d2"), ("U", 400, 1, None, 205, "t205", None, None, "d205")]
+    with pytest.raises(NotOnDriver, match=r"key range spans files of \d+ rows \(of 2\d\): more keys than"):
+        driver_delta.apply_delta_on_driver(spark, java_table(spark, name), tables[0],
+                                           to_arrow(batch_df(spark, tables[0], wide)), None, 12)
 
 
 def test_a_compaction_between_read_and_commit_fails_the_commit(spark: SparkSession, tmp_path: Path,

@@ -64,3 +64,10 @@ class IcebergConfig(Frozen):
         " into a merge-on-read one its keys are read and a position-delete file and a data file are committed"
         " (driver_delta.py); false: every batch is a Spark MERGE"
     )
+    driver_key_rows: int = Field(
+        20_000_000, ge=0, description="merge-on-read tables of up to this many rows are applied on the driver"
+        " with their keys kept in memory between batches (key, _hr_lsn, _hr_seq, file and row number: ~36"
+        " bytes a row for a bigint key, ~720 MB at the default, all tables together, least recently applied"
+        " out first); a larger table too when its integer key's batch range falls in files of at most this"
+        " many rows (read for each batch); otherwise Spark's MERGE. Raise it for larger tables, memory allowing"
+    )

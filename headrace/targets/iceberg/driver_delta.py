@@ -9,13 +9,15 @@ table's keys and positions: which rows the batch replaces (their file and row nu
 the batch's rows are new versions. So the driver:
 
 1. Finds the table's keys: which file and row number holds each live key, and its ``_hr_lsn``/``_hr_seq``
-   (``KeyIndex``). A table of up to ``INDEX_ROWS`` rows is read whole once (the current snapshot's data
+   (``KeyIndex``). A table of up to ``max_rows`` rows (``driver_key_rows``) is read whole once (the current snapshot's data
    files and their delete files from ``driver_apply.planned_files``, py4j, no job; only those columns,
    by field id; rows position deletes removed left out), and the index is kept between batches:
    each commit made here carries it forward (the replaced rows out, the new file's rows in), so the
    next batch reads no file at all, and any other commit (a compaction, another writer) makes it
    stale and it is read again. A larger table is read for each batch, only the files in the batch's
-   key range (an integer key: Iceberg's column metrics), cut to the batch's keys as they are read.
+   key range (an integer key: Iceberg's column metrics), cut to the batch's keys as they are read,
+   when those files hold at most ``max_rows`` rows (a batch of recent keys into a table laid out by
+   key: any table size); a range spanning more goes to the MERGE.
 2. Runs the MERGE's rules in DuckDB over keys, positions and row numbers (``ducklake.plan``'s
    ``written_before_sql``, as ``driver_apply``): a change replaces or deletes the row of its key
    only when written after it; a delete removes; a change of a key the table lacks inserts unless
@@ -37,8 +39,8 @@ Values never pass through anything but Arrow: the new versions are the batch's o
 Anything else keeps Spark's MERGE (``NotOnDriver`` says why): a TRUNCATE before the batch, TOAST
 columns left unchanged (the new version takes the row's value, which step 1 does not read), a
 column kept after the source dropped it (the same), a key change with TOAST (``_hr_from``), a
-partitioned table, more live rows than ``max_rows`` (``MAX_ROWS``: the keys are held in memory), and
-whatever ``driver_apply`` refuses (types, files, locations).
+partitioned table, a batch whose key range spans more than ``max_rows`` rows of a table larger than
+that (the keys are held in memory), and whatever ``driver_apply`` refuses (types, files, locations).
 """
 
 from __future__ import annotations
@@ -86,26 +88,20 @@ _FILE = "_hr_file"  # which data file of the plan a row is in (index into the fi
 _POS = "_hr_pos"  # its row number there
 _IDX = "_hr_index_row"  # a candidate row's number in its ``KeyIndex``
 _INTEGERS = ("int", "long")
-# Live rows up to which a table's keys are read on the driver: key, _hr_lsn, _hr_seq and the row's file
-# and number take ~32 bytes a row for a bigint key in Arrow, ~640 MB at this bound.
-MAX_ROWS = 20_000_000
-# Rows of ``KeyIndex`` kept between batches, all tables together (~36 bytes a row, ~580 MB).
-INDEX_ROWS = 16_000_000
 
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
                           truncate_before: Position | None, max_rows: int) -> DriverApplied:
     """Apply ``changes`` (a keyed batch in the row shape, as ``driver_batch.batch_schema``) to the
-    merge-on-read table ``iceberg`` (the Spark catalog's cached py4j ``Table``) in one commit. Raises
-    ``NotOnDriver`` before writing anything when the MERGE must do it."""
+    merge-on-read table ``iceberg`` (the Spark catalog's cached py4j ``Table``) in one commit, holding
+    at most ``max_rows`` keys (``IcebergConfig.driver_key_rows``). Raises ``NotOnDriver`` before
+    writing anything when the MERGE must do it."""
     refusal = _refusal(table, changes, truncate_before)
     if refusal:
         raise NotOnDriver(refusal)
     if not iceberg.spec().isUnpartitioned():
         raise NotOnDriver("partitioned table")
     live = write_mode.live_rows(iceberg) or 0
-    if live > max_rows:
-        raise NotOnDriver(f"{live} rows: more keys than {max_rows} to read on the driver")
     jvm: Any = spark.sparkContext._jvm
     columns = table_columns(jvm, iceberg, table, changes.schema)
     if any(c.kept for c in columns):
@@ -121,12 +117,11 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
     batch_keys = batch.column(table.key[0]).combine_chunks() if len(table.key) == 1 else None
     index = KEY_INDEXES.get(place, snapshot_id)
     if index is None:
-        index = _read_index(jvm, table, iceberg, snapshot_id, wanted, batch, batch_keys,
-                            whole=live <= KEY_INDEXES.budget)
+        index = _read_index(jvm, table, iceberg, snapshot_id, wanted, batch, batch_keys, live, max_rows)
     replaced, new_rows = _plan(table, index.candidates(batch_keys), batch)
     if not replaced.num_rows and not len(new_rows):
         if index.whole:
-            KEY_INDEXES.put(place, index)
+            KEY_INDEXES.put(place, index, max_rows)
         return DriverApplied(live, live, 0, committed=False)
     stem = uuid.uuid4().hex
     added = batch.take(pa.array(new_rows, pa.int64()))
@@ -146,7 +141,7 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
     if index.whole and committed is not None and _parent(committed) == snapshot_id:
         index.advance(int(committed.snapshotId()), replaced.column(_IDX).to_numpy(),
                       added.select([c.name for c in wanted]), location)
-        KEY_INDEXES.put(place, index)
+        KEY_INDEXES.put(place, index, max_rows)
     return DriverApplied(live, live - replaced.num_rows + len(new_rows), 0, committed=True)
 
 
@@ -203,11 +198,10 @@ class KeyIndex:
 
 
 class KeyIndexes:
-    """The ``KeyIndex`` of recently applied tables, by table location, up to ``budget`` rows in all
-    (least recently used out first)."""
+    """The ``KeyIndex`` of recently applied tables, by table location, up to the budget ``put`` is
+    given in rows in all (least recently used out first)."""
 
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._indexes: collections.OrderedDict[str, KeyIndex] = collections.OrderedDict()
 
@@ -221,11 +215,11 @@ class KeyIndexes:
             self._indexes[place] = index
             return index
 
-    def put(self, place: str, index: KeyIndex) -> None:
+    def put(self, place: str, index: KeyIndex, budget: int) -> None:
         with self._lock:
             self._indexes.pop(place, None)
             self._indexes[place] = index
-            while len(self._indexes) > 1 and sum(i.rows.num_rows for i in self._indexes.values()) > self.budget:
+            while len(self._indexes) > 1 and sum(i.rows.num_rows for i in self._indexes.values()) > budget:
                 self._indexes.popitem(last=False)
 
     def drop(self, place: str) -> None:
@@ -233,20 +227,27 @@ class KeyIndexes:
             self._indexes.pop(place, None)
 
 
-KEY_INDEXES = KeyIndexes(INDEX_ROWS)
+KEY_INDEXES = KeyIndexes()
 
 
 def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | None, wanted: list[Any],
-                batch: pa.Table, batch_keys: pa.Array | None, whole: bool) -> KeyIndex:
-    """The table's ``KeyIndex`` at ``snapshot_id`` read from its files: every live row (``whole``), or
-    only the files in the batch's key range (an integer key: Iceberg's column metrics) cut to the
-    batch's keys as they are read (one key column: pyarrow's ``is_in``)."""
+                batch: pa.Table, batch_keys: pa.Array | None, live: int, max_rows: int) -> KeyIndex:
+    """The table's ``KeyIndex`` at ``snapshot_id`` read from its files: every live row when there are
+    at most ``max_rows``, else only the files in the batch's key range (an integer key: Iceberg's
+    column metrics) cut to the batch's keys as they are read (one key column: pyarrow's ``is_in``),
+    ``NotOnDriver`` when those hold more than ``max_rows`` rows."""
+    whole = live <= max_rows
     locations: list[str] = []
     parts: list[pa.Table] = []
     if snapshot_id is not None:
         deletes_read: dict[str, pa.Table] = {}
         row_filter = None if whole else _key_range(jvm, table, iceberg, batch)
-        for data, deletes in planned_files(iceberg, snapshot_id, row_filter):
+        planned = list(planned_files(iceberg, snapshot_id, row_filter))
+        spanned = sum(int(data.recordCount()) for data, _deletes in planned)
+        if not whole and spanned > max_rows:
+            raise NotOnDriver(f"the batch's key range spans files of {spanned} rows (of {live}): more keys than"
+                              f" target.iceberg.driver_key_rows ({max_rows}) to read on the driver")
+        for data, deletes in planned:
             parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read,
                                     None if whole else batch_keys))
             locations.append(str(data.location()))

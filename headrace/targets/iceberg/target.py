@@ -128,6 +128,7 @@ class IcebergTarget(Target):
         self._java: JavaCatalog | None = None  # ``_java_catalog``
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
         self.apply_on_driver = settings.apply_on_driver
+        self.driver_key_rows = settings.driver_key_rows
         self.paths = driver_apply.ApplyPaths()
 
     def _namespace(self, table: TableSchema) -> str:
@@ -288,7 +289,7 @@ class IcebergTarget(Target):
                     driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before)
                 else:
                     driver_delta.apply_delta_on_driver(self.spark, iceberg_table, table, changes, truncate_before,
-                                                       driver_delta.MAX_ROWS)
+                                                       self.driver_key_rows)
                 self.paths.took(table.qualified_name, "driver")
                 return
             except driver_apply.NotOnDriver as exc:
