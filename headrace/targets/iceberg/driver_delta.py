@@ -88,6 +88,8 @@ _FILE = "_hr_file"  # which data file of the plan a row is in (index into the fi
 _POS = "_hr_pos"  # its row number there
 _IDX = "_hr_index_row"  # a candidate row's number in its ``KeyIndex``
 _INTEGERS = ("int", "long")
+# Rows appended to a ``KeyIndex`` (found by ``is_in``) below which it is not sorted again for them.
+RESORT_APPENDED = 1_000_000
 
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
@@ -156,45 +158,139 @@ class KeyIndex:
     row (``whole``: kept between batches and carried forward by each commit made here, so a batch
     reads no file), or only the rows of one batch's keys (a table over the budget).
 
-    Carrying it forward costs about the batch, not the table: replaced rows are only marked dead
-    (``live``), new rows appended as a chunk; the rows are rewritten without the dead ones once a
-    quarter of them are dead."""
+    A batch's rows are found, and the index carried forward, at a cost of about the batch, not the
+    table, where the key is one integer column:
+    - the rows as read are kept sorted by key: the files' chunks in key order when each is sorted and
+      they do not overlap (a copy writes a table in key order mostly), else sorted once (a copy of
+      the rows); a batch's keys are found by binary search there (``_sorted_hits``), and by ``is_in``
+      among the rows appended since;
+    - replaced rows are only marked dead (``live``), new rows appended as a chunk;
+    - rows are taken chunk by chunk (``Table.take`` over many chunks costs about the table);
+    - once a quarter of the rows are dead, or the appended ones outgrow an eighth of the sorted ones,
+      the rows are sorted again without the dead ones (amortized over the batches in between).
+    Other keys: ``is_in`` over every row."""
 
     snapshot_id: int | None
     locations: list[str]  # the data files ``_FILE`` numbers
     rows: pa.Table  # the key columns, ``_hr_lsn``, ``_hr_seq``, ``_FILE``, ``_POS``
     whole: bool
-    live: np.ndarray = field(default_factory=lambda: np.ones(0, dtype=bool))
+    _live: np.ndarray = field(init=False, repr=False)  # per row, with spare room at the end
+    _dead: int = field(init=False, default=0)
+    _base: int = field(init=False, default=0)  # rows[:_base] are sorted by a unique integer key
+    _runs: list[np.ndarray] = field(init=False, default_factory=list, repr=False)  # their chunks' keys
+    _firsts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0), repr=False)  # each run's first key
+    _starts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0, np.int64), repr=False)  # first rows
 
     def __post_init__(self) -> None:
-        if len(self.live) != self.rows.num_rows:
-            self.live = np.ones(self.rows.num_rows, dtype=bool)
+        self._live = np.ones(self.rows.num_rows, dtype=bool)
+        if self.whole:
+            self._sort()
+
+    @property
+    def live(self) -> np.ndarray:
+        """Per row: not replaced or deleted since the index was read."""
+        return self._live[:self.rows.num_rows]
 
     def candidates(self, batch_keys: pa.Array | None) -> pa.Table:
         """The live rows a batch of ``batch_keys`` (None: a key of several columns) can match, with
         their row numbers here (``_IDX``)."""
         live = self.live
-        if self.whole and batch_keys is not None:
-            live = live & pc.is_in(self.rows.column(0), value_set=batch_keys).to_numpy(zero_copy_only=False)
-        at = np.flatnonzero(live)
-        return self.rows.take(pa.array(at, pa.int64())).append_column(_IDX, pa.array(at, pa.int64()))
+        if not self.whole or batch_keys is None:
+            at = np.flatnonzero(live)
+        elif not self._runs:
+            at = np.flatnonzero(live & pc.is_in(self.rows.column(0), value_set=batch_keys)
+                                .to_numpy(zero_copy_only=False))
+        else:
+            at = np.concatenate([self._sorted_hits(batch_keys), self._appended_hits(batch_keys)])
+        return _take(self.rows, at).append_column(_IDX, pa.array(at, pa.int64()))
+
+    def _sorted_hits(self, batch_keys: pa.Array) -> np.ndarray:
+        """Live sorted rows holding one of ``batch_keys``, ascending (binary search: keys are unique there)."""
+        wanted = np.unique(batch_keys.to_numpy(zero_copy_only=False))
+        run_of = np.searchsorted(self._firsts, wanted, side="right") - 1
+        found = []
+        for run in np.unique(run_of[run_of >= 0]):
+            keys, mine = self._runs[run], wanted[run_of == run]
+            at = np.minimum(np.searchsorted(keys, mine), len(keys) - 1)
+            found.append(self._starts[run] + at[keys[at] == mine])
+        at = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+        return at[self._live[at]]
+
+    def _appended_hits(self, batch_keys: pa.Array) -> np.ndarray:
+        """Live rows appended since the last sort holding one of ``batch_keys``, ascending."""
+        appended = self.rows.num_rows - self._base
+        if not appended:
+            return np.zeros(0, dtype=np.int64)
+        mask = pc.is_in(self.rows.column(0).slice(self._base), value_set=batch_keys).to_numpy(zero_copy_only=False)
+        return self._base + np.flatnonzero(mask & self._live[self._base:self.rows.num_rows])
 
     def advance(self, snapshot_id: int, removed: np.ndarray, added: pa.Table, location: str | None) -> None:
         """Carry the index to ``snapshot_id``: the rows at ``removed`` (``_IDX``) deleted, ``added`` (key
         and position columns, in file order) written as file ``location``."""
-        self.live[removed] = False
+        removed = np.unique(removed)
+        self._dead += int(self._live[removed].sum())
+        self._live[removed] = False
         if location is not None:
             self.locations.append(location)
-            n = added.num_rows
+            before, n = self.rows.num_rows, added.num_rows
             added = (added.append_column(_FILE, pa.array(np.full(n, len(self.locations) - 1, dtype=np.int32)))
                      .append_column(_POS, pa.array(np.arange(n, dtype=np.int64))))
             self.rows = pa.concat_tables([self.rows, added.cast(self.rows.schema)])
-            self.live = np.concatenate([self.live, np.ones(n, dtype=bool)])
-        if self.live.sum() < 0.75 * len(self.live):
-            self.rows, self.live = self.rows.filter(pa.array(self.live)), np.ones(int(self.live.sum()), dtype=bool)
-        if self.rows.column(0).num_chunks > 64:
-            self.rows = self.rows.combine_chunks()
+            if len(self._live) < before + n:  # room doubles: appending costs about the batch
+                grown = np.zeros(max(2 * len(self._live), before + n), dtype=bool)
+                grown[:before] = self._live[:before]
+                self._live = grown
+            self._live[before:before + n] = True
+        appended = self.rows.num_rows - self._base
+        if (self._dead > self.rows.num_rows // 4
+                or (self._runs and appended > max(RESORT_APPENDED, self._base // 8))):
+            self._sort()
+        elif self.rows.column(0).num_chunks > len(self._runs) + 64:  # the appended rows as one chunk
+            self.rows = pa.concat_tables([self.rows.slice(0, self._base),
+                                          self.rows.slice(self._base).combine_chunks()])
         self.snapshot_id = snapshot_id
+
+    def _sort(self) -> None:
+        """Drop the dead rows, and keep the rest sorted by key when it is one integer column (``_runs``)."""
+        rows = self.rows if not self._dead else self.rows.filter(pa.array(self.live))
+        self._runs, self._base = [], 0
+        key = rows.column(0)
+        if rows.num_rows and pa.types.is_integer(key.type) and not key.null_count:
+            rows = _in_key_order(rows)
+            runs = [batch.column(0).to_numpy() for batch in rows.to_batches()]
+            if not any((keys[1:] == keys[:-1]).any() for keys in runs):  # unique: one row a key
+                self._runs, self._base = runs, rows.num_rows
+                self._firsts = np.array([keys[0] for keys in runs])
+                self._starts = np.cumsum([0, *(len(keys) for keys in runs[:-1])]).astype(np.int64)
+        self.rows = rows
+        self._live = np.ones(rows.num_rows, dtype=bool)
+        self._dead = 0
+
+
+def _in_key_order(rows: pa.Table) -> pa.Table:
+    """``rows`` (an integer first column, no NULL) sorted by it: its chunks reordered when each is
+    sorted and they do not overlap (no copy), else sorted whole (one chunk). Empty chunks dropped."""
+    batches = [b for b in rows.to_batches() if b.num_rows]
+    keys = [b.column(0).to_numpy() for b in batches]
+    if all((k[1:] >= k[:-1]).all() for k in keys):
+        order = sorted(range(len(batches)), key=lambda i: keys[i][0])
+        if all(keys[a][-1] < keys[b][0] for a, b in zip(order, order[1:], strict=False)):
+            return pa.Table.from_batches([batches[i] for i in order], schema=rows.schema)
+    whole = rows.combine_chunks()
+    ordered = np.argsort(whole.column(0).chunk(0).to_numpy(), kind="stable")
+    return whole.take(pa.array(ordered)).combine_chunks()
+
+
+def _take(rows: pa.Table, at: np.ndarray) -> pa.Table:
+    """``rows.take(at)`` for ascending ``at``, chunk by chunk: ``Table.take`` over many chunks costs
+    about the whole table."""
+    batches = rows.to_batches()
+    if len(batches) <= 1:
+        return rows.take(pa.array(at, pa.int64()))
+    starts = np.cumsum([0, *(b.num_rows for b in batches[:-1])])
+    chunk_of = np.searchsorted(starts, at, side="right") - 1
+    parts = [batches[c].take(pa.array(at[chunk_of == c] - starts[c], pa.int64())) for c in np.unique(chunk_of)]
+    return pa.Table.from_batches(parts, schema=rows.schema) if parts else rows.schema.empty_table()
 
 
 class KeyIndexes:
