@@ -53,8 +53,12 @@ def create_sql(target: str, table: TableSchema) -> str:
 
 
 def plan_sql(target: str, table: TableSchema, key: tuple[str, ...], moved: bool = False,
-             kept_columns: list[str] | None = None) -> str:
+             kept_columns: list[str] | None = None, unchanged: bool = True) -> str:
     """Batch rows cast to target types, joined to the current target row of the same key.
+
+    ``unchanged``: some change of the batch leaves a TOAST column unchanged, which then keeps the
+    target row's value. Without it (and without ``moved`` or ``kept_columns``) the plan reads only
+    the target's key and position columns: the scan it pays for every batch reads less of the table.
 
     ``moved``: the batch has ``_hr_from`` (rows whose key changed, leaving TOAST columns
     unchanged): those take the unchanged values from the old key's target row instead.
@@ -75,13 +79,12 @@ def plan_sql(target: str, table: TableSchema, key: tuple[str, ...], moved: bool 
     select = []
     for col in table.columns:
         new = cast_in(f"b.{quote_ident(col.name)}", col.type)
-        if col.name not in key:
+        if col.name not in key and (unchanged or moved):
             # A TOAST column the update did not send keeps the value already in the target.
-            unchanged = left_unchanged_sql("b", col.name)
             kept = f"o.{quote_ident(col.name)}"
             if moved:
                 kept = f"CASE WHEN b.{HR_FROM} IS NOT NULL THEN f.{quote_ident(col.name)} ELSE {kept} END"
-            new = f"CASE WHEN {unchanged} THEN {kept} ELSE {new} END"
+            new = f"CASE WHEN {left_unchanged_sql('b', col.name)} THEN {kept} ELSE {new} END"
         select.append(f"{new} AS {quote_ident(col.name)}")
     select += [f"o.{quote_ident(k)} AS {quote_ident(k)}" for k in kept_columns or ()]
     older = written_before_sql("o", "b")

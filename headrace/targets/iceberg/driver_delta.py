@@ -176,8 +176,10 @@ class KeyIndex:
     whole: bool
     _live: np.ndarray = field(init=False, repr=False)  # per row, with spare room at the end
     _dead: int = field(init=False, default=0)
-    _base: int = field(init=False, default=0)  # rows[:_base] are sorted by a unique integer key
-    _runs: list[np.ndarray] = field(init=False, default_factory=list, repr=False)  # their chunks' keys
+    _base: int = field(init=False, default=0)  # rows[:_base]: as read or last sorted; the rest appended since
+    _chunks: int = field(init=False, default=0)  # rows[:_base]'s chunks
+    # rows[:_base]'s keys chunk by chunk, ascending, when the key is one unique integer column; else empty
+    _runs: list[np.ndarray] = field(init=False, default_factory=list, repr=False)
     _firsts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0), repr=False)  # each run's first key
     _starts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0, np.int64), repr=False)  # first rows
 
@@ -245,7 +247,7 @@ class KeyIndex:
         if (self._dead > self.rows.num_rows // 4
                 or (self._runs and appended > max(RESORT_APPENDED, self._base // 8))):
             self._sort()
-        elif self.rows.column(0).num_chunks > len(self._runs) + 64:  # the appended rows as one chunk
+        elif self.rows.column(0).num_chunks > self._chunks + 64:  # the appended rows as one chunk
             self.rows = pa.concat_tables([self.rows.slice(0, self._base),
                                           self.rows.slice(self._base).combine_chunks()])
         self.snapshot_id = snapshot_id
@@ -253,16 +255,16 @@ class KeyIndex:
     def _sort(self) -> None:
         """Drop the dead rows, and keep the rest sorted by key when it is one integer column (``_runs``)."""
         rows = self.rows if not self._dead else self.rows.filter(pa.array(self.live))
-        self._runs, self._base = [], 0
+        self._runs = []
         key = rows.column(0)
         if rows.num_rows and pa.types.is_integer(key.type) and not key.null_count:
             rows = _in_key_order(rows)
             runs = [batch.column(0).to_numpy() for batch in rows.to_batches()]
             if not any((keys[1:] == keys[:-1]).any() for keys in runs):  # unique: one row a key
-                self._runs, self._base = runs, rows.num_rows
+                self._runs = runs
                 self._firsts = np.array([keys[0] for keys in runs])
                 self._starts = np.cumsum([0, *(len(keys) for keys in runs[:-1])]).astype(np.int64)
-        self.rows = rows
+        self.rows, self._base, self._chunks = rows, rows.num_rows, rows.column(0).num_chunks
         self._live = np.ones(rows.num_rows, dtype=bool)
         self._dead = 0
 
@@ -349,7 +351,7 @@ def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | N
             locations.append(str(data.location()))
     schema = pa.schema([*(pa.field(c.name, c.arrow) for c in wanted), pa.field(_FILE, pa.int32()),
                         pa.field(_POS, pa.int64())])
-    rows = pa.concat_tables(parts).combine_chunks() if parts else schema.empty_table()
+    rows = pa.concat_tables(parts) if parts else schema.empty_table()  # a chunk a file: ``KeyIndex`` keeps them
     return KeyIndex(snapshot_id, locations, rows, whole)
 
 
