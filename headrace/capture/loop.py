@@ -166,8 +166,7 @@ class Capture:
             if self._forwarded > self._bounded:
                 # The last stream's final read may have answered the server's goodbye with its
                 # forwarded position (a restart asks for one) before it could be recorded.
-                state.log_index.register([], state.captured_lsn(), self._forwarded)
-                self._bounded = self._forwarded
+                self._bound(state.log_index, self._forwarded)
             self.source.check_same_source(source, state)  # a failover can lose the slot
             self.captured_lsn = state.captured_lsn()
             remove_orphans(self.staging, state.log_index)

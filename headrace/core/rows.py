@@ -8,6 +8,9 @@ rows, and every target, which stores them.
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 # Metadata columns every target table carries beside the source columns.
 HR_LSN = "_hr_lsn"  # commit LSN of the change that last wrote the row (bigint)
 HR_SEQ = "_hr_seq"  # ordinal of that change inside its transaction (bigint)
@@ -26,3 +29,8 @@ def unchanged_token(name: str) -> str:
     ``_unchanged_cols``, batches' ``HR_UNCHANGED``). A PostgreSQL column name may hold a comma, so
     '%' and ',' are percent-escaped; readers look a column up by its token, never split names back."""
     return name.replace("%", "%25").replace(",", "%2C")
+
+
+def leaves_unchanged(changes: pa.Table) -> bool:
+    """Some change of the batch ``changes`` leaves a TOAST column unchanged (a non-empty ``HR_UNCHANGED``)."""
+    return HR_UNCHANGED in changes.column_names and any(pc.unique(changes.column(HR_UNCHANGED)).to_pylist())

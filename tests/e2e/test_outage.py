@@ -390,7 +390,6 @@ def _streaming_one(dsn: str) -> bool:
     return False
 
 
-
 def test_a_slot_psycopg2_confirmed_past_untracked_writes_is_taken_as_ours(own_server: ThrowawayPostgres,
                                                                           tmp_path: Path, spark: Any) -> None:
     """Writes to tables the pipeline does not track move the WAL with nothing to send. psycopg2

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_SEQ, HR_UNCHANGED
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_SEQ, leaves_unchanged
 from headrace.core.schema import TableSchema
 from headrace.targets.ducklake import plan
 
@@ -48,8 +47,7 @@ def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite) -> No
         elif batch.num_rows:
             moved = HR_FROM in batch.schema.names
             kept = kept_columns(con, target, table)
-            unchanged = HR_UNCHANGED in batch.schema.names and bool(pc.any(pc.and_(
-                pc.is_valid(batch.column(HR_UNCHANGED)), pc.not_equal(batch.column(HR_UNCHANGED), ""))).as_py())
+            unchanged = leaves_unchanged(batch)
             planned = con.execute(plan.plan_sql(target, table, table.key, moved, kept, unchanged)).arrow()
             if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
                 planned = planned.read_all()

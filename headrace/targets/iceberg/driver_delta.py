@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from headrace.core.filesink import FIELD_ID, WrittenFile
 from headrace.core.position import Position
-from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
+from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, leaves_unchanged
 from headrace.core.schema import TableSchema
 from headrace.targets.iceberg import files, write_mode
 from headrace.targets.iceberg.driver_apply import (
@@ -341,8 +341,8 @@ def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | N
         deletes_read: dict[str, pa.Table] = {}
         row_filter = None if whole else _key_range(jvm, table, iceberg, batch)
         planned = list(planned_files(iceberg, snapshot_id, row_filter))
-        spanned = sum(int(data.recordCount()) for data, _deletes in planned)
-        if not whole and spanned > max_rows:
+        spanned = 0 if whole else sum(int(data.recordCount()) for data, _deletes in planned)
+        if spanned > max_rows:
             raise NotOnDriver(f"the batch's key range spans files of {spanned} rows (of {live}): more keys than"
                               f" target.iceberg.driver_key_rows ({max_rows}) to read on the driver")
         for data, deletes in planned:
@@ -363,7 +363,7 @@ def _refusal(table: TableSchema, changes: pa.Table, truncate_before: Position | 
         return "a key change left TOAST columns unchanged"
     if truncate_before is not None:
         return "a TRUNCATE before the batch"
-    if any(pc.unique(changes.column(HR_UNCHANGED)).to_pylist()):
+    if leaves_unchanged(changes):
         return "TOAST columns left unchanged"
     return None
 
