@@ -1,4 +1,4 @@
-"""``driver_delta.KeyIndex`` against a model: after any run of batches (updates, deletes, re-inserts,
+"""``driver_delta.KeyIndex`` (its ``core.key_rows.KeyRows``) against a model: after any run of batches (updates, deletes, re-inserts,
 new keys), a batch's candidates are exactly the live rows holding its keys, wherever they are (the
 sorted rows, the rows appended since, after a sort again), for integer keys found by binary search
 and for other keys by ``is_in``."""
@@ -11,8 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from headrace.targets.iceberg import driver_delta
-from headrace.targets.iceberg.driver_delta import _FILE, _IDX, _POS, KeyIndex
+from headrace.core import key_rows
+from headrace.core.key_rows import IDX as _IDX
+from headrace.core.key_rows import KeyRows
+from headrace.targets.iceberg.driver_delta import _FILE, _POS, KeyIndex
 
 SCHEMA = {"int64": pa.int64(), "int32": pa.int32(), "string": pa.string()}
 
@@ -29,7 +31,7 @@ def _table(keys: list[object], key_type: pa.DataType, file: int) -> pa.Table:
 def test_candidates_follow_every_batch(key_type: str, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``chunks``: as files are read, each sorted, in another order (kept as they are, reordered);
     ``shuffled``: sorted once."""
-    monkeypatch.setattr(driver_delta, "RESORT_APPENDED", 300)  # appended rows trigger a sort within the run
+    monkeypatch.setattr(key_rows, "RESORT_APPENDED", 300)  # appended rows trigger a sort within the run
     arrow = SCHEMA[key_type]
     rng = random.Random(7)
 
@@ -44,8 +46,8 @@ def test_candidates_follow_every_batch(key_type: str, layout: str, monkeypatch: 
         first = [*range(2001, 3001), *range(1, 1001), *range(1001, 2001)]
         rows = pa.concat_tables([_table([key(i) for i in first[at:at + 1000]], arrow, 0) for at in (0, 1000, 2000)])
         rows = rows.set_column(4, _POS, pa.array(range(3000), pa.int64()))
-    index = KeyIndex(1, ["f0"], rows, whole=True)
-    assert len(index._runs) == (0 if key_type == "string" else 3 if layout == "chunks" else 1)
+    index = KeyIndex(1, ["f0"], KeyRows(rows), whole=True)
+    assert len(index.keys._runs) == (0 if key_type == "string" else 3 if layout == "chunks" else 1)
     model = {key(i): (0, at) for at, i in enumerate(first)}  # live key -> (file, row number)
     next_key = 10_000
     for batch in range(1, 60):
@@ -69,20 +71,20 @@ def test_candidates_follow_every_batch(key_type: str, layout: str, monkeypatch: 
         if added.num_rows:
             for at, k in enumerate(rewritten + fresh):
                 model[k] = (len(index.locations) - 1, at)
-        assert int(index.live.sum()) == len(model), batch
+        assert int(index.keys.live.sum()) == len(model), batch
     assert index.snapshot_id == 60
 
 
 def test_duplicate_integer_keys_fall_back_to_is_in() -> None:
     """Binary search finds one row of a key: a table holding a key twice is searched with ``is_in``."""
-    index = KeyIndex(1, ["f0"], _table([3, 1, 2, 3], pa.int64(), 0), whole=True)
-    assert not index._runs
+    index = KeyIndex(1, ["f0"], KeyRows(_table([3, 1, 2, 3], pa.int64(), 0)), whole=True)
+    assert not index.keys._runs
     found = index.candidates(pa.array([3], pa.int64()))
     assert sorted(found.column(_POS).to_pylist()) == [0, 3]
 
 
 def test_an_empty_table() -> None:
-    index = KeyIndex(None, [], _table([], pa.int64(), 0), whole=True)
+    index = KeyIndex(None, [], KeyRows(_table([], pa.int64(), 0)), whole=True)
     assert index.candidates(pa.array([1], pa.int64())).num_rows == 0
     index.advance(2, np.zeros(0, dtype=np.int64), _table([1], pa.int64(), 1).select(["id", "_hr_lsn", "_hr_seq"]),
                   "f1")

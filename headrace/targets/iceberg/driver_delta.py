@@ -45,10 +45,8 @@ that (the keys are held in memory), and whatever ``driver_apply`` refuses (types
 
 from __future__ import annotations
 
-import collections
-import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from headrace.core.filesink import FIELD_ID, WrittenFile
+from headrace.core.key_rows import IDX, KeyCache, KeyRows
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, leaves_unchanged
 from headrace.core.schema import TableSchema
@@ -86,10 +85,7 @@ DELETE_SCHEMA = pa.schema([
 ])
 _FILE = "_hr_file"  # which data file of the plan a row is in (index into the files read)
 _POS = "_hr_pos"  # its row number there
-_IDX = "_hr_index_row"  # a candidate row's number in its ``KeyIndex``
 _INTEGERS = ("int", "long")
-# Rows appended to a ``KeyIndex`` (found by ``is_in``) below which it is not sorted again for them.
-RESORT_APPENDED = 1_000_000
 
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
@@ -117,8 +113,8 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
     snapshot_id = None if snapshot is None else int(snapshot.snapshotId())
     place = str(iceberg.location())
     batch_keys = batch.column(table.key[0]).combine_chunks() if len(table.key) == 1 else None
-    index = KEY_INDEXES.get(place, snapshot_id)
-    if index is None:
+    index = KEY_INDEXES.take(place)
+    if index is None or index.snapshot_id != snapshot_id:  # any other commit (a compaction, another writer's)
         index = _read_index(jvm, table, iceberg, snapshot_id, wanted, batch, batch_keys, live, max_rows)
     replaced, new_rows = _plan(table, index.candidates(batch_keys), batch)
     if not replaced.num_rows and not len(new_rows):
@@ -137,11 +133,11 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
         deletes_written = delete_sink.write(deletes.sort_by([("file_path", "ascending"), ("pos", "ascending")]),
                                             f"{stem}-deletes")
     referenced = sorted({index.locations[i] for i in replaced.column(_FILE).to_pylist()})
-    KEY_INDEXES.drop(place)  # until the commit is known to follow the snapshot it was read at
+    # Out of the cache (``take``) until the commit is known to follow the snapshot it was read at.
     location = _commit(jvm, iceberg, snapshot, written, deletes_written, referenced)
     committed = iceberg.currentSnapshot()
     if index.whole and committed is not None and _parent(committed) == snapshot_id:
-        index.advance(int(committed.snapshotId()), replaced.column(_IDX).to_numpy(),
+        index.advance(int(committed.snapshotId()), replaced.column(IDX).to_numpy(),
                       added.select([c.name for c in wanted]), location)
         KEY_INDEXES.put(place, index, max_rows)
     return DriverApplied(live, live - replaced.num_rows + len(new_rows), 0, committed=True)
@@ -154,178 +150,40 @@ def _parent(snapshot: Any) -> int | None:
 
 @dataclass
 class KeyIndex:
-    """A table's keys and positions at one snapshot, with each row's file and row number: every live
-    row (``whole``: kept between batches and carried forward by each commit made here, so a batch
-    reads no file), or only the rows of one batch's keys (a table over the budget).
-
-    A batch's rows are found, and the index carried forward, at a cost of about the batch, not the
-    table, where the key is one integer column:
-    - the rows as read are kept sorted by key: the files' chunks in key order when each is sorted and
-      they do not overlap (a copy writes a table in key order mostly), else sorted once (a copy of
-      the rows); a batch's keys are found by binary search there (``_sorted_hits``), and by ``is_in``
-      among the rows appended since;
-    - replaced rows are only marked dead (``live``), new rows appended as a chunk;
-    - rows are taken chunk by chunk (``Table.take`` over many chunks costs about the table);
-    - once a quarter of the rows are dead, or the appended ones outgrow an eighth of the sorted ones,
-      the rows are sorted again without the dead ones (amortized over the batches in between).
-    Other keys: ``is_in`` over every row."""
+    """A table's keys and positions at one snapshot, with each row's file and row number
+    (``core.key_rows``): every live row (``whole``: kept between batches and carried forward by each
+    commit made here, so a batch reads no file), or only the rows of one batch's keys (a table over
+    the budget)."""
 
     snapshot_id: int | None
     locations: list[str]  # the data files ``_FILE`` numbers
-    rows: pa.Table  # the key columns, ``_hr_lsn``, ``_hr_seq``, ``_FILE``, ``_POS``
+    keys: KeyRows  # the key columns, ``_hr_lsn``, ``_hr_seq``, ``_FILE``, ``_POS``
     whole: bool
-    _live: np.ndarray = field(init=False, repr=False)  # per row, with spare room at the end
-    _dead: int = field(init=False, default=0)
-    _base: int = field(init=False, default=0)  # rows[:_base]: as read or last sorted; the rest appended since
-    _chunks: int = field(init=False, default=0)  # rows[:_base]'s chunks
-    # rows[:_base]'s keys chunk by chunk, ascending, when the key is one unique integer column; else empty
-    _runs: list[np.ndarray] = field(init=False, default_factory=list, repr=False)
-    _firsts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0), repr=False)  # each run's first key
-    _starts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0, np.int64), repr=False)  # first rows
-
-    def __post_init__(self) -> None:
-        self._live = np.ones(self.rows.num_rows, dtype=bool)
-        if self.whole:
-            self._sort()
 
     @property
-    def live(self) -> np.ndarray:
-        """Per row: not replaced or deleted since the index was read."""
-        return self._live[:self.rows.num_rows]
+    def held_rows(self) -> int:
+        return self.keys.rows.num_rows
 
     def candidates(self, batch_keys: pa.Array | None) -> pa.Table:
         """The live rows a batch of ``batch_keys`` (None: a key of several columns) can match, with
-        their row numbers here (``_IDX``)."""
-        live = self.live
-        if not self.whole or batch_keys is None:
-            at = np.flatnonzero(live)
-        elif not self._runs:
-            at = np.flatnonzero(live & pc.is_in(self.rows.column(0), value_set=batch_keys)
-                                .to_numpy(zero_copy_only=False))
-        else:
-            at = np.concatenate([self._sorted_hits(batch_keys), self._appended_hits(batch_keys)])
-        return _take(self.rows, at).append_column(_IDX, pa.array(at, pa.int64()))
-
-    def _sorted_hits(self, batch_keys: pa.Array) -> np.ndarray:
-        """Live sorted rows holding one of ``batch_keys``, ascending (binary search: keys are unique there)."""
-        wanted = np.unique(batch_keys.to_numpy(zero_copy_only=False))
-        run_of = np.searchsorted(self._firsts, wanted, side="right") - 1
-        found = []
-        for run in np.unique(run_of[run_of >= 0]):
-            keys, mine = self._runs[run], wanted[run_of == run]
-            at = np.minimum(np.searchsorted(keys, mine), len(keys) - 1)
-            found.append(self._starts[run] + at[keys[at] == mine])
-        at = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-        return at[self._live[at]]
-
-    def _appended_hits(self, batch_keys: pa.Array) -> np.ndarray:
-        """Live rows appended since the last sort holding one of ``batch_keys``, ascending."""
-        appended = self.rows.num_rows - self._base
-        if not appended:
-            return np.zeros(0, dtype=np.int64)
-        mask = pc.is_in(self.rows.column(0).slice(self._base), value_set=batch_keys).to_numpy(zero_copy_only=False)
-        return self._base + np.flatnonzero(mask & self._live[self._base:self.rows.num_rows])
+        their row numbers here (``IDX``)."""
+        return self.keys.candidates(batch_keys if self.whole else None)
 
     def advance(self, snapshot_id: int, removed: np.ndarray, added: pa.Table, location: str | None) -> None:
-        """Carry the index to ``snapshot_id``: the rows at ``removed`` (``_IDX``) deleted, ``added`` (key
+        """Carry the index to ``snapshot_id``: the rows at ``removed`` (``IDX``) deleted, ``added`` (key
         and position columns, in file order) written as file ``location``."""
-        removed = np.unique(removed)
-        self._dead += int(self._live[removed].sum())
-        self._live[removed] = False
-        if location is not None:
+        if location is None:
+            added = self.keys.rows.schema.empty_table()
+        else:
             self.locations.append(location)
-            before, n = self.rows.num_rows, added.num_rows
+            n = added.num_rows
             added = (added.append_column(_FILE, pa.array(np.full(n, len(self.locations) - 1, dtype=np.int32)))
                      .append_column(_POS, pa.array(np.arange(n, dtype=np.int64))))
-            self.rows = pa.concat_tables([self.rows, added.cast(self.rows.schema)])
-            if len(self._live) < before + n:  # room doubles: appending costs about the batch
-                grown = np.zeros(max(2 * len(self._live), before + n), dtype=bool)
-                grown[:before] = self._live[:before]
-                self._live = grown
-            self._live[before:before + n] = True
-        appended = self.rows.num_rows - self._base
-        if (self._dead > self.rows.num_rows // 4
-                or (self._runs and appended > max(RESORT_APPENDED, self._base // 8))):
-            self._sort()
-        elif self.rows.column(0).num_chunks > self._chunks + 64:  # the appended rows as one chunk
-            self.rows = pa.concat_tables([self.rows.slice(0, self._base),
-                                          self.rows.slice(self._base).combine_chunks()])
+        self.keys.update(removed, added)
         self.snapshot_id = snapshot_id
 
-    def _sort(self) -> None:
-        """Drop the dead rows, and keep the rest sorted by key when it is one integer column (``_runs``)."""
-        rows = self.rows if not self._dead else self.rows.filter(pa.array(self.live))
-        self._runs = []
-        key = rows.column(0)
-        if rows.num_rows and pa.types.is_integer(key.type) and not key.null_count:
-            rows = _in_key_order(rows)
-            runs = [batch.column(0).to_numpy() for batch in rows.to_batches()]
-            if not any((keys[1:] == keys[:-1]).any() for keys in runs):  # unique: one row a key
-                self._runs = runs
-                self._firsts = np.array([keys[0] for keys in runs])
-                self._starts = np.cumsum([0, *(len(keys) for keys in runs[:-1])]).astype(np.int64)
-        self.rows, self._base, self._chunks = rows, rows.num_rows, rows.column(0).num_chunks
-        self._live = np.ones(rows.num_rows, dtype=bool)
-        self._dead = 0
 
-
-def _in_key_order(rows: pa.Table) -> pa.Table:
-    """``rows`` (an integer first column, no NULL) sorted by it: its chunks reordered when each is
-    sorted and they do not overlap (no copy), else sorted whole (one chunk). Empty chunks dropped."""
-    batches = [b for b in rows.to_batches() if b.num_rows]
-    keys = [b.column(0).to_numpy() for b in batches]
-    if all((k[1:] >= k[:-1]).all() for k in keys):
-        order = sorted(range(len(batches)), key=lambda i: keys[i][0])
-        if all(keys[a][-1] < keys[b][0] for a, b in zip(order, order[1:], strict=False)):
-            return pa.Table.from_batches([batches[i] for i in order], schema=rows.schema)
-    whole = rows.combine_chunks()
-    ordered = np.argsort(whole.column(0).chunk(0).to_numpy(), kind="stable")
-    return whole.take(pa.array(ordered)).combine_chunks()
-
-
-def _take(rows: pa.Table, at: np.ndarray) -> pa.Table:
-    """``rows.take(at)`` for ascending ``at``, chunk by chunk: ``Table.take`` over many chunks costs
-    about the whole table."""
-    batches = rows.to_batches()
-    if len(batches) <= 1:
-        return rows.take(pa.array(at, pa.int64()))
-    starts = np.cumsum([0, *(b.num_rows for b in batches[:-1])])
-    chunk_of = np.searchsorted(starts, at, side="right") - 1
-    parts = [batches[c].take(pa.array(at[chunk_of == c] - starts[c], pa.int64())) for c in np.unique(chunk_of)]
-    return pa.Table.from_batches(parts, schema=rows.schema) if parts else rows.schema.empty_table()
-
-
-class KeyIndexes:
-    """The ``KeyIndex`` of recently applied tables, by table location, up to the budget ``put`` is
-    given in rows in all (least recently used out first)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._indexes: collections.OrderedDict[str, KeyIndex] = collections.OrderedDict()
-
-    def get(self, place: str, snapshot_id: int | None) -> KeyIndex | None:
-        """The index of the table at ``place`` if it is at ``snapshot_id`` (any other commit, a
-        compaction or another writer's, makes it stale: dropped)."""
-        with self._lock:
-            index = self._indexes.pop(place, None)
-            if index is None or index.snapshot_id != snapshot_id:
-                return None
-            self._indexes[place] = index
-            return index
-
-    def put(self, place: str, index: KeyIndex, budget: int) -> None:
-        with self._lock:
-            self._indexes.pop(place, None)
-            self._indexes[place] = index
-            while len(self._indexes) > 1 and sum(i.rows.num_rows for i in self._indexes.values()) > budget:
-                self._indexes.popitem(last=False)
-
-    def drop(self, place: str) -> None:
-        with self._lock:
-            self._indexes.pop(place, None)
-
-
-KEY_INDEXES = KeyIndexes()
+KEY_INDEXES: KeyCache[KeyIndex] = KeyCache()
 
 
 def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | None, wanted: list[Any],
@@ -352,7 +210,7 @@ def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | N
     schema = pa.schema([*(pa.field(c.name, c.arrow) for c in wanted), pa.field(_FILE, pa.int32()),
                         pa.field(_POS, pa.int64())])
     rows = pa.concat_tables(parts) if parts else schema.empty_table()  # a chunk a file: ``KeyIndex`` keeps them
-    return KeyIndex(snapshot_id, locations, rows, whole)
+    return KeyIndex(snapshot_id, locations, KeyRows(rows, sort=whole), whole)
 
 
 def _refusal(table: TableSchema, changes: pa.Table, truncate_before: Position | None) -> str | None:
@@ -418,16 +276,16 @@ def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
 
 
 def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """The rows the batch replaces or deletes (``_FILE``, ``_POS``, ``_IDX``) and the batch's row numbers to write
+    """The rows the batch replaces or deletes (``_FILE``, ``_POS``, ``IDX``) and the batch's row numbers to write
     (``merge_statement``'s rules)."""
     keys = list(table.key)
     batch_in = batch.select([*keys, HR_LSN, HR_SEQ, HR_OP]).append_column(
         ROW_NUMBER, pa.array(np.arange(batch.num_rows, dtype=np.int64)))
-    plan = plan_join(keys, current, batch_in, f"o.{_FILE} AS t_file, o.{_POS} AS t_pos, o.{_IDX} AS t_idx")
+    plan = plan_join(keys, current, batch_in, f"o.{_FILE} AS t_file, o.{_POS} AS t_pos, o.{IDX} AS t_idx")
     matched = pc.is_valid(plan.column("t_file"))
     older = plan.column("older")
     replaced = plan.filter(pc.and_(matched, older)).select(["t_file", "t_pos", "t_idx"]).rename_columns(
-        [_FILE, _POS, _IDX])
+        [_FILE, _POS, IDX])
     written = pc.and_(pc.invert(plan.column("deletes")), pc.or_(pc.invert(matched), older))
     new_rows = pc.filter(plan.column("b_row"), written).to_numpy().astype(np.int64)
     return replaced, new_rows

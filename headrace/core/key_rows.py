@@ -1,0 +1,190 @@
+"""A table's keys held in memory between batches, so a batch finds the rows of its keys at a cost of
+about the batch, not the table: what both targets keep for a table small enough
+(``target.<format>.driver_key_rows``) instead of scanning its key column for every batch.
+
+``KeyRows`` holds the rows (the key columns first, then whatever the target needs to find and
+replace a row: Iceberg's file and row number, DuckLake's ``rowid``, and the positions), and which of
+them are still live. Where the key is one integer column:
+- the rows are kept sorted by key: the chunks as read in key order when each is sorted and they do
+  not overlap (a copy writes a table in key order mostly), else sorted once (a copy of the rows); a
+  batch's keys are found by binary search there (``_sorted_hits``), and by ``is_in`` among the rows
+  appended since;
+- replaced rows are only marked dead, new rows appended as a chunk;
+- rows are taken chunk by chunk (``Table.take`` over many chunks costs about the table);
+- once a quarter of the rows are dead, or the appended ones outgrow an eighth of the sorted ones,
+  the rows are sorted again without the dead ones (amortized over the batches in between).
+Other keys: ``is_in`` over every row.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+IDX = "_hr_index_row"  # a candidate row's number in its ``KeyRows``
+# Rows appended (found by ``is_in``) below which the rows are not sorted again for them.
+RESORT_APPENDED = 1_000_000
+
+
+@dataclass
+class KeyRows:
+    """Rows by key (the first column; see the module docstring); ``sort``: keep them sorted when the
+    key is one integer column (a partial index, read for one batch, is not worth it)."""
+
+    rows: pa.Table
+    sort: bool = True
+    _live: np.ndarray = field(init=False, repr=False)  # per row, with spare room at the end
+    _dead: int = field(init=False, default=0)
+    _base: int = field(init=False, default=0)  # rows[:_base]: as read or last sorted; the rest appended since
+    _chunks: int = field(init=False, default=0)  # rows[:_base]'s chunks
+    # rows[:_base]'s keys chunk by chunk, ascending, when the key is one unique integer column; else empty
+    _runs: list[np.ndarray] = field(init=False, default_factory=list, repr=False)
+    _firsts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0), repr=False)  # each run's first key
+    _starts: np.ndarray = field(init=False, default_factory=lambda: np.zeros(0, np.int64), repr=False)  # first rows
+
+    def __post_init__(self) -> None:
+        self._live = np.ones(self.rows.num_rows, dtype=bool)
+        if self.sort:
+            self._sort()
+
+    @property
+    def live(self) -> np.ndarray:
+        """Per row: not replaced or deleted since the rows were read."""
+        return self._live[:self.rows.num_rows]
+
+    def candidates(self, batch_keys: pa.Array | None) -> pa.Table:
+        """The live rows holding one of ``batch_keys`` (None: every live row), with their row numbers
+        here (``IDX``), ascending."""
+        live = self.live
+        if batch_keys is None:
+            at = np.flatnonzero(live)
+        elif not self._runs:
+            at = np.flatnonzero(live & pc.is_in(self.rows.column(0), value_set=batch_keys)
+                                .to_numpy(zero_copy_only=False))
+        else:
+            at = np.concatenate([self._sorted_hits(batch_keys), self._appended_hits(batch_keys)])
+        return take_ascending(self.rows, at).append_column(IDX, pa.array(at, pa.int64()))
+
+    def _sorted_hits(self, batch_keys: pa.Array) -> np.ndarray:
+        """Live sorted rows holding one of ``batch_keys``, ascending (binary search: keys are unique there)."""
+        wanted = np.unique(batch_keys.to_numpy(zero_copy_only=False))
+        run_of = np.searchsorted(self._firsts, wanted, side="right") - 1
+        found = []
+        for run in np.unique(run_of[run_of >= 0]):
+            keys, mine = self._runs[run], wanted[run_of == run]
+            at = np.minimum(np.searchsorted(keys, mine), len(keys) - 1)
+            found.append(self._starts[run] + at[keys[at] == mine])
+        at = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+        return at[self._live[at]]
+
+    def _appended_hits(self, batch_keys: pa.Array) -> np.ndarray:
+        """Live rows appended since the last sort holding one of ``batch_keys``, ascending."""
+        appended = self.rows.num_rows - self._base
+        if not appended:
+            return np.zeros(0, dtype=np.int64)
+        mask = pc.is_in(self.rows.column(0).slice(self._base), value_set=batch_keys).to_numpy(zero_copy_only=False)
+        return self._base + np.flatnonzero(mask & self._live[self._base:self.rows.num_rows])
+
+    def update(self, removed: np.ndarray, added: pa.Table) -> None:
+        """The rows at ``removed`` (``IDX``) gone, ``added`` (the rows' columns) appended."""
+        removed = np.unique(removed)
+        self._dead += int(self._live[removed].sum())
+        self._live[removed] = False
+        if added.num_rows:
+            before, n = self.rows.num_rows, added.num_rows
+            self.rows = pa.concat_tables([self.rows, added.select(self.rows.column_names).cast(self.rows.schema)])
+            if len(self._live) < before + n:  # room doubles: appending costs about the batch
+                grown = np.zeros(max(2 * len(self._live), before + n), dtype=bool)
+                grown[:before] = self._live[:before]
+                self._live = grown
+            self._live[before:before + n] = True
+        appended = self.rows.num_rows - self._base
+        if (self._dead > self.rows.num_rows // 4
+                or (self._runs and appended > max(RESORT_APPENDED, self._base // 8))):
+            self._sort()
+        elif self.rows.column(0).num_chunks > self._chunks + 64:  # the appended rows as one chunk
+            self.rows = pa.concat_tables([self.rows.slice(0, self._base),
+                                          self.rows.slice(self._base).combine_chunks()])
+
+    def _sort(self) -> None:
+        """Drop the dead rows, and keep the rest sorted by key when it is one integer column (``_runs``)."""
+        rows = self.rows if not self._dead else self.rows.filter(pa.array(self.live))
+        self._runs = []
+        key = rows.column(0)
+        if self.sort and rows.num_rows and pa.types.is_integer(key.type) and not key.null_count:
+            rows = in_key_order(rows)
+            runs = [batch.column(0).to_numpy() for batch in rows.to_batches()]
+            if not any((keys[1:] == keys[:-1]).any() for keys in runs):  # unique: one row a key
+                self._runs = runs
+                self._firsts = np.array([keys[0] for keys in runs])
+                self._starts = np.cumsum([0, *(len(keys) for keys in runs[:-1])]).astype(np.int64)
+        self.rows, self._base, self._chunks = rows, rows.num_rows, rows.column(0).num_chunks
+        self._live = np.ones(rows.num_rows, dtype=bool)
+        self._dead = 0
+
+
+def in_key_order(rows: pa.Table) -> pa.Table:
+    """``rows`` (an integer first column, no NULL) sorted by it: its chunks reordered when each is
+    sorted and they do not overlap (no copy), else sorted whole (one chunk). Empty chunks dropped."""
+    batches = [b for b in rows.to_batches() if b.num_rows]
+    keys = [b.column(0).to_numpy() for b in batches]
+    if all((k[1:] >= k[:-1]).all() for k in keys):
+        order = sorted(range(len(batches)), key=lambda i: keys[i][0])
+        if all(keys[a][-1] < keys[b][0] for a, b in zip(order, order[1:], strict=False)):
+            return pa.Table.from_batches([batches[i] for i in order], schema=rows.schema)
+    whole = rows.combine_chunks()
+    ordered = np.argsort(whole.column(0).chunk(0).to_numpy(), kind="stable")
+    return whole.take(pa.array(ordered)).combine_chunks()
+
+
+def take_ascending(rows: pa.Table, at: np.ndarray) -> pa.Table:
+    """``rows.take(at)`` for ascending ``at``, chunk by chunk: ``Table.take`` over many chunks costs
+    about the whole table."""
+    batches = rows.to_batches()
+    if len(batches) <= 1:
+        return rows.take(pa.array(at, pa.int64()))
+    starts = np.cumsum([0, *(b.num_rows for b in batches[:-1])])
+    chunk_of = np.searchsorted(starts, at, side="right") - 1
+    parts = [batches[c].take(pa.array(at[chunk_of == c] - starts[c], pa.int64())) for c in np.unique(chunk_of)]
+    return pa.Table.from_batches(parts, schema=rows.schema) if parts else rows.schema.empty_table()
+
+
+class _Held(Protocol):
+    @property
+    def held_rows(self) -> int: ...
+
+
+Index = TypeVar("Index", bound=_Held)
+
+
+class KeyCache(Generic[Index]):
+    """Indexes of recently applied tables by place (a table's location or name), up to the budget
+    ``put`` is given in rows in all (least recently used out first). Whether an index still follows
+    its table is for the target to check: each holds what it needs (the snapshot it is at)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._indexes: collections.OrderedDict[str, Index] = collections.OrderedDict()
+
+    def take(self, place: str) -> Index | None:
+        """The index of the table at ``place``, out of the cache until ``put`` back (a failed apply
+        leaves it out: read again)."""
+        with self._lock:
+            return self._indexes.pop(place, None)
+
+    def put(self, place: str, index: Index, budget: int) -> None:
+        with self._lock:
+            self._indexes.pop(place, None)
+            self._indexes[place] = index
+            while len(self._indexes) > 1 and sum(i.held_rows for i in self._indexes.values()) > budget:
+                self._indexes.popitem(last=False)
+
+    def drop(self, place: str) -> None:
+        with self._lock:
+            self._indexes.pop(place, None)
