@@ -12,12 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_SEQ, leaves_unchanged
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, leaves_unchanged
 from headrace.core.schema import TableSchema
 from headrace.targets.ducklake import plan
+from headrace.targets.ducklake.kept_keys import check_deleted
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,11 +32,27 @@ class ChangeWrite:
     log_offset: int
 
 
-def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite) -> None:
+@dataclass(frozen=True)
+class Applied:
+    """What a batch applied with kept keys (``kept_keys``) did: the index rows it replaced or deleted
+    (``IDX``), how many rows it inserted and the smallest ``_hr_lsn`` among them."""
+
+    replaced: np.ndarray
+    inserted: int
+    lowest_lsn: int | None
+
+
+def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite, kept: list[str] | None = None,
+          known: pa.Table | None = None) -> Applied | None:
     """Apply ``write``'s rows to ``target`` (its table's qualified name) inside the caller's
-    transaction; the cursor is the caller's (``write_cursors``)."""
+    transaction; the cursor is the caller's (``write_cursors``). ``kept``: the target's columns the
+    source dropped (``kept_columns``, read here when None). ``known``: the target rows of the batch's
+    keys (``kept_keys``), joined instead of the table; then what the batch did is returned, and a
+    delete that disagrees with them raises ``StaleKeys``."""
     table, batch, truncate_before = write.table, write.changes, write.truncate_before
     con.register("hr_batch", batch)
+    if known is not None:
+        con.register("hr_known", known)
     try:
         if truncate_before is not None:
             con.execute(
@@ -46,19 +64,35 @@ def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite) -> No
             con.execute(plan.net_insert_sql(target, table))
         elif batch.num_rows:
             moved = HR_FROM in batch.schema.names
-            kept = kept_columns(con, target, table)
+            kept = kept_columns(con, target, table) if kept is None else kept
             unchanged = leaves_unchanged(batch)
-            planned = con.execute(plan.plan_sql(target, table, table.key, moved, kept, unchanged)).arrow()
+            planned = con.execute(plan.plan_sql(target, table, table.key, moved, kept, unchanged,
+                                                known is not None)).arrow()
             if not isinstance(planned, pa.Table):  # some duckdb builds return a reader
                 planned = planned.read_all()
             con.register("hr_planned", planned)
-            older = con.execute("SELECT count(*) FROM hr_planned WHERE hr_older").fetchone()
-            if older and older[0]:
-                con.execute(f"DELETE FROM {target} WHERE rowid IN (SELECT hr_old_rowid FROM hr_planned WHERE hr_older)")
+            older = con.execute("SELECT count(DISTINCT hr_old_rowid) FROM hr_planned WHERE hr_older").fetchone()
+            older_rows = int(older[0]) if older else 0
+            if older_rows:
+                deleted = con.execute(f"DELETE FROM {target} WHERE rowid IN "
+                                      "(SELECT hr_old_rowid FROM hr_planned WHERE hr_older)").fetchone()
+                if known is not None:
+                    check_deleted(target, older_rows, int(deleted[0]) if deleted else 0)
             con.execute(plan.insert_planned_sql(target, table, kept))
+            if known is not None:
+                return _applied(con)
+        return None
     finally:
         con.unregister("hr_batch")
         con.unregister("hr_planned")
+        con.unregister("hr_known")
+
+
+def _applied(con: duckdb.DuckDBPyConnection) -> Applied:
+    replaced = con.execute("SELECT DISTINCT hr_old_idx FROM hr_planned WHERE hr_older").fetchnumpy()["hr_old_idx"]
+    row = con.execute(f"SELECT count(*), min({HR_LSN}) FROM hr_planned WHERE {HR_OP} <> 'D' AND NOT hr_stale").fetchone()
+    inserted, lowest = (int(row[0]), row[1]) if row else (0, None)
+    return Applied(np.asarray(replaced, dtype=np.int64), inserted, None if lowest is None else int(lowest))
 
 
 def kept_columns(con: duckdb.DuckDBPyConnection, target: str, table: TableSchema) -> list[str]:

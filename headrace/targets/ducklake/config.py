@@ -16,6 +16,12 @@ class DuckLakeConfig(Frozen):
     catalog_env: str | None = Field(None, description="environment variable holding the catalog string")
     data_path: str = Field(description="folder the DuckLake writes its Parquet files to")
     schema_: str | None = Field(None, alias="schema", description="target schema; default: source schema")
+    driver_key_rows: int = Field(
+        20_000_000, ge=0, description="keyed tables (one integer key column) of 100,000 up to this many rows"
+        " keep their keys in memory between batches (key, rowid, _hr_lsn, _hr_seq: ~33 bytes a row, ~660 MB"
+        " at the default, all tables together, least recently applied out first), so a batch finds its rows"
+        " without scanning the table's key column (targets/ducklake/kept_keys.py); 0: always the scan"
+    )
 
     @model_validator(mode="after")
     def _one_catalog(self) -> DuckLakeConfig:

@@ -9,6 +9,7 @@ driver (``targets/iceberg/driver_apply``).
 
 from __future__ import annotations
 
+from headrace.core.key_rows import IDX
 from headrace.core.names import quote_ident
 from headrace.core.rows import (
     HR_COMMIT_TS,
@@ -53,8 +54,11 @@ def create_sql(target: str, table: TableSchema) -> str:
 
 
 def plan_sql(target: str, table: TableSchema, key: tuple[str, ...], moved: bool = False,
-             kept_columns: list[str] | None = None, unchanged: bool = True) -> str:
+             kept_columns: list[str] | None = None, unchanged: bool = True, known: bool = False) -> str:
     """Batch rows cast to target types, joined to the current target row of the same key.
+
+    ``known``: the target rows of the batch's keys are ``hr_known`` (``kept_keys``: key, ``rowid``,
+    positions and each row's number in the index, ``hr_old_idx``), joined instead of the table.
 
     ``unchanged``: some change of the batch leaves a TOAST column unchanged, which then keeps the
     target row's value. Without it (and without ``moved`` or ``kept_columns``) the plan reads only
@@ -88,11 +92,13 @@ def plan_sql(target: str, table: TableSchema, key: tuple[str, ...], moved: bool 
         select.append(f"{new} AS {quote_ident(col.name)}")
     select += [f"o.{quote_ident(k)} AS {quote_ident(k)}" for k in kept_columns or ()]
     older = written_before_sql("o", "b")
+    if known:
+        select.append(f"o.{IDX} AS hr_old_idx")
     return (
         f"SELECT {', '.join(select)}, b.{HR_LSN}, b.{HR_SEQ}, b.{HR_COMMIT_TS}, b.{HR_OP}, "
         f"o.rowid AS hr_old_rowid, coalesce(o.rowid IS NOT NULL AND {older}, false) AS hr_older, "
         f"coalesce(o.rowid IS NOT NULL AND NOT {older}, false) AS hr_stale "
-        f"FROM hr_batch b LEFT JOIN {target} o ON {join}{from_join}"
+        f"FROM hr_batch b LEFT JOIN {'hr_known' if known else target} o ON {join}{from_join}"
     )
 
 

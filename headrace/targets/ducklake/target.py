@@ -6,6 +6,7 @@ DuckLake transaction, so after a crash the data and the cursor always agree.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -25,11 +26,13 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ, POSITION_COLUMNS
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.core.spark_types import text_value_frame
+from headrace.logs import event
 from headrace.targets.ducklake import batches, extension, files, maintenance, naming, plan
 from headrace.targets.ducklake.batches import ChangeWrite
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.copies import CopyWrite
 from headrace.targets.ducklake.group import GroupQueue, write_through
+from headrace.targets.ducklake.kept_keys import KeptKeys, StaleKeys
 from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly
 
 if TYPE_CHECKING:
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 L = extension.LAKE_ALIAS
 CURSOR_TABLE = f"{L}._headrace.cursor"  # its own schema: cannot collide with replicated tables
 SNAPSHOT_ROWS = "hr_snapshot_rows"  # what DuckDB calls a driver-side copy's Arrow rows
+log = logging.getLogger(__name__)
 
 
 class DuckLakeTarget(Target):
@@ -64,6 +68,7 @@ class DuckLakeTarget(Target):
         self._lock = threading.Lock()
         self._copies: GroupQueue[CopyWrite, int] = GroupQueue()  # copies written on the driver, waiting for a commit
         self._batches: GroupQueue[ChangeWrite, None] = GroupQueue()  # change batches waiting for a commit
+        self._keys = KeptKeys(L, settings.driver_key_rows)  # large tables' keys between batches
         self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}._headrace")
         self._con.execute(
             f"CREATE TABLE IF NOT EXISTS {CURSOR_TABLE} (pipeline VARCHAR, table_oid BIGINT, "
@@ -230,11 +235,28 @@ class DuckLakeTarget(Target):
         write_through(self._batches, self._lock, write, self._commit_batches)
 
     def _commit_batches(self, group: list[ChangeWrite]) -> list[None]:
-        """Apply each batch of ``group`` and write their cursors in one transaction (lock held)."""
+        """Apply each batch of ``group`` and write their cursors in one transaction (lock held); a
+        table whose kept keys disagreed with it (``kept_keys.StaleKeys``) is applied by a join then."""
+        try:
+            return self._commit_batches_once(group)
+        except StaleKeys as exc:
+            event(log, "ducklake.kept_keys_refused", logging.WARNING, table=exc.target, reason=str(exc))
+            self._keys.refuse(exc.target)
+            return self._commit_batches_once(group)
+
+    def _commit_batches_once(self, group: list[ChangeWrite]) -> list[None]:
+        followed = []
         with self._transaction(group[0].table):
             for write in group:
-                batches.apply(self._con, self._qualified(write.table), write)
+                target, table = self._qualified(write.table), write.table
+                kept = batches.kept_columns(self._con, target, table) if table.key else []
+                found = self._keys.find(self._con, target, write, kept, self._schema(table)) if table.key else None
+                applied = batches.apply(self._con, target, write, kept, None if found is None else found.known)
+                if found is not None and applied is not None:
+                    followed.append((target, found, applied))
             batches.write_cursors(self._con, CURSOR_TABLE, self.pipeline, group)
+        for target, found, applied in followed:
+            self._keys.follow(self._con, target, found, applied.replaced, applied.inserted, applied.lowest_lsn)
         return [None] * len(group)
 
     @contextmanager
