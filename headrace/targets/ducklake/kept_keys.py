@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from headrace.targets.ducklake.batches import ChangeWrite
 
 INDEX_FROM_ROWS = 100_000  # below: the plan's join scans the key column in a few ms
+RECOUNT_BATCHES = 100  # a table too small or too large for an index is counted again after this many batches
 ROWID = "rowid"  # the column ``hr_known`` holds each row's DuckLake ``rowid`` in
 
 
@@ -89,6 +90,7 @@ class KeptKeys:
         self.budget = budget
         self._cache: KeyCache[KeyIndex] = KeyCache()
         self._refused: set[str] = set()  # tables whose index disagreed once: the join from then on
+        self._small: dict[str, int] = {}  # tables outside the index's sizes: batches until they are counted again
 
     def find(self, con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite,
              kept_columns: list[str], schema: str) -> Found | None:
@@ -99,6 +101,9 @@ class KeptKeys:
         if (len(table.key) != 1 or target in self._refused or write.truncate_before is not None
                 or kept_columns or HR_FROM in batch.column_names or leaves_unchanged(batch)
                 or not pa.types.is_integer(batch.schema.field(table.key[0]).type)):
+            return None
+        if index is None and self._small.get(target, 0) > 0:  # counted small lately: not worth a query
+            self._small[target] -= 1
             return None
         read_at = _scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()")
         if index is not None and _touched(con, self.lake, index.table_id, index.snapshot, read_at):
@@ -120,6 +125,7 @@ class KeptKeys:
               read_at: int) -> KeyIndex | None:
         rows = int(_scalar(con, f"SELECT count(*) FROM {target}"))
         if not INDEX_FROM_ROWS <= rows <= self.budget:
+            self._small[target] = RECOUNT_BATCHES
             return None
         read = _arrow(con, f"SELECT {quote_ident(key)}, rowid AS {ROWID}, {HR_LSN}, {HR_SEQ} FROM {target}")
         if not pa.types.is_integer(read.schema.field(0).type):
