@@ -67,6 +67,7 @@ class KeyIndex:
     snapshot: int
     keys: KeyRows
     top_rowid: int  # the largest rowid seen: the rows a later commit inserts are past it
+    span: tuple[int, int]  # the smallest and largest key seen (deleted ones too)
 
     @property
     def held_rows(self) -> int:
@@ -139,7 +140,9 @@ class KeptKeys:
         if table_id is None:
             return None
         top = pc.max(read.column(ROWID)).as_py()
-        return KeyIndex(int(table_id), read_at, KeyRows(read), -1 if top is None else int(top))
+        bounds = pc.min_max(read.column(0))
+        span = (bounds["min"].as_py(), bounds["max"].as_py()) if read.num_rows else (0, 0)
+        return KeyIndex(int(table_id), read_at, KeyRows(read), -1 if top is None else int(top), span)
 
     def follow(self, con: duckdb.DuckDBPyConnection, target: str, found: Found, deleted: np.ndarray,
                inserted: int, lowest_lsn: int | None) -> None:
@@ -164,6 +167,8 @@ class KeptKeys:
             if added.num_rows != inserted:
                 return
             index.top_rowid = max(index.top_rowid, int(pc.max(added.column(ROWID)).as_py()))
+            bounds = pc.min_max(added.column(0))
+            index.span = (min(index.span[0], bounds["min"].as_py()), max(index.span[1], bounds["max"].as_py()))
         index.keys.update(deleted, added)
         index.snapshot = now
         self._cache.put(target, index, self.budget)

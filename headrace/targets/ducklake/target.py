@@ -251,7 +251,8 @@ class DuckLakeTarget(Target):
                 target, table = self._qualified(write.table), write.table
                 kept = batches.kept_columns(self._con, target, table) if table.key else []
                 found = self._keys.find(self._con, target, write, kept, self._schema(table)) if table.key else None
-                applied = batches.apply(self._con, target, write, kept, None if found is None else found.known)
+                known, span = (None, None) if found is None else (found.known, found.index.span)
+                applied = batches.apply(self._con, target, write, kept, known, span)
                 if found is not None and applied is not None:
                     followed.append((target, found, applied))
             batches.write_cursors(self._con, CURSOR_TABLE, self.pipeline, group)
