@@ -90,8 +90,8 @@ class KeptKeys:
         self.lake = lake
         self.budget = budget
         self._cache: KeyCache[KeyIndex] = KeyCache()
-        self._refused: set[str] = set()  # tables whose index disagreed once: the join from then on
-        self._small: dict[str, int] = {}  # tables outside the index's sizes: batches until they are counted again
+        self._refused: set[str] = set()  # an index disagreed, or the key is no integer: the join from then on
+        self._skipped: dict[str, int] = {}  # tables outside the index's sizes: batches until they are counted again
 
     def find(self, con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite,
              kept_columns: list[str], schema: str) -> Found | None:
@@ -103,8 +103,8 @@ class KeptKeys:
                 or kept_columns or HR_FROM in batch.column_names or leaves_unchanged(batch)
                 or not pa.types.is_integer(batch.schema.field(table.key[0]).type)):
             return None
-        if index is None and self._small.get(target, 0) > 0:  # counted small lately: not worth a query
-            self._small[target] -= 1
+        if index is None and self._skipped.get(target, 0) > 0:  # counted lately: not worth a query
+            self._skipped[target] -= 1
             return None
         read_at = _scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()")
         if index is not None and _touched(con, self.lake, index.table_id, index.snapshot, read_at):
@@ -126,10 +126,11 @@ class KeptKeys:
               read_at: int) -> KeyIndex | None:
         rows = int(_scalar(con, f"SELECT count(*) FROM {target}"))
         if not INDEX_FROM_ROWS <= rows <= self.budget:
-            self._small[target] = RECOUNT_BATCHES
+            self._skipped[target] = RECOUNT_BATCHES
             return None
         read = _arrow(con, f"SELECT {quote_ident(key)}, rowid AS {ROWID}, {HR_LSN}, {HR_SEQ} FROM {target}")
         if not pa.types.is_integer(read.schema.field(0).type):
+            self._refused.add(target)
             return None
         table_id = _scalar(
             con,
@@ -137,7 +138,8 @@ class KeptKeys:
             f"JOIN __ducklake_metadata_{self.lake}.ducklake_schema s ON s.schema_id = t.schema_id "
             "WHERE s.schema_name = ? AND t.table_name = ? AND t.end_snapshot IS NULL "
             "AND s.end_snapshot IS NULL", [schema, name])
-        if table_id is None:
+        if table_id is None:  # not found by its names in the catalog: the join from now on
+            self._refused.add(target)
             return None
         top = pc.max(read.column(ROWID)).as_py()
         bounds = pc.min_max(read.column(0))
