@@ -4,7 +4,6 @@ table exactly as the model says, on each kind of catalog; and the index is what 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -57,10 +56,10 @@ def test_kept_keys_follow_every_batch(kind: str, spark: Any, tmp_path: Path, pg_
         return result
 
     monkeypatch.setattr(target._keys, "find", counting_find)
-    next_key, lsn, offset = 300, 100, 0
+    next_key, lsn = 300, 100
     for step in range(40):
         lsn += 10
-        offset += 1
+        offset = step + 1
         keys = rng.sample(sorted(model), min(len(model), 25))
         gone = [k for k in range(next_key) if k not in model]
         changes = [(k, rng.choice("UUUD")) for k in keys]
@@ -102,7 +101,7 @@ def test_the_index_follows_the_table_without_reading_it_again(
     """After the first batch reads it, the index is carried by each commit: not read again."""
     monkeypatch.setattr(kept_keys, "INDEX_FROM_ROWS", 0)
     target = DuckLakeTarget(spark, settings_for("duckdb", tmp_path, pg_server), "p1")
-    table = dataclasses.replace(_table("kk", 78))
+    table = _table("kk", 78)
     target.write_snapshot_arrow(table, _rows(50))
     reads = 0
     real_read = target._keys._read

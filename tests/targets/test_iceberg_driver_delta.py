@@ -207,5 +207,5 @@ def test_the_keys_kept_between_batches_follow_each_commit_and_any_other_commit_d
         assert left == right, f"after batch {offset}"
     assert driver.paths.counts == {"driver": 4}
     snapshot = java_table(spark, name).currentSnapshot().snapshotId()
-    index = driver_delta.KEY_INDEXES.get(str(java_table(spark, name).location()), snapshot)
-    assert index is not None and int(index.live.sum()) == len(left)
+    index = driver_delta.KEY_INDEXES.take(str(java_table(spark, name).location()))
+    assert index is not None and index.snapshot_id == snapshot and int(index.keys.live.sum()) == len(left)

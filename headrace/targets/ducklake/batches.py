@@ -3,8 +3,10 @@
 A batch (``ChangeWrite``) commits with other tables' batches when they meet at the target's lock
 (``group``); what it runs is the same alone or in a group: optional truncate; the plan joining the
 batch to the target rows of its keys (``plan.plan_sql``: old values of unchanged TOAST columns,
-stale changes skipped so replays are no-ops); delete of the older rows by ``rowid`` (skipped when
-the plan found none); insert of the new versions. A keyless batch is a net multiset delta instead.
+stale changes skipped so replays are no-ops), found in the table or, for a large one, in its kept
+keys (``kept_keys``); delete of the older rows by ``rowid`` (skipped when the plan found none; bounded
+by their key range when narrow); insert of the new versions. A keyless batch is a net multiset delta
+instead.
 """
 
 from __future__ import annotations

@@ -211,10 +211,13 @@ def test_stream_bounds_what_psycopg2_confirms_on_its_own(conn: psycopg.Connectio
         assert start < confirmed() <= stream.forwardable
 
         conn.execute("INSERT INTO t (id) VALUES (1)")
-        read_until(stream, Commit)  # read, not acknowledged: psycopg2 stops forwarding
-        reach, held = stream.forwardable, confirmed()
+        got = read_until(stream, Commit)  # read, not acknowledged: psycopg2 stops forwarding
+        commit = next(lsn for lsn, event in got if isinstance(event, Commit))
+        reach = stream.forwardable
         for i in range(20, 40):
             conn.execute("INSERT INTO u VALUES (%s)", (i,))
         for _ in range(10):  # 2 s: past the timeout twice over
             assert stream.read(10, 0.2) == []
-        assert stream.forwardable == reach and confirmed() == held
+        # A reply psycopg2 sent before it read the transaction may land at the server after read_until
+        # returned (seen once in CI): the slot may reach what was forwardable then, never the commit.
+        assert stream.forwardable == reach and confirmed() <= min(reach, commit)
