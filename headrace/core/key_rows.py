@@ -114,33 +114,40 @@ class KeyRows:
 
     def _sort(self) -> None:
         """Drop the dead rows, and keep the rest sorted by key when it is one integer column (``_runs``)."""
-        rows = self.rows if not self._dead else self.rows.filter(pa.array(self.live))
+        rows, key = self.rows, self.rows.column(0)
+        keep = np.flatnonzero(self.live) if self._dead else None
         self._runs = []
-        key = rows.column(0)
         if self.sort and rows.num_rows and pa.types.is_integer(key.type) and not key.null_count:
-            rows = in_key_order(rows)
+            rows = in_key_order(rows, keep)
             runs = [batch.column(0).to_numpy() for batch in rows.to_batches()]
             if not any((keys[1:] == keys[:-1]).any() for keys in runs):  # unique: one row a key
                 self._runs = runs
                 self._firsts = np.array([keys[0] for keys in runs])
                 self._starts = np.cumsum([0, *(len(keys) for keys in runs[:-1])]).astype(np.int64)
+        elif keep is not None:
+            rows = take_ascending(rows, keep)
         self.rows, self._base, self._chunks = rows, rows.num_rows, rows.column(0).num_chunks
         self._live = np.ones(rows.num_rows, dtype=bool)
         self._dead = 0
 
 
-def in_key_order(rows: pa.Table) -> pa.Table:
-    """``rows`` (an integer first column, no NULL) sorted by it: its chunks reordered when each is
-    sorted and they do not overlap (no copy), else sorted whole (one chunk). Empty chunks dropped."""
+def in_key_order(rows: pa.Table, keep: np.ndarray | None = None) -> pa.Table:
+    """``rows`` (an integer first column, no NULL), only those at ``keep`` (ascending; None: all),
+    sorted by it: with every row kept, its chunks reordered when each is sorted and they do not
+    overlap (no copy); else one sort of the kept keys (stable: rows already in key order, the bulk of
+    them, are one run for it) and one take, one chunk. Empty chunks dropped.
+
+    Filtering the dead rows out first cost more than the sort: 56M rows of four int64 columns, 4.2 s
+    to filter, 1.5 s to sort the keys, 1.9 s to take."""
     batches = [b for b in rows.to_batches() if b.num_rows]
     keys = [b.column(0).to_numpy() for b in batches]
-    if all((k[1:] >= k[:-1]).all() for k in keys):
+    if keep is None and all((k[1:] >= k[:-1]).all() for k in keys):
         order = sorted(range(len(batches)), key=lambda i: keys[i][0])
         if all(keys[a][-1] < keys[b][0] for a, b in zip(order, order[1:], strict=False)):
             return pa.Table.from_batches([batches[i] for i in order], schema=rows.schema)
-    whole = rows.combine_chunks()
-    ordered = np.argsort(whole.column(0).chunk(0).to_numpy(), kind="stable")
-    return whole.take(pa.array(ordered)).combine_chunks()
+    every = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    ordered = np.argsort(every, kind="stable") if keep is None else keep[np.argsort(every[keep], kind="stable")]
+    return rows.take(pa.array(ordered, pa.int64())).combine_chunks()
 
 
 def take_ascending(rows: pa.Table, at: np.ndarray) -> pa.Table:
