@@ -75,15 +75,19 @@ def test_refuses_another_source_cluster(items: str, tmp_path: Path) -> None:
         other.stop()
 
 
+def _drop_slot(conn: psycopg.Connection, slot: str) -> None:
+    """Drop ``slot`` once the walsender of the stopped capture has exited (it may take a moment on a
+    loaded machine: a slot still active cannot be dropped)."""
+    wait_until(lambda: conn.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s",
+                                    (slot,)).fetchone() == (True,), 30, "the slot stayed active")
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
 def test_refuses_a_dropped_slot(items: str, tmp_path: Path) -> None:
     config = make_config(items, tmp_path, ["public.items"], target="ducklake")
     capture_while(config, items, _inserts(1, 2))
     with psycopg.connect(items, autocommit=True) as conn:
-        # The walsender of the stopped capture may take a moment to exit (a loaded machine): a slot
-        # still active cannot be dropped.
-        wait_until(lambda: conn.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s",
-                                        (config.slot_name,)).fetchone() == (True,), 30, "the slot stayed active")
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (config.slot_name,))
+        _drop_slot(conn, config.slot_name)
     with pytest.raises(SourceError, match=f"replication slot {config.slot_name} .* no longer exists") as exc:
         _setup(config)
     with psycopg.connect(items, autocommit=True) as conn:
@@ -115,7 +119,7 @@ def test_refuses_a_slot_dropped_and_recreated(items: str, tmp_path: Path) -> Non
     config = make_config(items, tmp_path, ["public.items"], target="ducklake")
     capture_while(config, items, _inserts(1, 2))
     with psycopg.connect(items, autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (config.slot_name,))
+        _drop_slot(conn, config.slot_name)
         conn.execute("INSERT INTO items VALUES (100, 100)")  # lost with the old slot
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (config.slot_name,))
     with pytest.raises(SourceError, match="advanced or consumed it, or dropped and recreated it"):
