@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from headrace.core.errors import ConfigError, TransientError
 from headrace.core.names import quote_ident
+from headrace.targets.ducklake.extension import fetch_arrow
 
 INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
                  "UINTEGER", "UBIGINT"}
@@ -29,15 +30,6 @@ class SourceColumn:
 
     name: str
     type: str
-
-
-def fetch_arrow(result: duckdb.DuckDBPyConnection) -> pa.Table:
-    """The query result as one Arrow table (duckdb 1.5 returns a batch reader from ``arrow()``)."""
-    out: Any = result.arrow()
-    if isinstance(out, pa.RecordBatchReader):
-        out = out.read_all()
-    assert isinstance(out, pa.Table)
-    return out
 
 
 class DuckLakeTableSource:

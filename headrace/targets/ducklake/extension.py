@@ -12,8 +12,10 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from headrace.core.errors import ConfigError, TransientError
 from headrace.core.settings import redacted_dsn
@@ -123,6 +125,16 @@ def connect(settings: DuckLakeConfig, alias: str = LAKE_ALIAS) -> duckdb.DuckDBP
         con.close()
         raise
     return con
+
+
+def fetch_arrow(result: duckdb.DuckDBPyConnection) -> pa.Table:
+    """The query result as one Arrow table (duckdb 1.5 returns a batch reader from ``arrow()``: drained
+    here, before another query on the connection ends it)."""
+    out: Any = result.arrow()
+    if isinstance(out, pa.RecordBatchReader):
+        out = out.read_all()
+    assert isinstance(out, pa.Table)
+    return out
 
 
 def attach(con: duckdb.DuckDBPyConnection, catalog: Catalog, data_path: str, alias: str) -> None:

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from headrace.core.key_rows import KeyCache, KeyRows
 from headrace.core.names import quote_ident
 from headrace.core.rows import HR_FROM, HR_LSN, HR_SEQ, leaves_unchanged
+from headrace.targets.ducklake.extension import fetch_arrow
 
 if TYPE_CHECKING:
     from headrace.targets.ducklake.batches import ChangeWrite
@@ -107,7 +108,7 @@ class KeptKeys:
             self._skipped[target] -= 1
             return None
         read_at = _scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()")
-        if index is not None and _touched(con, self.lake, index.table_id, index.snapshot, read_at):
+        if index is not None and _touching(con, self.lake, index.table_id, index.snapshot, read_at):
             index = None
         if index is None:
             index = self._read(con, target, table.key[0], table.target_table, schema, read_at)
@@ -128,7 +129,7 @@ class KeptKeys:
         if not INDEX_FROM_ROWS <= rows <= self.budget:
             self._skipped[target] = RECOUNT_BATCHES
             return None
-        read = _arrow(con, f"SELECT {quote_ident(key)}, rowid AS {ROWID}, {HR_LSN}, {HR_SEQ} FROM {target}")
+        read = fetch_arrow(con.execute(_key_rows_sql(key, target)))
         if not pa.types.is_integer(read.schema.field(0).type):
             self._refused.add(target)
             return None
@@ -163,9 +164,8 @@ class KeptKeys:
             return
         added = index.keys.rows.schema.empty_table()
         if inserted:
-            key = index.keys.rows.column_names[0]
-            added = _arrow(con, f"SELECT {quote_ident(key)}, rowid AS {ROWID}, {HR_LSN}, {HR_SEQ} FROM {target} "
-                                f"WHERE {HR_LSN} >= ? AND rowid > ?", [lowest_lsn, index.top_rowid])
+            added = fetch_arrow(con.execute(_key_rows_sql(index.keys.rows.column_names[0], target)
+                                            + f" WHERE {HR_LSN} >= ? AND rowid > ?", [lowest_lsn, index.top_rowid]))
             if added.num_rows != inserted:
                 return
             index.top_rowid = max(index.top_rowid, int(pc.max(added.column(ROWID)).as_py()))
@@ -198,15 +198,11 @@ def _touching(con: duckdb.DuckDBPyConnection, lake: str, table_id: int, after: i
             if any(part.rsplit(":", 1)[-1] == mine for part in (changes or "").split(","))]
 
 
-def _touched(con: duckdb.DuckDBPyConnection, lake: str, table_id: int, after: int, upto: int) -> bool:
-    return bool(_touching(con, lake, table_id, after, upto))
+def _key_rows_sql(key: str, target: str) -> str:
+    """What the index holds of each row of ``target``: its key, ``rowid``, ``_hr_lsn`` and ``_hr_seq``."""
+    return f"SELECT {quote_ident(key)}, rowid AS {ROWID}, {HR_LSN}, {HR_SEQ} FROM {target}"
 
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> Any:
     row = con.execute(sql, params or []).fetchone()
     return None if row is None else row[0]
-
-
-def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> pa.Table:
-    data = con.execute(sql, params or []).arrow()
-    return data if isinstance(data, pa.Table) else data.read_all()

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.logs import event
+from headrace.targets.ducklake.extension import fetch_arrow
 
 log = logging.getLogger("headrace.targets.ducklake.maintenance")
 
@@ -68,10 +67,7 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     turns into Python values with pytz. Called whole: under ``SELECT count(*) FROM``, DuckDB 1.5.5
     runs them without committing their work.
     """
-    result: Any = con.execute(f"CALL {sql}").arrow()
-    if not isinstance(result, pa.Table):  # some duckdb builds return a reader
-        result = result.read_all()
-    return int(result.num_rows)
+    return int(fetch_arrow(con.execute(f"CALL {sql}")).num_rows)
 
 
 def _pass(con: duckdb.DuckDBPyConnection, lake: str, schema: str, table: str, policy: MaintenancePolicy) -> None:

@@ -361,11 +361,9 @@ class DuckLakeTarget(Target):
         """The whole table as a Spark DataFrame in the row shape (small tables: via the driver)."""
         exprs = [f"{cast_out(quote_ident(c.name), c.type)} AS {quote_ident(c.name)}" for c in table.columns]
         with self._lock:
-            data = self._con.execute(
+            data = extension.fetch_arrow(self._con.execute(
                 f"SELECT {', '.join(exprs)}, {HR_LSN}, {HR_SEQ}, {HR_COMMIT_TS} FROM {self._qualified(table)}"
-            ).arrow()
-            if not isinstance(data, pa.Table):  # a reader: drain it before another query on _con ends it
-                data = data.read_all()
+            ))
         return files.to_spark(self.spark, table, data)
 
     def read_cursor(self, table: TableSchema) -> int | None:
