@@ -49,11 +49,11 @@ class Applied:
     lowest_lsn: int | None
 
 
-def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite, kept: list[str] | None = None,
+def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite, kept: list[str],
           known: pa.Table | None = None, span: tuple[int, int] | None = None) -> Applied | None:
     """Apply ``write``'s rows to ``target`` (its table's qualified name) inside the caller's
     transaction; the cursor is the caller's (``write_cursors``). ``kept``: the target's columns the
-    source dropped (``kept_columns``, read here when None). ``known``: the target rows of the batch's
+    source dropped (``kept_columns``). ``known``: the target rows of the batch's
     keys (``kept_keys``), joined instead of the table; then what the batch did is returned, and a
     delete that disagrees with them raises ``StaleKeys``. ``span``: the table's (integer) key range,
     which bounds the delete when the replaced rows lie in a narrow part of it (``_key_range``)."""
@@ -72,7 +72,6 @@ def apply(con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite, kept:
             con.execute(plan.net_insert_sql(target, table))
         elif batch.num_rows:
             moved = HR_FROM in batch.schema.names
-            kept = kept_columns(con, target, table) if kept is None else kept
             unchanged = leaves_unchanged(batch)
             planned = fetch_arrow(con.execute(plan.plan_sql(target, table, table.key, moved, kept, unchanged,
                                                             known is not None)))
