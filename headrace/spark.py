@@ -100,8 +100,10 @@ def build_session(
         # table's MERGE does not queue every small table's job behind it as FIFO would.
         "spark.scheduler.mode": "FAIR",
     }
-    for key, value in {**defaults, **conf}.items():
+    settings = {**defaults, **conf}
+    for key, value in settings.items():
         builder = builder.config(key, value)
+    _ensure_gateway({**settings, "spark.master": master, "spark.app.name": app_name})
     session = builder.getOrCreate()
     # A session that was running already keeps its runtime conf: headrace's names need this one.
     session.conf.set("spark.sql.caseSensitive", "true")
@@ -110,6 +112,18 @@ def build_session(
     session.sparkContext.setLogLevel("WARN")
     event(log, "spark.started", master=master, seconds=round(time.monotonic() - started, 2))
     return session
+
+
+def _ensure_gateway(conf: Mapping[str, str]) -> None:
+    """Start the JVM our way (``spark_gateway``: no fork hazard in a threaded process) unless it runs;
+    ``getOrCreate`` then finds it instead of launching one with pyspark's ``preexec_fn``."""
+    from pyspark import SparkContext
+
+    from headrace.spark_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is None:
+            SparkContext._ensure_initialized(gateway=launch_gateway(conf))
 
 
 def use_pool(spark: SparkSession, pool: str) -> None:
