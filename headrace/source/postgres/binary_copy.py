@@ -67,11 +67,7 @@ _SPLIT: dict[TypeKind, tuple[str, pa.DataType, str, str]] = {
 
 # Settings that make the server print text-route values the way headrace's casts expect.
 SESSION_SETTINGS = ("SET TimeZone = 'UTC'", "SET DateStyle = 'ISO'", "SET IntervalStyle = 'postgres'",
-                    "SET bytea_output = 'hex'", "SET extra_float_digits = 1",
-                    # A session parked between small tables' reads (SnapshotSession) sits idle in its
-                    # transaction; a server's timeout for that would end it and fail the next table. It
-                    # holds back nothing the exported snapshot it imported does not already hold.
-                    "SET idle_in_transaction_session_timeout = 0")
+                    "SET bytea_output = 'hex'", "SET extra_float_digits = 1")
 
 
 def column_route(ct: ColumnType) -> Route:
@@ -159,13 +155,17 @@ def copy_chunk_binary(dsn: str, snapshot_name: str | None, table: TableSchema, s
 
 
 class SnapshotSession:
-    """One ADBC connection inside a REPEATABLE READ transaction that imported ``snapshot_name`` (None:
-    its own snapshot), reading chunk after chunk of any tables: for the driver's reads of many small
-    tables, which then pay the connection once. Opening one costs ~50 ms wall and ~30 ms of this
-    process's CPU (the driver loads the server's type catalog), a 1,000-row read on an open one ~1 ms
-    (measured on our 2-core machine): per small table, the connection was most of its read.
+    """One ADBC connection reading chunk after chunk of any tables, each read in a REPEATABLE READ
+    transaction of its own that imports ``snapshot_name`` (None: its own snapshot): for the driver's
+    reads of many small tables, which then pay the connection once. Opening one costs ~50 ms wall and
+    ~30 ms of this process's CPU (the driver loads the server's type catalog), a 1,000-row read on an
+    open one ~1 ms (measured on our 2-core machine): per small table, the connection was most of its read.
 
-    A failed read leaves the transaction aborted: the session is then ``broken`` and must be closed.
+    Parked between reads, the session is in no transaction: a transaction holds an ACCESS SHARE lock
+    on every table it read until it ends, and a DDL statement queued behind such a lock queues the
+    application's writes behind it (issue 35). A read's transaction costs two more round trips.
+
+    A failed read leaves the session ``broken``: it must be closed.
     """
 
     def __init__(self, dsn: str, snapshot_name: str | None, opened_for: str) -> None:
@@ -182,39 +182,35 @@ class SnapshotSession:
             self._cur = self._conn.cursor()
             for setting in SESSION_SETTINGS:
                 self._cur.execute(setting)
-            self._cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            if snapshot_name is not None:
-                self._cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)).as_string())
         except adbc_driver_manager.Error as exc:
             self._conn.close()
-            self._raise(exc, f"the snapshot import for {opened_for}")
+            self._raise(exc, f"the session for {opened_for}")
 
     def read(self, table: TableSchema, start: int, end: int) -> list[pa.RecordBatch]:
         """Page range ``[start, end)`` of ``table`` as batches of ``arrow_schema(table)``."""
         import adbc_driver_manager
 
         schema = arrow_schema(table)
+        doing = f"copy of {table.qualified_name} pages {start}..{end}"
         try:
+            self._cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if self.snapshot_name is not None:
+                doing = f"the snapshot import for {table.qualified_name}"
+                self._cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                    sql.Literal(self.snapshot_name)).as_string())
+                doing = f"copy of {table.qualified_name} pages {start}..{end}"
             self._cur.execute(select_statement(table, start, end).as_string())
             got = self._cur.fetch_arrow_table()
+            self._cur.execute("ROLLBACK")  # nothing was written: ends the transaction and its locks
         except adbc_driver_manager.Error as exc:
             self.broken = True
-            self._raise(exc, f"copy of {table.qualified_name} pages {start}..{end}")
+            self._raise(exc, doing)
         # Names from our schema (the driver names columns after the expressions); types must already match.
         return got.rename_columns(schema.names).cast(schema).to_batches()
 
     def close(self) -> None:
-        """End the transaction, then the connection. The ROLLBACK first: a backend still exiting after
-        the close then shows as idle, not as a read in its transaction (what counts a copy's
-        connections sees it released); an aborted transaction has nothing to roll back."""
-        import adbc_driver_manager
-
-        try:
-            if not self.broken:
-                with suppress(adbc_driver_manager.Error):  # nothing was written: a lost server is no loss
-                    self._cur.execute("ROLLBACK")
-        finally:
-            self._conn.close()
+        """Close the connection (a read's transaction ended with the read)."""
+        self._conn.close()
 
     def _raise(self, exc: Exception, doing: str) -> NoReturn:
         """Raise the driver's error as the CSV path would: same kind, message and fix."""

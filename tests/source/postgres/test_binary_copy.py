@@ -44,9 +44,9 @@ def test_routes_and_values_match_the_text_path(source_dsn: str) -> None:
 
 
 def test_a_parked_session_outlives_the_servers_idle_in_transaction_timeout(source_dsn: str) -> None:
-    """A session parked between small tables' reads sits idle in its transaction: a database's
-    ``idle_in_transaction_session_timeout`` must not end it. Its close rolls back first, so a backend
-    still exiting shows idle after ROLLBACK (released), not as a read."""
+    """A session parked between small tables' reads is in no transaction: a database's
+    ``idle_in_transaction_session_timeout`` cannot end it, and a backend still exiting after its close
+    shows idle after ROLLBACK (released), not as a read."""
     dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute(f'ALTER DATABASE "{dbname}" SET idle_in_transaction_session_timeout = 100')
@@ -64,3 +64,21 @@ def test_a_parked_session_outlives_the_servers_idle_in_transaction_timeout(sourc
             session.close()
         state = conn.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
         assert state is None or state == ("idle", "ROLLBACK"), state
+
+
+def test_a_parked_session_holds_no_lock_on_the_tables_it_read(source_dsn: str) -> None:
+    """Issue 35: a parked session that had read a table held its ACCESS SHARE lock until the round
+    ended; an ALTER TABLE queued behind it, and the application's writes behind the ALTER."""
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO customers SELECT g, g::text FROM generate_series(1, 50) g")
+        schema = read_table_schema(conn, "public.customers")
+        session = SnapshotSession(source_dsn, None, "public.customers")
+        try:
+            assert sum(b.num_rows for b in session.read(schema, 0, OPEN_END)) == 50
+            conn.execute("SET lock_timeout = '2s'")  # fails the ALTER instead of hanging the test
+            conn.execute("ALTER TABLE customers ADD COLUMN extra int NOT NULL DEFAULT 2")
+            conn.execute("INSERT INTO customers VALUES (51, 'after', 3)")
+            assert sum(b.num_rows for b in session.read(schema, 0, OPEN_END)) == 51  # and reads on
+        finally:
+            session.close()
