@@ -105,6 +105,20 @@ class SnapshotConfig(_Frozen):
         True, description="read chunks as binary COPY into typed Arrow (ADBC driver); false reads CSV text"
         " and casts every column in Spark (the earlier path, kept as a fallback)"
     )
+    stall_seconds: float = Field(
+        300.0, gt=0, description="a table's copy that makes no progress (no chunk read, no chunk group"
+        " written) for this long fails: the stacks of its threads are logged, its reads on the source are"
+        " ended (their locks go) and it is retried like any failure; a chunk group takes seconds, so this"
+        " only bounds a copy that is stuck"
+    )
+    give_way_after_seconds: float | None = Field(
+        2.0, ge=0, description="a statement (a DDL such as ALTER TABLE, most often) that waits this long for"
+        " the lock a copy's read holds on a table makes the copy give way: the read is cancelled, the"
+        " statement and the application's writes queued behind it go through, and the table's copy"
+        " resumes from its last finished chunk group; null: the copy keeps its lock (the statement waits"
+        " for the read) and only reports the waiter (log, status, /readyz, metrics). A chunk's read takes"
+        " about a second: 2 s lets it finish rather than redo it"
+    )
 
 
 class ApplyConfig(_Frozen):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from headrace.control.status import copy_blocks_sentence
 from headrace.run.view import RunView
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore
@@ -54,6 +55,8 @@ def readiness(pipeline: RunView) -> tuple[bool, dict[str, Any]]:
             else:
                 reasons.append(f"table {row.qualified_name} failed {row.error_count} times ({row.error_kind}"
                                f" error, retrying): {row.error}")
+    for waiter in pipeline.copy_lock_waiters():
+        reasons.append(copy_blocks_sentence(waiter.as_dict(), pipeline.config.snapshot.give_way_after_seconds))
     wal = pipeline.slot_wal()
     if wal is not None and (wal.lost or wal.over_limit):
         reasons.append(wal.as_dict().get("wal_warning") or "")  # the source's own warning text

@@ -309,9 +309,15 @@ class _LiveCollector(Collector):
         in_flight = GaugeMetricFamily("headrace_apply_batches_in_flight",
                                       "Apply batches running now (at most apply.concurrency)")
         in_flight.add_metric([], float(p.batches_in_flight))
+        waiting = GaugeMetricFamily("headrace_copy_lock_wait_seconds", "Seconds a source session (pid) has waited"
+                                    " for a lock the initial copy of the table holds (a DDL, most often)",
+                                    labels=["table", "pid"])
+        for waiter in p.copy_lock_waiters():
+            waiting.add_metric([waiter.table, str(waiter.pid)], waiter.waiting_seconds)
         yield connected
         yield paused
         yield in_flight
+        yield waiting
         try:
             status = self.metrics.live_status()
         except Exception as exc:

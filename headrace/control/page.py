@@ -7,7 +7,7 @@ from html import escape
 from typing import Any
 
 from headrace.control.metrics import MeteredRun
-from headrace.control.status import error_summary
+from headrace.control.status import copy_blocks_sentence, error_summary
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#1d2430;background:#f7f8fa}
@@ -94,6 +94,13 @@ def _wal_warning(status: dict[str, Any]) -> str:
     return f'<div id="wal-warning" class="err">{escape(warning)}</div>' if warning else ""
 
 
+def _copy_lock_warning(status: dict[str, Any]) -> str:
+    """Source sessions waiting for a lock the initial copy holds (a DDL, and the writes behind it)."""
+    lines = [copy_blocks_sentence(w, status.get("copy_gives_way_after_seconds"))
+             for w in status.get("copy_lock_waiters") or []]
+    return "".join(f'<div class="err copy-lock-waiter">{escape(line)}</div>' for line in lines)
+
+
 def render_page(pipeline: MeteredRun, auth: bool) -> str:
     """The whole page for the pipeline as it is now."""
     status = pipeline.metrics.live_status()
@@ -119,7 +126,7 @@ def render_page(pipeline: MeteredRun, auth: bool) -> str:
 <span>slot retains: {_fmt_bytes(slot.get('retained_wal_bytes'))}</span>{pipe_btn}
 <span><input id="add" placeholder="schema.table" size="18"><button id="add-btn" onclick="addTable()">Add table</button></span>
 <a href="/metrics">metrics</a><a href="/openapi.json">API</a></div>
-<div id="msg"></div>{_wal_warning(status)}
+<div id="msg"></div>{_wal_warning(status)}{_copy_lock_warning(status)}
 <table id="tables"><thead><tr><th>table</th><th>state</th><th>lag</th><th>lag (time)</th><th>pending</th>
 <th>copied</th><th>applied</th><th>throughput (1 min)</th><th>last 5 min</th><th>last error</th><th></th></tr></thead>
 <tbody>{rows}</tbody></table>

@@ -35,6 +35,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
     if postgres:
         with psycopg.connect(dsn, autocommit=True) as conn:
             current = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+            waiters = open_source(config, dsn).copy_lock_waiters(conn)
             slot = conn.execute(
                 "SELECT confirmed_flush_lsn::text, (pg_current_wal_lsn() - restart_lsn)::bigint, active,"
                 " (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint"
@@ -46,6 +47,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
         fmt = source.format_position
         with source.connect() as conn:
             current, slot = source.current_position(conn), None
+            waiters = source.copy_lock_waiters(conn)
     state = StateStore(config.source.resolved_state_dsn(), config.name)
     try:
         if not state.installed() or state.meta() is None:
@@ -92,6 +94,9 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
             "wal": _slot_wal(config, dsn) if postgres else None,
             "current_wal_lsn": fmt(int(current)),
             "tables": tables,
+            # Source sessions waiting for a lock the initial copy holds (a DDL, and the writes behind it).
+            "copy_lock_waiters": [w.as_dict() for w in waiters],
+            "copy_gives_way_after_seconds": config.snapshot.give_way_after_seconds,
             "refused_tables": [{"table": r["table"], "oid": int(r["oid"]), "reason": r["reason"],
                                 "seen_at": r["seen_at"].isoformat()} for r in state.refused_tables()],
             "ddl": {
@@ -141,6 +146,15 @@ def _maintenance_line(m: dict[str, Any]) -> str:
             f"bytes={m['bytes']}  maintained={m['last_run_at'] or 'never'}{error}")
 
 
+def copy_blocks_sentence(waiter: dict[str, Any], give_way_after: float | None) -> str:
+    """One sentence on a source session waiting for a lock the initial copy holds."""
+    then = ("the copy gives way after snapshot.give_way_after_seconds" if give_way_after is not None
+            else "the copy keeps its lock until the read ends (snapshot.give_way_after_seconds is null)")
+    return (f"the initial copy of {waiter['table']} holds a lock that session {waiter['pid']} has waited"
+            f" {waiter['waiting_seconds']} s for ({waiter['statement']}); writes to the table queue behind it;"
+            f" {then}")
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The status object as a table for people."""
     lines = [f"pipeline {status['pipeline']}"]
@@ -150,6 +164,8 @@ def format_status(status: dict[str, Any]) -> str:
                      f"retained_wal={slot['retained_wal_bytes']} bytes  active={slot['active']}")
     if (status.get("wal") or {}).get("wal_warning"):
         lines.append(f"WARNING: {status['wal']['wal_warning']}")
+    for waiter in status.get("copy_lock_waiters") or []:
+        lines.append(f"WARNING: {copy_blocks_sentence(waiter, status.get('copy_gives_way_after_seconds'))}")
     if status.get("note"):
         lines.append(status["note"])
     if status["tables"]:

@@ -155,6 +155,7 @@ class FileCopy:
                             after = self._copy_with_spark(rest, tasks)
                         rows, table_rows = after - table_rows, after
                         crash_point("snapshot.after_chunk")
+                        copy.watch.progressed(self.oid)
                         self.progress.mark_done(self.oid, group, self.position.lsn, rows)
                         copied += rows
                         # Where the group's time went: who copied it, its job, the wait for it, its commit.

@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -43,6 +42,7 @@ from headrace.core.spark_types import value_rules
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
 from headrace.materialize.chunk_files import SparkWarmth
+from headrace.materialize.copy_watch import CopyAbandoned, CopyWatch
 from headrace.materialize.file_copy import FileCopy, FileCopyEnd, report_progress
 from headrace.materialize.permits import Permits
 from headrace.materialize.snapshot_job import (
@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("headrace.snapshot")
 
 FailHandler = Callable[[StateStore, TableRow, Exception, TableState], None]
+CHECK_JOIN_SECONDS = 1.0  # how often the round looks whether a copy thread it waits for was given up on
 
 
 class InitialCopy:
@@ -74,12 +75,14 @@ class InitialCopy:
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkSession,
                  target: Target | Callable[[], Target], on_error: FailHandler, stop: threading.Event,
                  on_values_changed: Callable[[str, ValueCounts], None] | None = None,
-                 source: Source | None = None, warmth: SparkWarmth | None = None) -> None:
+                 source: Source | None = None, warmth: SparkWarmth | None = None,
+                 stuck: dict[int, threading.Thread] | None = None) -> None:
         """``spark`` may be a stand-in that starts the session on first use, and ``target`` a function
         opening the target (which may start it too): the round takes its snapshot and plans meanwhile.
         ``warmth`` (None: nothing to warm): on a cluster, a copy about to write files has the session
         warmed in the background for its tasks; in local mode the driver's threads copy every group
-        (``chunk_files.CopyLanes``)."""
+        (``chunk_files.CopyLanes``). ``stuck``: the copy threads given up on (``CopyWatch``), by table,
+        shared with the rounds before and after this one."""
         self.config = config
         self.dsn = dsn
         self.source = source or open_source(config, dsn)
@@ -91,6 +94,7 @@ class InitialCopy:
         self.stop = stop
         self.on_values_changed = on_values_changed
         self.rows_copied: dict[str, int] = {}
+        self.watch = CopyWatch(self.source, config.snapshot, self._stalled, {} if stuck is None else stuck)
 
     @property
     def target(self) -> Target:
@@ -127,6 +131,8 @@ class InitialCopy:
                     return
                 event(log, "snapshot.exported", tables=len(oids), seconds=round(time.monotonic() - exporting, 2),
                       snapshot_lsn=self.source.format_position(snap.position))
+                self.watch.start()
+                stack.callback(self.watch.close)
                 self._copy_all(oids, snap)
         finally:
             state.close()
@@ -140,7 +146,7 @@ class InitialCopy:
         """
         limit = self.config.snapshot.max_connections
         permits = Permits(max(1, limit - (1 if snap.token is not None else 0)))
-        stores: list[tuple[StateStore, ProgressStore]] = []
+        stores: dict[threading.Thread, tuple[StateStore, ProgressStore]] = {}
         local = threading.local()
         lost = threading.Event()  # a server went away: the whole round stops, to be resumed
 
@@ -150,32 +156,64 @@ class InitialCopy:
             if not hasattr(local, "stores"):
                 local.stores = (StateStore(self.state_dsn, self.config.name),
                                 ProgressStore(self.state_dsn, self.config.name))
-                stores.append(local.stores)
+                stores[threading.current_thread()] = local.stores
             state, progress = local.stores
             row = state.table(oid)
             if row is None:
                 return
+            self.watch.began(oid, row.qualified_name)
             try:
                 self._copy(state, progress, row, snap, permits)
+            except CopyAbandoned:
+                return  # the watch failed the table already; this thread must touch nothing more
             except Exception as exc:  # one table's failure must not stop the others
                 if lost_connection(exc):
                     lost.set()
                     raise  # not the table's failure: the whole round waits for the server
-                self._failed(state, oid, exc)
+                self._failed(state, oid, self.watch.explain(oid, exc))
+            finally:
+                self.watch.ended(oid)
 
-        workers = max(1, min(len(oids), self.config.snapshot.tables_at_once))
+        todo = list(oids)
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            while True:
+                try:
+                    oid = todo.pop(0)
+                except IndexError:
+                    return
+                try:
+                    copy_one(oid)
+                except BaseException as exc:  # raised again by the round, below
+                    errors.append(exc)
+
+        # Daemon threads, not a pool: a copy thread the watch gave up on (stuck, CopyWatch) must not
+        # hold the round, nor the process at its exit.
+        workers = [threading.Thread(target=work, name=f"initial-copy_{i}", daemon=True)
+                   for i in range(max(1, min(len(oids), self.config.snapshot.tables_at_once)))]
         try:
-            with ThreadPoolExecutor(workers, thread_name_prefix="initial-copy") as pool:
-                futures = [pool.submit(copy_one, oid) for oid in oids]
-                errors = [f.exception() for f in futures]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                while worker.is_alive() and not self.watch.given_up(worker):
+                    worker.join(CHECK_JOIN_SECONDS)
         finally:
             permits.close_parked()
-            for state, progress in stores:
-                progress.close()
-                state.close()
+            for thread, (state, progress) in stores.items():
+                if not self.watch.given_up(thread):  # a stuck thread may be inside them
+                    progress.close()
+                    state.close()
         for error in errors:
-            if error is not None:
-                raise error
+            raise error
+
+    def _stalled(self, oid: int, exc: Exception) -> None:
+        """Fail a table whose copy the watch gave up on (from the watch's thread)."""
+        state = StateStore(self.state_dsn, self.config.name)
+        try:
+            self._failed(state, oid, exc)
+        finally:
+            state.close()
 
     def _failed(self, state: StateStore, oid: int, exc: Exception) -> None:
         """Hand a table's copy failure to the run loop, with the state its copy resumes from.
@@ -278,10 +316,12 @@ class InitialCopy:
                     table_lsn = chunk_position
                     state.copy_started(row.oid, table_lsn)
             crash_point("snapshot.after_chunk")
+            self.watch.progressed(row.oid)
             progress.mark_done(row.oid, group, snapshot_lsn, rows)
             done_rows += rows
             report_progress(name, len(chunks) - len(todo) + start + len(group), len(chunks), done_rows, started)
         crash_point("snapshot.after_write")
+        self.watch.progressed(row.oid)
         state.copy_finished(row.oid, done_rows)
         self.rows_copied[name] = done_rows
         secs = time.monotonic() - started
@@ -296,9 +336,12 @@ class InitialCopy:
         opener = self.source.chunk_session(snap, self.config.snapshot.binary_copy)
         if opener is None:
             with permits.take(1):
-                return prefetched(reader, *chunk)
-        with permits.session(opener) as session:
-            return read_by(session, schema, reader, *chunk)
+                read = prefetched(reader, *chunk)
+        else:
+            with permits.session(opener) as session:
+                read = read_by(session, schema, reader, *chunk)
+        self.watch.progressed(schema.oid)
+        return read
 
     def _write_on_driver(self, schema: TableSchema, reader: ChunkRead, position: Position, replace: bool
                          ) -> int | None:

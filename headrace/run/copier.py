@@ -19,7 +19,7 @@ from headrace.core.interfaces import Target
 from headrace.materialize.initial_copy import FailHandler, InitialCopy
 from headrace.run.observer import RunObserver
 from headrace.run.spark_on_demand import SparkOnDemand
-from headrace.source.base import Source
+from headrace.source.base import LockWaiter, Source
 from headrace.spark import local_cores
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
@@ -44,6 +44,9 @@ class Copier:
         self._observer = observer
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._copy: InitialCopy | None = None
+        # Copy threads given up on (``CopyWatch``), by table: the table is not copied again while one runs.
+        self._stuck: dict[int, threading.Thread] = {}
 
     @property
     def running(self) -> bool:
@@ -55,7 +58,8 @@ class Copier:
         if self.running:
             return False
         now = datetime.now(timezone.utc)
-        todo = [r.oid for r in state.tables() if r.state.needs_copy or retry_copy(r, now)]
+        todo = [r.oid for r in state.tables()
+                if (r.state.needs_copy or retry_copy(r, now)) and r.oid not in self._stuck]
         if not todo:
             return False
         # On a cluster Spark starts while the round takes its snapshot and plans (its jobs copy the big
@@ -67,10 +71,17 @@ class Copier:
         if local_cores(self.config.spark.master, self.config.spark.conf) is None:
             self._spark.start_in_background()
         copy = InitialCopy(self.config, self.dsn, self.state_dsn, cast("SparkSession", self._spark), self._target,
-                           self._fail, self._stop, self._observer.values_changed, self.source, warmth=self._spark)
+                           self._fail, self._stop, self._observer.values_changed, self.source, warmth=self._spark,
+                           stuck=self._stuck)
+        self._copy = copy
         self._thread = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
         self._thread.start()
         return True
+
+    def lock_waiters(self) -> list[LockWaiter]:
+        """Statements waiting for a lock the running round's reads hold, at its watch's last look."""
+        copy = self._copy
+        return copy.watch.waiters if copy is not None and self.running else []
 
     def stop(self) -> None:
         """Let a running copy finish its current chunk group; what is left resumes next round."""

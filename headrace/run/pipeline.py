@@ -42,7 +42,7 @@ from headrace.run.tracking import TableTracking
 from headrace.run.view import CaptureStatus
 from headrace.run.wal_guard import WalGuard
 from headrace.source import open_source
-from headrace.source.base import RetainedLog
+from headrace.source.base import LockWaiter, RetainedLog
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
 from headrace.targets.registry import open_target
@@ -316,6 +316,10 @@ class Pipeline:
     def server_up(self, role: str = "source") -> bool:
         """The server last answered the run's probes (or was never found down)."""
         return self.outage.up(role)
+
+    def copy_lock_waiters(self) -> list[LockWaiter]:
+        """Source sessions waiting now for a lock the initial copy's reads hold (its watch's last look)."""
+        return self.copier.lock_waiters()
 
     def slot_wal(self) -> RetainedLog | None:
         """The slot's WAL figures read now; None when the slot or the source cannot be seen."""

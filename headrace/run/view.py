@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from headrace.config import PipelineConfig
 from headrace.run.commands import Request
 from headrace.run.tracking import find_table
-from headrace.source.base import RetainedLog
+from headrace.source.base import LockWaiter, RetainedLog
 
 __all__ = ["CaptureStatus", "Request", "RunView", "find_table"]
 
@@ -50,6 +50,9 @@ class RunView(Protocol):
 
     def server_up(self, role: str = "source") -> bool:
         """The server (``source``, ``state``, ``ducklake catalog``) last answered the run's probes."""
+
+    def copy_lock_waiters(self) -> list[LockWaiter]:
+        """Source sessions waiting now for a lock the initial copy's reads hold (a DDL, most often)."""
 
     def slot_wal(self) -> RetainedLog | None:
         """The slot's WAL figures read now; None when the slot or the source cannot be seen."""

@@ -92,6 +92,24 @@ class ChunkSession(Protocol):
 
 
 @dataclass(frozen=True)
+class LockWaiter:
+    """A session of the source's that waits for a lock a copy's session holds (a DDL statement, most
+    often, with the application's writes queued behind it)."""
+
+    pid: int  # the waiting session (PostgreSQL backend pid; MySQL connection id)
+    table: str  # the table it waits for, qualified
+    oid: int | None  # that table's id in the pipeline (None: not one the source can tell)
+    statement: str  # what it runs, cut to a line
+    waiting_seconds: float
+    blockers: tuple[int, ...]  # the copy's sessions it waits for
+
+    def as_dict(self) -> dict[str, Any]:
+        """For status, the API and the page."""
+        return {"pid": self.pid, "table": self.table, "statement": self.statement,
+                "waiting_seconds": round(self.waiting_seconds, 1), "blocked_by": list(self.blockers)}
+
+
+@dataclass(frozen=True)
 class CopySnapshot:
     """What a copy round reads under. ``position``: every change after it is in the stream and
     none before it is needed (PostgreSQL: the exported snapshot's LSN; MySQL, where each chunk has
@@ -291,6 +309,17 @@ class Source(ABC):
         """Opens driver sessions reading chunks under ``snapshot`` as ``chunk_reader(..., binary)``
         does; None: none, each chunk read on the driver opens its own connection."""
         return None
+
+    def copy_lock_waiters(self, conn: Any) -> list[LockWaiter]:
+        """Sessions waiting now for a lock that a copy's session (any pipeline's) holds; [] where the
+        source cannot tell."""
+        return []
+
+    def end_copy_reads(self, conn: Any, blockers: tuple[int, ...] = (), table_oid: int | None = None) -> int:
+        """End the copy's reads in the sessions ``blockers`` and, with ``table_oid``, every copy read of
+        that table: their transactions end and their locks go (the read fails in its copy, which is
+        retried). Returns how many were ended."""
+        return 0
 
     # -- optional capabilities -------------------------------------------------------------------
     def catalog_watch(self) -> CatalogWatch | None:

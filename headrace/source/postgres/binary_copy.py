@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from contextlib import suppress
 from typing import NoReturn
 
 import pyarrow as pa

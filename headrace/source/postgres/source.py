@@ -27,12 +27,13 @@ from headrace.source.base import (
     ChunkRead,
     ChunkSession,
     CopySnapshot,
+    LockWaiter,
     LogWatch,
     RetainedLog,
     Route,
     Source,
 )
-from headrace.source.postgres import binary_copy, catalog, pgoutput, tables
+from headrace.source.postgres import binary_copy, catalog, copy_locks, pgoutput, tables
 from headrace.source.postgres import copy as text_copy
 from headrace.source.postgres import wal_guard as wal
 from headrace.source.postgres.assess import assess
@@ -183,6 +184,12 @@ class PostgresSource(Source):
         if not binary:
             return None  # the CSV path reads as it always did, a connection per chunk
         return partial(binary_copy.SnapshotSession, self.dsn, snapshot.token, "a copy round")
+
+    def copy_lock_waiters(self, conn: Conn) -> list[LockWaiter]:
+        return copy_locks.lock_waiters(conn, self.dsn)
+
+    def end_copy_reads(self, conn: Conn, blockers: tuple[int, ...] = (), table_oid: int | None = None) -> int:
+        return copy_locks.end_copy_reads(conn, self.dsn, blockers, table_oid)
 
     # -- optional capabilities -------------------------------------------------------------------
     def catalog_watch(self) -> CatalogWatch | None:
