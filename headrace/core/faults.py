@@ -1,8 +1,10 @@
-"""Named crash points for fault-injection tests.
+"""Named crash and hold points for fault-injection tests.
 
 ``HEADRACE_CRASH_AT=<point>:<n>`` makes the process die abruptly (``os._exit``, like kill -9: no
-flush, no cleanup) the n-th time it passes ``<point>``. Unset in production, it costs one dict
-lookup per pass.
+flush, no cleanup) the n-th time it passes ``<point>``. ``HEADRACE_HOLD_AT=<point>:<seconds>[:<n>]``
+makes the first n passes (all, without n) of a hold point wait ``seconds`` where the caller says
+(a copy's read: in a server statement, holding its lock, as a long read would). Unset in production,
+each costs one dict lookup per pass.
 """
 
 from __future__ import annotations
@@ -19,7 +21,31 @@ CRASH_POINTS = (
     "fanout.after_destination_commit",  # a destination lake committed, its cursor not advanced
 )
 
+HOLD_POINTS = (
+    "snapshot.read",  # a copy's read, inside its transaction, after the table's lock is taken
+)
+
 _passes: dict[str, int] = {}
+_held: dict[str, int] = {}
+
+
+def reset() -> None:
+    """Count passes from zero again (a test setting a point in a process that passed it before)."""
+    _passes.clear()
+    _held.clear()
+
+
+def hold_seconds(name: str) -> float:
+    """How long the test setting asks this pass of hold point ``name`` to wait (0: not at all)."""
+    setting = os.environ.get("HEADRACE_HOLD_AT")
+    if not setting:
+        return 0.0
+    point, _, rest = setting.partition(":")
+    if point != name:
+        return 0.0
+    seconds, _, times = rest.partition(":")
+    _held[name] = _held.get(name, 0) + 1
+    return float(seconds or 0) if not times or _held[name] <= int(times) else 0.0
 
 
 def crash_point(name: str) -> None:

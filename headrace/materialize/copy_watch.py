@@ -85,14 +85,13 @@ class CopyWatch:
             self._gave_way.pop(oid, None)
 
     def progressed(self, oid: int) -> None:
-        """The copy of ``oid`` moved on (a chunk read, a group written); raises ``CopyAbandoned`` in a
-        thread the watch gave up on, before it writes anything more."""
+        """The copy of ``oid`` moved on (permits granted, a chunk read, a group written), in any of its
+        threads; raises ``CopyAbandoned`` once the watch gave up on it, before it writes anything more."""
         with self._lock:
             copying = self._copying.get(oid)
-            if copying is not None and copying.thread is threading.current_thread():
+            if copying is not None:
                 copying.last = time.monotonic()
-                return
-            if self.stuck.get(oid) is threading.current_thread():
+            elif oid in self.stuck:
                 raise CopyAbandoned(f"copy of table oid {oid} was given up on")
 
     def ended(self, oid: int) -> None:
@@ -185,8 +184,12 @@ class CopyWatch:
 
     def _stalled(self, conn: object, oid: int, copying: _Copying, seconds: float) -> None:
         event(log, "snapshot.stalled", logging.ERROR, table=copying.name, seconds=round(seconds, 1),
-              thread=copying.thread.name, stacks=thread_stacks(copying.thread))
-        ended = self.source.end_copy_reads(conn, (), oid)
+              copy_thread=copying.thread.name, stacks=thread_stacks(copying.thread))
+        try:
+            ended = self.source.end_copy_reads(conn, (), oid)
+        except Exception as exc:  # the table fails all the same; its reads end with their connections
+            event(log, "snapshot.watch_failed", logging.WARNING, table=copying.name, error=str(exc).strip()[:300])
+            ended = 0
         self.on_stalled(oid, CopyStalled(
             f"the copy of {copying.name} made no progress for {seconds:.0f} s (snapshot.stall_seconds:"
             f" {self.settings.stall_seconds:g}); {ended} read(s) on the source were ended; the log event"

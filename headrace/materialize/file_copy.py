@@ -121,6 +121,7 @@ class FileCopy:
             if copy.stop.is_set() or ended.is_set():
                 return None
             with self.permits.take(min(tasks, len(group))):  # the job's tasks (or threads) read the chunks
+                copy.watch.progressed(self.oid)
                 return lanes.copy(i, self.schema, self.reader, [(c.start_page, c.end_page) for c in group],
                                   self.position, sink)
 

@@ -167,6 +167,8 @@ class InitialCopy:
             except CopyAbandoned:
                 return  # the watch failed the table already; this thread must touch nothing more
             except Exception as exc:  # one table's failure must not stop the others
+                if self.watch.given_up(threading.current_thread()):
+                    return  # the watch failed the table already (its reads ended: this is their error)
                 if lost_connection(exc):
                     lost.set()
                     raise  # not the table's failure: the whole round waits for the server
@@ -245,6 +247,7 @@ class InitialCopy:
             table_lsn = min(c.snapshot_lsn for c in chunks if c.done and c.snapshot_lsn is not None)
         else:
             with permits.take(1), self.source.connect() as conn:
+                self.watch.progressed(row.oid)  # the wait for a permit is not the copy's stall
                 # The shape as of the snapshot: the table may have changed since it was added (a
                 # resync after an ALTER the target could not follow, a rename, a new column).
                 schema = schema_at_snapshot(self.source, conn, row.schema, snap, self.config.schema_changes)
@@ -298,6 +301,7 @@ class InitialCopy:
                         after = self._write_on_driver(schema, reader, position, replace=start == 0)
                 else:
                     held.enter_context(permits.take(len(group)))  # the job's tasks read the chunks
+                    self.watch.progressed(row.oid)
                 if after is None:
                     df = chunk_dataframe(self.spark, schema, reader, ranges, position,
                                          value_rules(name, self.target, self.config.values.infinity),
@@ -336,9 +340,11 @@ class InitialCopy:
         opener = self.source.chunk_session(snap, self.config.snapshot.binary_copy)
         if opener is None:
             with permits.take(1):
+                self.watch.progressed(schema.oid)
                 read = prefetched(reader, *chunk)
         else:
             with permits.session(opener) as session:
+                self.watch.progressed(schema.oid)
                 read = read_by(session, schema, reader, *chunk)
         self.watch.progressed(schema.oid)
         return read

@@ -32,6 +32,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from headrace.core.errors import SourceError, TransientError
+from headrace.core.faults import hold_seconds
 from headrace.core.schema import ColumnType, TableSchema, TypeKind
 from headrace.core.sqlstate import error_for_sqlstate
 from headrace.source.postgres.copy import OPEN_END, copy_conninfo
@@ -200,6 +201,9 @@ class SnapshotSession:
                 doing = f"copy of {table.qualified_name} pages {start}..{end}"
             self._cur.execute(select_statement(table, start, end).as_string())
             got = self._cur.fetch_arrow_table()
+            if held := hold_seconds("snapshot.read"):  # tests: a long read, holding the table's lock
+                self._cur.execute(f"SELECT pg_sleep({held})")
+                self._cur.fetchall()
             self._cur.execute("ROLLBACK")  # nothing was written: ends the transaction and its locks
         except adbc_driver_manager.Error as exc:
             self.broken = True
