@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from headrace.core.errors import ConfigError
+from headrace.core.lanes import Engine
 from headrace.core.maintenance import MaintenancePolicy
 from headrace.core.names import TableName
 from headrace.core.names import columns_as_text_item as columns_as_text_item  # re-exported (was defined here)
@@ -27,12 +28,6 @@ from headrace.source.config import MYSQL_SCHEMES as MYSQL_SCHEMES  # re-exported
 from headrace.source.config import SourceConfig
 from headrace.source.config import source_kind as source_kind  # re-exported
 from headrace.targets.registry import TargetSection
-
-# Staged rows up to which a keyed batch is built by DuckDB on the driver (functions called without a
-# config; a pipeline takes ``ApplyConfig.driver_rows``): measured (bench/driver_batch.py) 4-9x faster
-# than Spark from 10 to 10,000 rows on DuckLake.
-DEFAULT_DRIVER_BATCH_ROWS = 10_000
-
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
@@ -132,27 +127,24 @@ class ApplyConfig(_Frozen):
     concurrency: int = Field(4, ge=1, description="tables whose batches are applied at the same time (Spark"
                              " jobs from several driver threads, each in its own FAIR scheduler pool), one"
                              " batch per table at a time; 1 applies one table after another")
-    driver_batch_rows: int | None = Field(
-        None, ge=0, description="a keyed batch of at most this many staged rows is"
+    driver_batch_rows: int = Field(
+        200_000, ge=0, description="with engine: auto, a keyed batch of at most this many staged rows is"
         " read, deduplicated and cast by DuckDB on the driver instead of a Spark job (the same values; a"
         " value it cannot cast exactly goes through Spark): DuckLake then commits it in DuckDB, Iceberg"
         " on the driver too (target.iceberg.apply_on_driver) or else MERGEs it from a local relation; 0 sends"
-        " every batch through Spark; unset: 200000")
+        " every batch through Spark. Up to 200,000 rows the driver was faster than Spark's jobs on 2 cores"
+        " (docs/benchmarks.md)")
     max_batch_rows: int | None = Field(
         None, gt=0, description="the most staged rows an apply batch of a keyed table takes (at least one"
         " staged file); unset: driver_batch_rows (a backlog then drains as a row of driver batches beside"
         " capture, not as Spark batches of everything staged)")
 
-    def driver_rows(self, target_default: int) -> int:
-        """``driver_batch_rows``, or the target's own (``Target.driver_batch_rows``) when unset."""
-        return target_default if self.driver_batch_rows is None else self.driver_batch_rows
-
-    def batch_rows(self, target_default: int, caps_batches: bool) -> int | None:
-        """``max_batch_rows``, or when unset ``driver_rows`` for a target that ``caps_batches`` (None: no cap)."""
+    def batch_rows(self, caps_batches: bool) -> int | None:
+        """``max_batch_rows``, or when unset ``driver_batch_rows`` for a target that ``caps_batches``
+        (None: no cap)."""
         if self.max_batch_rows is not None:
             return self.max_batch_rows
-        driver = self.driver_rows(target_default)
-        return driver if caps_batches and driver > 0 else None
+        return self.driver_batch_rows if caps_batches and self.driver_batch_rows > 0 else None
 
 
 class SchemaChangesConfig(_Frozen):
@@ -263,6 +255,11 @@ class PipelineConfig(_Frozen):
     """A whole pipeline, as read from the YAML file."""
 
     name: str = Field(description="names the slot, the publication and the state rows")
+    engine: Engine = Field(
+        "auto", description="which engine runs the work (materialize/lanes.py decides each unit and logs"
+        " why): auto, the driver (DuckDB, pyarrow) for small batches and, in local mode, the copy, Spark for"
+        " the rest and for every copy on a cluster; spark, every batch build and copy group as Spark jobs"
+        " (what a cluster's executors scale out); driver, the driver whenever it can, with no size bound")
     source: SourceConfig
     target: TargetConfig
     staging: StagingConfig

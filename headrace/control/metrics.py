@@ -53,9 +53,11 @@ class PipelineMetrics:
         self.batch_seconds = Histogram(
             "headrace_apply_batch_duration_seconds", "Time to apply one batch to the target", ["table"],
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)
-        self.batches = Counter("headrace_apply_batches", "Apply batches by where they were read and cast: spark,"
-                               " or driver (DuckDB on the driver, no Spark job; apply.driver_batch_rows)",
-                               ["table", "path"], registry=r)
+        self.batches = Counter("headrace_apply_batches", "Apply batches by the lane that built them (read,"
+                               " deduplicated, cast) and the lane that committed them, each with its reason"
+                               " (materialize/lanes.py): spark (Spark jobs) or driver (DuckDB, pyarrow)",
+                               ["table", "build_lane", "build_reason", "apply_lane", "apply_reason"], registry=r)
+        self.last_lanes: dict[str, dict[str, str]] = {}  # table -> its last batch's lanes, for status
         self.errors = Counter("headrace_errors", "Table failures, by kind (transient, terminal, unknown)",
                               ["table", "kind"], registry=r)
         self.ddl = Counter("headrace_ddl_events", "Schema changes applied to target tables, by kind",
@@ -83,7 +85,12 @@ class PipelineMetrics:
             for op, n in ops.items():
                 self.applied.labels(row.qualified_name, op).inc(n)
             self.batch_seconds.labels(row.qualified_name).observe(applied.seconds)
-            self.batches.labels(row.qualified_name, applied.path).inc()
+            build, apply = applied.build, applied.apply
+            self.batches.labels(row.qualified_name, build.lane.value, build.reason, apply.lane.value,
+                                apply.reason).inc()
+            self.last_lanes[row.qualified_name] = {
+                "build": build.lane.value, "build_reason": build.detail or build.reason,
+                "apply": apply.lane.value, "apply_reason": apply.detail or apply.reason}
             if last_ts is not None:
                 prev = self.last_commit.get(row.qualified_name)
                 self.last_commit[row.qualified_name] = max(prev, last_ts) if prev else last_ts
@@ -170,6 +177,7 @@ class PipelineMetrics:
             rate = self.throughput(t["table"])
             t["changes_per_s"] = round(rate, 3) if rate is not None else None
             t["values_changed"] = dict(self.changed_by_table.get(t["table"], {}))
+            t["lanes"] = self.last_lanes.get(t["table"])  # the last batch's, applied by this process
         return status
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from headrace.core.filesink import FileSink, WrittenFile
+from headrace.core.lanes import LaneChoice
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
 from headrace.core.schema import SchemaChange, TableSchema
@@ -49,10 +50,7 @@ class Target(ABC):
     # True when the target writes initial copies already on the driver as Arrow, with no Spark job
     # (``write_snapshot_arrow``: small tables read before their copy).
     copies_arrow: bool = False
-    # Staged rows up to which a keyed batch is built on the driver when ``apply.driver_batch_rows`` is
-    # unset (DuckLake and Iceberg: 200,000, see each).
-    driver_batch_rows: int = 50_000
-    # True when, ``apply.max_batch_rows`` unset, a keyed batch takes at most ``driver_batch_rows`` staged
+    # True when, ``apply.max_batch_rows`` unset, a keyed batch takes at most ``apply.driver_batch_rows`` staged
     # rows (a backlog then drains as a row of driver batches beside capture); False: no cap (a MERGE's
     # fixed cost is better spread over large batches).
     caps_batches: bool = False
@@ -95,8 +93,8 @@ class Target(ABC):
         changes: DataFrame,
         truncate_before: Position | None,
         log_offset: int,
-    ) -> None:
-        """Apply one deduplicated batch of changes, idempotently.
+    ) -> LaneChoice:
+        """Apply one deduplicated batch of changes, idempotently; where it was applied, and why.
 
         A row in the target is only replaced or deleted by a change at a later position than the
         one that wrote it, so replaying a batch changes nothing. When ``truncate_before`` is set,
@@ -106,7 +104,7 @@ class Target(ABC):
         """
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
-                          log_offset: int) -> None:
+                          log_offset: int) -> LaneChoice:
         """``apply_batch`` for a batch already on the driver as a pyarrow Table: the rows and columns
         Spark's ``toArrow`` of the DataFrame would give (``headrace.materialize.driver_batch``);
         keyed tables only. Only targets with ``applies_arrow`` implement it."""

@@ -14,23 +14,29 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from headrace.config import DEFAULT_DRIVER_BATCH_ROWS, SchemaChangesConfig, ValuesConfig
+from headrace.config import ApplyConfig, SchemaChangesConfig, ValuesConfig
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
+from headrace.core.lanes import Engine, Lane, LaneChoice, NotOnLane
 from headrace.core.position import Position, format_lsn
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules, value_rules
 from headrace.log.index import LogEntry
 from headrace.logs import event
 from headrace.materialize.batch import ChangeBatch, read_change_batch
-from headrace.materialize.driver_batch import DriverFallback, driver_refusal, read_driver_batch
+from headrace.materialize.driver_batch import read_driver_batch
 from headrace.materialize.evolve import evolve_table
+from headrace.materialize.lanes import SPARK_ENGINE, batch_build_lane
 from headrace.state.store import StateStore, TableRow
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("headrace.materialize")
+
+
+# apply.driver_batch_rows's default, for callers without a pipeline's config (tests, benches).
+DRIVER_BATCH_ROWS: int = ApplyConfig().driver_batch_rows
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,8 @@ class Applied:
     ddl: tuple[str, ...] = ()  # schema change kinds applied to the target before this batch
     # (column, reason) -> values the casts changed (``values.infinity: clamp``)
     values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
-    path: str = "spark"  # where the batch was read and cast: "spark", or "driver" (DuckDB, no Spark job)
+    build: LaneChoice = SPARK_ENGINE  # where the batch was read, deduplicated and cast, and why
+    apply: LaneChoice = SPARK_ENGINE  # where it was committed into the target, and why
 
 
 class CursorCache:
@@ -129,17 +136,17 @@ class PlannedBatch:
     rules: ValueRules
     ddl: tuple[str, ...]
     started: float  # time.monotonic() when planned
-    driver_rows: int = DEFAULT_DRIVER_BATCH_ROWS  # apply.driver_batch_rows
+    build: LaneChoice = SPARK_ENGINE  # where it is to be read, deduplicated and cast (lanes.batch_build_lane)
 
 
 def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
                policy: SchemaChangesConfig | None = None, values: ValuesConfig | None = None,
-               cursors: CursorCache | None = None,
-               driver_rows: int = DEFAULT_DRIVER_BATCH_ROWS, max_rows: int | None = None) -> PlannedBatch | None:
+               cursors: CursorCache | None = None, driver_rows: int = DRIVER_BATCH_ROWS,
+               max_rows: int | None = None, engine: Engine = "auto") -> PlannedBatch | None:
     """The table's next batch, or None when it is caught up with the staged log. Touches the state
     store and runs the schema change DDL, so it runs where the state store's connection lives (the
     run loop's thread); ``execute_batch`` may then run on another thread. ``driver_rows`` is
-    ``apply.driver_batch_rows`` (``execute_batch`` chooses the path); ``max_rows``
+    ``apply.driver_batch_rows`` and ``engine`` the pipeline's (``lanes.batch_build_lane``); ``max_rows``
     ``apply.max_batch_rows``, the most staged rows a keyed table's batch takes (a keyless table's
     goes through Spark whatever its size: not capped)."""
     cursor = current_cursor(state, target, row, cursors)
@@ -161,39 +168,51 @@ def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
                                    entries[0].min_lsn)
         target.ensure_table(schema)
     rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
-    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, driver_rows)
+    build = batch_build_lane(engine, target.applies_arrow, schema, [e.facts for e in entries], driver_rows)
+    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build)
 
 
-def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) -> ChangeBatch:
-    """Read, cast and deduplicate the planned files and commit them to the target. Touches neither
-    the state store nor the cursor cache: safe on a worker thread, one batch per table.
+@dataclass(frozen=True)
+class Executed:
+    """A batch committed into the target (``execute_batch``), with the lanes that built and applied it."""
 
-    A small batch for a target that takes Arrow batches (``Target.applies_arrow``) is built by
-    DuckDB on the driver (``headrace.materialize.driver_batch``, no Spark job); every other batch,
-    and one whose values the driver cannot cast exactly as Spark does, by Spark.
+    batch: ChangeBatch
+    build: LaneChoice
+    apply: LaneChoice
+
+
+def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) -> Executed:
+    """Read, cast and deduplicate the planned files and commit them to the target; the batch, where it
+    was built and where it was applied. Touches neither the state store nor the cursor cache: safe
+    on a worker thread, one batch per table.
+
+    A batch the plan gave the driver (``lanes.batch_build_lane``) is built by DuckDB there
+    (``headrace.materialize.driver_batch``, no Spark job) unless a value needs Spark's casts; every
+    other batch by Spark.
     """
     schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries
     paths, facts = [e.path for e in entries], [e.facts for e in entries]
-    batch = None
-    refusal = driver_refusal(schema, facts, planned.driver_rows) if target.applies_arrow else "target"
-    if refusal is None:
+    batch, build = None, planned.build
+    if build.lane is Lane.DRIVER:
         try:
             batch = read_driver_batch(paths, schema, skip, rules, facts)
-        except DriverFallback as exc:
+        except NotOnLane as exc:
+            build = LaneChoice(Lane.SPARK, "values", str(exc))
             event(log, "apply.driver_fallback", table=planned.row.qualified_name, reason=str(exc))
     if batch is None:
         batch = read_change_batch(spark, paths, schema, skip, rules, facts=facts)
     if isinstance(batch.changes, pa.Table):
-        target.apply_arrow_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
+        applied = target.apply_arrow_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     else:
-        target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
-    return batch
+        applied = target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
+    return Executed(batch, build, applied)
 
 
-def finish_batch(state: StateStore, target: Target, planned: PlannedBatch, batch: ChangeBatch,
-                 cursors: CursorCache | None = None) -> Applied:
+def finish_batch(state: StateStore, target: Target, planned: PlannedBatch,
+                 executed: Executed, cursors: CursorCache | None = None) -> Applied:
     """After the target's commit (run loop's thread): record a TRUNCATE, advance the cursor."""
     row, last, ddl = planned.row, planned.entries[-1], list(planned.ddl)
+    batch, build, apply = executed.batch, executed.build, executed.apply
     if (trunc := batch.truncate_before) is not None:
         state.record_ddl(row.oid, row.qualified_name, "truncate", f"TRUNCATE at {format_lsn(trunc.lsn)}", trunc.lsn)
         ddl.append("truncate")
@@ -203,17 +222,18 @@ def finish_batch(state: StateStore, target: Target, planned: PlannedBatch, batch
         cursors.put(target, row, max(planned.cursor, last.offset))
     applied = Applied(row.qualified_name, len(planned.entries), batch.rows_in, last.offset, last.max_lsn,
                       time.monotonic() - planned.started, drained=last.offset >= planned.tail, ddl=tuple(ddl),
-                      values_changed=batch.values_changed, path=batch.path)
+                      values_changed=batch.values_changed, build=build, apply=apply)
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
-          seconds=round(applied.seconds, 3), path=applied.path)
+          seconds=round(applied.seconds, 3), build_lane=build.lane.value, build_reason=build.detail or build.reason,
+          apply_lane=apply.lane.value, apply_reason=apply.detail or apply.reason)
     return applied
 
 
 def apply_next(spark: SparkSession, state: StateStore, target: Target, row: TableRow,
                max_files: int, policy: SchemaChangesConfig | None = None,
                values: ValuesConfig | None = None, cursors: CursorCache | None = None,
-               driver_rows: int = DEFAULT_DRIVER_BATCH_ROWS) -> Applied | None:
+               driver_rows: int = DRIVER_BATCH_ROWS) -> Applied | None:
     """Apply the table's next batch on this thread (plan, execute, finish); None when the table is
     caught up with the staged log.
 

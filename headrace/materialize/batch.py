@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from headrace.core.errors import TerminalError
+from headrace.core.lanes import Lane
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import TableSchema
@@ -46,7 +46,7 @@ class ChangeBatch:
     rows_in: int  # staged rows read (before skipping and deduplication)
     # (column, reason) -> values the casts changed under ``values.infinity: clamp`` (staged changes)
     values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
-    path: Literal["spark", "driver"] = "spark"  # where it was read, cast and deduplicated
+    lane: Lane = Lane.SPARK  # where it was read, cast and deduplicated
 
 
 def _after(lsn: Column, seq: Column, pos: Position) -> Column:

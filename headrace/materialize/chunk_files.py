@@ -19,6 +19,7 @@ one task per core, importing what copy tasks import, so that the Python workers 
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,8 +32,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from headrace.core.filesink import FileSink, WrittenFile
+from headrace.core.lanes import Engine, Lane, NotOnLane
 from headrace.core.position import Position
 from headrace.core.schema import TableSchema
+from headrace.materialize.lanes import copy_lane
 from headrace.materialize.snapshot_job import chunk_indexes, chunk_rows, chunk_tasks
 from headrace.source.base import ChunkRead
 from headrace.spark import local_cores
@@ -57,10 +60,6 @@ class ChunkFile:
     needs_spark: bool = False
 
 
-class _NeedsSpark(Exception):
-    """A batch of the chunk holds a value only Spark's casts decide."""
-
-
 def copy_chunk_file(table: TableSchema, reader: ChunkRead, chunk: tuple[int, int], lsn: int, sink: FileSink,
                     stem: str, index: int) -> ChunkFile:
     """Copy one chunk into ``<stem>.parquet`` of ``sink`` (wherever this runs: a Spark task, a driver
@@ -70,12 +69,12 @@ def copy_chunk_file(table: TableSchema, reader: ChunkRead, chunk: tuple[int, int
         for batch in reader.read(*chunk):  # batch by batch: the file is written as the chunk comes
             rows = chunk_rows(table, reader.routes, [batch], lsn)
             if rows is None:
-                raise _NeedsSpark
+                raise NotOnLane("a value only Spark's casts decide")
             yield rows
 
     try:
         written = sink.write_parts(parts(), stem, empty=False)
-    except _NeedsSpark:
+    except NotOnLane:
         return ChunkFile(index, None, needs_spark=True)  # the partial file is gone
     return ChunkFile(index, written)
 
@@ -172,15 +171,17 @@ class CopyLanes:
     """
 
     def __init__(self, spark: SparkSession, master: str, conf: Mapping[str, str], warmth: SparkWarmth | None,
-                 permits: int, warm_now: bool = True) -> None:
+                 permits: int, warm_now: bool = True, engine: Engine = "auto") -> None:
         cores = local_cores(master, conf)
         self._spark = spark
         self._warmth = warmth
-        self._on_driver = cores is not None
+        self.lane = copy_lane(engine, master, conf)
+        self._on_driver = self.lane.lane is Lane.DRIVER
         if warm_now:
             self.warm()
         if cores is None:
-            cores = spark.sparkContext.defaultParallelism  # the session's own figure, where it runs
+            # The session's own figure, where it runs (engine: driver on a cluster: the driver's cores).
+            cores = spark.sparkContext.defaultParallelism if not self._on_driver else (os.cpu_count() or 1)
         self.tasks = max(1, min(permits, cores))
         self._seconds: dict[int, float] = {}
 
@@ -202,4 +203,5 @@ class CopyLanes:
 
     def timing(self, group: int) -> dict[str, object]:
         """Who copied the group and how long its job took, for its progress event."""
-        return {"lane": "driver" if self._on_driver else "spark", "job_s": round(self._seconds.get(group, 0.0), 2)}
+        return {"lane": self.lane.lane.value, "lane_reason": self.lane.reason,
+                "job_s": round(self._seconds.get(group, 0.0), 2)}

@@ -5,7 +5,7 @@ a few hundred staged rows that is nearly all of its cost, and up to a few hundre
 on the driver is still faster than Spark on two cores. A target that takes Arrow batches
 (``Target.applies_arrow``: DuckLake, which applies in DuckDB anyway, and Iceberg, which hands the
 batch to one MERGE as a local relation) gets batches of up to its driver bound
-(``apply.driver_batch_rows``, unset: ``Target.driver_batch_rows``) built here instead: the same Arrow
+(``apply.driver_batch_rows``) built here instead: the same Arrow
 table ``read_change_batch`` followed by ``toArrow`` gives (same columns, types and values), from the
 staged files read with pyarrow and one DuckDB query.
 
@@ -14,10 +14,10 @@ ordinal, sub-ordinal), key changes split into a delete of the old key and the ne
 change per key kept, TOAST columns left unchanged filled from the latest earlier change in the batch
 that sent them. Casts: ``headrace.materialize.driver_casts``.
 
-``driver_refusal`` says from the batch's facts which batches stay on Spark (too big, no facts
-registered, no key, a key change that left TOAST columns unchanged, a floating-point key); a batch
-whose values the casts here do not take (``DriverFallback``) goes to Spark too, which casts them or
-stops the table with its message. Every value the driver writes is one Spark would have written.
+``materialize.lanes.batch_build_lane`` says from the batch's facts which batches stay on Spark (too
+big, no facts registered, no key, a key change that left TOAST columns unchanged, a floating-point
+key); a batch whose values the casts here do not take (``NotOnLane``) goes to Spark too, which casts
+them or stops the table with its message. Every value the driver writes is one Spark would have written.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
+from headrace.core.lanes import Lane, NotOnLane
 from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
-from headrace.core.schema import TableSchema, TypeKind
+from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules
 from headrace.log.codec import STAGING_SCHEMA, read_staging_file
 from headrace.log.facts import FileFacts, total
@@ -45,31 +46,6 @@ from headrace.materialize.driver_casts import (
 )
 
 _MAP = "'\"MAP(VARCHAR, VARCHAR)\"'"  # json_transform's target: the row's column -> text map
-_FLOATING = frozenset({TypeKind.FLOAT, TypeKind.DOUBLE})
-
-
-class DriverFallback(Exception):
-    """The driver cannot build this batch exactly as Spark would (a value outside the fast forms):
-    apply it through Spark."""
-
-
-def driver_refusal(table: TableSchema, facts: Sequence[FileFacts | None], max_rows: int) -> str | None:
-    """Why the batch of ``table`` (one ``facts`` per staged file) goes to Spark, or None to build it
-    on the driver. ``max_rows`` is ``apply.driver_batch_rows`` (0: never)."""
-    if max_rows <= 0:
-        return "driver batches off"
-    if not table.key:
-        return "table without a key"
-    if any(table.column(k).type.kind in _FLOATING for k in table.key):
-        return "floating-point key"  # Spark groups NaN and -0.0 by its own rules
-    if not facts or any(f is None for f in facts):
-        return "files without registered facts"
-    known = total(f for f in facts if f is not None)
-    if known.rows > max_rows:
-        return f"{known.rows} staged rows > apply.driver_batch_rows {max_rows}"
-    if known.key_toast:
-        return "a key change left TOAST columns unchanged"
-    return None
 
 
 _local = threading.local()
@@ -92,7 +68,7 @@ def read_driver_batch(paths: Sequence[str], table: TableSchema, skip_through: Po
                       rules: ValueRules, facts: Sequence[FileFacts | None]) -> ChangeBatch:
     """The ``ChangeBatch`` of ``paths`` with ``changes`` as an Arrow table (see the module docstring).
 
-    Call only when ``driver_refusal`` said None. Raises ``DriverFallback`` when a value needs Spark.
+    Call only when ``lanes.batch_build_lane`` chose the driver. Raises ``NotOnLane`` when a value needs Spark.
     Under ``values.infinity: clamp`` nothing is clamped here (a value that would be is outside the
     fast forms and falls back), so ``values_changed`` is empty.
     """
@@ -109,11 +85,11 @@ def read_driver_batch(paths: Sequence[str], table: TableSchema, skip_through: Po
     except duckdb.Error as exc:
         message = str(exc)
         at = message.find(FALLBACK_MARKER)  # the casts' own reason, else DuckDB's whole message
-        raise DriverFallback(" ".join(message[max(at, 0):].split())[:300]) from exc
+        raise NotOnLane(" ".join(message[max(at, 0):].split())[:300]) from exc
     finally:
         con.unregister("hr_staged")
     return ChangeBatch(changes=changes.cast(batch_schema(table)), truncate_before=truncate, rows_in=known.rows,
-                       values_changed={}, path="driver")
+                       values_changed={}, lane=Lane.DRIVER)
 
 
 def batch_schema(table: TableSchema) -> pa.Schema:

@@ -111,7 +111,7 @@ class FileCopy:
         """
         copy, name = self.copy, self.schema.qualified_name
         lanes = CopyLanes(copy.spark, copy.config.spark.master, copy.config.spark.conf, copy.warmth,
-                          self.permits.total, warm_now=not ahead)
+                          self.permits.total, warm_now=not ahead, engine=copy.config.engine)
         tasks = lanes.tasks
         size = tasks * CHUNKS_PER_TASK
         groups = [todo[i:i + size] for i in range(0, len(todo), size)]

@@ -36,6 +36,7 @@ from headrace.core.errors import SourceError
 from headrace.core.faults import crash_point
 from headrace.core.filesink import FileSink
 from headrace.core.interfaces import Target
+from headrace.core.lanes import Lane
 from headrace.core.position import Position
 from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.core.spark_types import value_rules
@@ -44,6 +45,7 @@ from headrace.materialize.apply import current_cursor
 from headrace.materialize.chunk_files import SparkWarmth
 from headrace.materialize.copy_watch import CopyAbandoned, CopyWatch
 from headrace.materialize.file_copy import FileCopy, FileCopyEnd, report_progress
+from headrace.materialize.lanes import small_copy_lane
 from headrace.materialize.permits import Permits
 from headrace.materialize.snapshot_job import (
     ValueCounts,
@@ -353,8 +355,8 @@ class InitialCopy:
                          ) -> int | None:
         """Write a chunk read on the driver with no Spark job, where the target can (``copies_arrow``)
         and the values need none of Spark's casts (``driver_rows``); None: the caller runs the Spark job."""
-        if not self.target.copies_arrow:
-            return None  # no rows built for a target that cannot take them
+        if small_copy_lane(self.config.engine, self.target.copies_arrow).lane is not Lane.DRIVER:
+            return None  # no rows built for a target that cannot take them, nor with engine: spark
         rows = driver_rows(schema, reader, position)
         if rows is None:
             return None

@@ -30,13 +30,13 @@ from headrace.logs import event
 from headrace.materialize.apply import (
     Applied,
     CursorCache,
+    Executed,
     PlannedBatch,
     current_cursor,
     execute_batch,
     finish_batch,
     plan_batch,
 )
-from headrace.materialize.batch import ChangeBatch
 from headrace.materialize.initial_copy import FailHandler
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import RunObserver
@@ -62,7 +62,7 @@ class RunStats:
 @dataclass(frozen=True)
 class _InFlight:
     planned: PlannedBatch
-    future: Future[ChangeBatch]
+    future: Future[Executed]
     captured_lsn: int  # capture's position when the batch was planned (for the STREAMING transition)
 
 
@@ -129,10 +129,10 @@ class ApplyPass:
                 if len(self._in_flight) >= limit:
                     continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
-                    apply, own = self.config.apply, target.driver_batch_rows
+                    apply = self.config.apply
                     planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
-                                         self.config.values, self.cursors, apply.driver_rows(own),
-                                         apply.batch_rows(own, target.caps_batches))
+                                         self.config.values, self.cursors, apply.driver_batch_rows,
+                                         apply.batch_rows(target.caps_batches), self.config.engine)
                 except Exception as exc:
                     self._failed(state, row, exc)
                     continue
@@ -229,7 +229,7 @@ class ApplyPass:
 _worker = threading.local()
 
 
-def _execute(spark: SparkSession, target: Target, planned: PlannedBatch) -> ChangeBatch:
+def _execute(spark: SparkSession, target: Target, planned: PlannedBatch) -> Executed:
     """``execute_batch`` on an apply worker, whose Spark jobs run in a FAIR pool of its own (one big
     MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
     batches are all built on the driver never starts it (``run.spark_on_demand``)."""

@@ -52,6 +52,6 @@ def test_a_backlog_drains_as_capped_driver_batches(source_dsn: str, tmp_path: Pa
     assert sum(rows) == changes and len(rows) >= changes // CAP  # every change applied, in several batches
     assert all(n <= CAP or files == 1 for n, files in zip(rows, [r.__dict__["files"] for r in batches],
                                                            strict=True)), rows
-    assert {r.__dict__["path"] for r in batches} == {"driver"}
+    assert {r.__dict__["build_lane"] for r in batches} == {"driver"}
     assert not pipeline.spark_on_demand.started  # nothing of the apply (nor the target) reached for Spark
     assert_same(pipeline, source_dsn, "public.backlog_cap")

@@ -23,12 +23,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from headrace.core.lanes import Lane
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.log.facts import FileFacts
 from headrace.materialize.batch import read_change_batch
-from headrace.materialize.driver_batch import driver_refusal, read_driver_batch
+from headrace.materialize.driver_batch import read_driver_batch
+from headrace.materialize.lanes import batch_build_lane
 from headrace.spark import use_pool
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
@@ -88,7 +90,7 @@ def _applier(spark: Any, lake: DuckLakeTarget, paths: list[str], offset: int,
     def work(table: TableSchema) -> None:
         if table.oid in driver:
             facts = [_FACTS[p] for p in paths]
-            assert driver_refusal(table, facts, 1000) is None
+            assert batch_build_lane("auto", True, table, facts, 1000).lane is Lane.DRIVER
             built = read_driver_batch(paths, table, None, ValueRules(), facts)
             assert isinstance(built.changes, pa.Table)
             lake.apply_arrow_batch(table, built.changes, built.truncate_before, offset)

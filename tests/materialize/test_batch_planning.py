@@ -62,10 +62,9 @@ def test_a_batch_ends_at_a_schema_change_whatever_the_cap(state: StateStore) -> 
 
 def test_the_row_cap_and_the_driver_bound_by_target() -> None:
     default = ApplyConfig()
-    duck = (DuckLakeTarget.driver_batch_rows, DuckLakeTarget.caps_batches)
-    ice = (IcebergTarget.driver_batch_rows, IcebergTarget.caps_batches)
-    assert default.driver_rows(duck[0]) == 200_000 and default.batch_rows(*duck) == 200_000
-    assert default.driver_rows(ice[0]) == 200_000 and default.batch_rows(*ice) == 200_000
-    assert ApplyConfig(driver_batch_rows=0).batch_rows(*duck) is None  # driver batches off: no cap
+    duck, ice = DuckLakeTarget.caps_batches, IcebergTarget.caps_batches
+    assert default.driver_batch_rows == 200_000  # one default, in the config model
+    assert default.batch_rows(duck) == 200_000 and default.batch_rows(ice) == 200_000
+    assert ApplyConfig(driver_batch_rows=0).batch_rows(duck) is None  # driver batches off: no cap
     set_ = ApplyConfig(driver_batch_rows=5, max_batch_rows=1000)
-    assert set_.driver_rows(duck[0]) == 5 and set_.batch_rows(*ice) == 1000
+    assert set_.batch_rows(ice) == 1000

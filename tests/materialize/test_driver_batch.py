@@ -19,13 +19,15 @@ import pyarrow as pa
 import pytest
 
 from headrace.core.changes import UNCHANGED, Value
+from headrace.core.lanes import Lane, NotOnLane
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.log.facts import FileFacts
 from headrace.materialize.batch import read_change_batch
-from headrace.materialize.driver_batch import DriverFallback, driver_refusal, read_driver_batch
+from headrace.materialize.driver_batch import read_driver_batch
+from headrace.materialize.lanes import batch_build_lane
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg.arrow_frame import arrow_frame
@@ -117,10 +119,10 @@ def test_every_awkward_value_casts_as_spark_casts_it_or_goes_to_spark(
     driven, refused = [], []
     for n, texts in enumerate(rows):
         path, facts = _stage(tmp_path / f"row{n}.parquet", names, [("I", 100 + n, 1, texts, None)])
-        assert driver_refusal(schema, [facts], 1000) is None
+        assert batch_build_lane("auto", True, schema, [facts], 1000).lane is Lane.DRIVER
         try:
             driven.append(read_driver_batch([path], schema, None, rules, [facts]).changes)
-        except DriverFallback as exc:
+        except NotOnLane as exc:
             refused.append((CELLS[n], str(exc)))
             continue
     ours = pa.concat_tables(driven)
@@ -207,7 +209,7 @@ def test_random_batches_give_the_same_arrow_table_on_both_paths(
     paths, facts = [p for p, _ in files], [f for _, f in files]
     skip_through = Position(100 + 10 * skip, 0) if skip else None
     rules = ValueRules("public.r", "stop", True)
-    assert driver_refusal(TABLE, facts, 1000) is None
+    assert batch_build_lane("auto", True, TABLE, facts, 1000).lane is Lane.DRIVER
     ours = read_driver_batch(paths, TABLE, skip_through, rules, facts)
     theirs = read_change_batch(spark, paths, TABLE, skip_through, rules, facts=facts)
     assert (ours.truncate_before, ours.rows_in, ours.values_changed) == \
@@ -225,20 +227,25 @@ def test_batches_the_driver_does_not_build(tmp_path: Path) -> None:
     _, facts = _stage(tmp_path / "a.parquet", TABLE.column_names, [("I", 1, 1, ("1", "a", "b", None), None)])
     _, key_toast = _stage(tmp_path / "b.parquet", TABLE.column_names,
                           [("U", 1, 1, ("2", "a", UNCHANGED, None), json.dumps({"id": "1"}))])
-    assert driver_refusal(TABLE, [facts], 1000) is None
-    assert driver_refusal(TABLE, [facts], 0) == "driver batches off"
-    assert driver_refusal(TABLE, [facts, facts], 1) == "2 staged rows > apply.driver_batch_rows 1"
-    assert driver_refusal(TABLE, [facts, None], 1000) == "files without registered facts"
-    assert driver_refusal(keyless, [facts], 1000) == "table without a key"
-    assert driver_refusal(floating, [facts], 1000) == "floating-point key"
-    assert driver_refusal(TABLE, [key_toast], 1000) == "a key change left TOAST columns unchanged"
+    assert batch_build_lane("auto", True, TABLE, [facts], 1000).lane is Lane.DRIVER
+    assert batch_build_lane("auto", True, TABLE, [facts], 0).detail == "apply.driver_batch_rows is 0"
+    assert batch_build_lane("auto", True, TABLE, [facts, facts], 1).detail == "2 staged rows > apply.driver_batch_rows 1"
+    assert batch_build_lane("auto", True, TABLE, [facts, None], 1000).detail == "files without registered facts"
+    assert batch_build_lane("auto", True, keyless, [facts], 1000).detail == "table without a key"
+    assert batch_build_lane("auto", True, floating, [facts], 1000).detail == "floating-point key"
+    assert batch_build_lane("auto", True, TABLE, [key_toast], 1000).detail == "a key change left TOAST columns unchanged"
+    # The engine setting, and what the target declares.
+    assert batch_build_lane("spark", True, TABLE, [facts], 1000).reason == "engine"
+    assert batch_build_lane("driver", True, TABLE, [facts, facts], 1).lane is Lane.DRIVER  # no size bound
+    assert batch_build_lane("driver", True, keyless, [facts], 1000).lane is Lane.SPARK  # what it cannot do
+    assert batch_build_lane("auto", False, TABLE, [facts], 1000).reason == "target"
 
 
 def test_a_value_spark_refuses_sends_the_batch_to_spark_which_names_it(spark: Any, tmp_path: Path) -> None:
     path, facts = _stage(tmp_path / "a.parquet", TABLE.column_names,
                          [("I", 1, 1, ("1", "a", "b", "infinity"), None)])
     rules = ValueRules("public.r", "stop", keep_infinity=False)
-    with pytest.raises(DriverFallback, match="column at"):
+    with pytest.raises(NotOnLane, match="column at"):
         read_driver_batch([path], TABLE, None, rules, [facts])
     with pytest.raises(Exception, match="public.r column at: value 'infinity' cannot be stored"):
         to_arrow(read_change_batch(spark, [path], TABLE, None, rules, facts=[facts]).changes)
@@ -250,7 +257,7 @@ def test_an_array_no_list_holds_falls_back_naming_column_and_value(tmp_path: Pat
                        key=("id",))
     path, facts = _stage(tmp_path / "a.parquet", grid.column_names,
                          [("I", 1, 1, ("1", "{1,NULL,3}"), None), ("I", 1, 2, ("2", "{{1,2},{3,4}}"), None)])
-    with pytest.raises(DriverFallback, match=r"^headrace-driver-fallback: column cells \(integer\[\]\) value \{\{1,2"):
+    with pytest.raises(NotOnLane, match=r"^headrace-driver-fallback: column cells \(integer\[\]\) value \{\{1,2"):
         read_driver_batch([path], grid, None, ValueRules(), [facts])
     path, facts = _stage(tmp_path / "b.parquet", grid.column_names, [("I", 1, 1, ("1", "{1,NULL,3}"), None)])
     assert read_driver_batch([path], grid, None, ValueRules(), [facts]).changes.column("cells").to_pylist() == \

@@ -19,11 +19,12 @@ from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 
 from headrace.core.changes import UNCHANGED
+from headrace.core.lanes import NotOnLane
 from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
-from headrace.materialize.driver_batch import DriverFallback, read_driver_batch
+from headrace.materialize.driver_batch import read_driver_batch
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg import driver_apply
@@ -82,7 +83,7 @@ def driver_matrix_rows(tmp_path: Path, schema: TableSchema, rows: list[tuple[str
         path, facts = _stage(tmp_path / f"row{n}.parquet", schema.column_names, [("I", 100, 1, texts, None)])
         try:
             read_driver_batch([path], schema, None, MATRIX_RULES, [facts])
-        except DriverFallback:
+        except NotOnLane:
             continue
         taken.append(texts)
     assert len(taken) > 80

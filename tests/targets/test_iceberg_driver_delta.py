@@ -15,6 +15,7 @@ from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 
 from headrace.core.errors import TransientError
+from headrace.core.lanes import NotOnLane
 from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
@@ -24,7 +25,6 @@ from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg import driver_delta
 from headrace.targets.iceberg.catalog import java_table
 from headrace.targets.iceberg.config import IcebergConfig
-from headrace.targets.iceberg.driver_apply import NotOnDriver
 from headrace.targets.iceberg.target import IcebergTarget
 from tests.e2e.test_copy_files import _iceberg_values
 from tests.materialize.test_driver_batch import _stage, matrix_texts  # noqa: F401
@@ -140,7 +140,7 @@ def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
     assert {r[0]: r[4] for r in driver.read_table(tables[0]).collect()}[1] == "big1"
     # A batch whose key range spans files of more rows than driver_key_rows: the MERGE, saying why.
     wide = [("U", 400, 0, None, 2, "two", None, None, "d2"), ("U", 400, 1, None, 205, "t205", None, None, "d205")]
-    with pytest.raises(NotOnDriver, match=r"key range spans files of \d+ rows \(of 2\d\): more keys than"):
+    with pytest.raises(NotOnLane, match=r"key range spans files of \d+ rows \(of 2\d\): more keys than"):
         driver_delta.apply_delta_on_driver(spark, java_table(spark, name), tables[0],
                                            to_arrow(batch_df(spark, tables[0], wide)), None, 12)
 

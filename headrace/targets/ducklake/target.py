@@ -20,6 +20,7 @@ from headrace.core.errors import SchemaChangeError
 from headrace.core.filesink import FileSink, WrittenFile, open_folder
 from headrace.core.interfaces import Target
 from headrace.core.keyless import net_row_changes
+from headrace.core.lanes import Lane, LaneChoice
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import TableName, quote_ident
 from headrace.core.position import Position
@@ -44,6 +45,9 @@ SNAPSHOT_ROWS = "hr_snapshot_rows"  # what DuckDB calls a driver-side copy's Arr
 log = logging.getLogger(__name__)
 
 
+# Every batch commits in DuckDB on the driver, whichever lane built it: the lake's one writer.
+APPLIED_IN_DUCKDB = LaneChoice(Lane.DRIVER, "ducklake", "DuckLake commits in DuckDB on the driver")
+
 class DuckLakeTarget(Target):
     """Keeps tables of one DuckLake in sync; see the module docstring."""
 
@@ -55,7 +59,6 @@ class DuckLakeTarget(Target):
     # The driver path is 5-7x faster than Spark at 50,000-200,000 staged rows too (both commit in DuckDB on
     # the driver; Spark's JSON parsing, window and collect are the difference); 200,000 staged rows are
     # ~40 MiB of Arrow per apply worker in the backlog bench.
-    driver_batch_rows = 200_000
     caps_batches = True
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
@@ -196,7 +199,7 @@ class DuckLakeTarget(Target):
         changes: DataFrame,
         truncate_before: Position | None,
         log_offset: int,
-    ) -> None:
+    ) -> LaneChoice:
         """Collect the (bounded) batch as Arrow and apply it in one DuckDB transaction
         (``apply_arrow_batch``).
 
@@ -210,10 +213,10 @@ class DuckLakeTarget(Target):
             # No key: apply the batch as a multiset delta. Exactly once, because the cursor commits
             # in the same transaction (a batch is never applied twice).
             changes = net_row_changes(changes, table)
-        self.apply_arrow_batch(table, files.to_arrow(changes), truncate_before, log_offset)
+        return self.apply_arrow_batch(table, files.to_arrow(changes), truncate_before, log_offset)
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
-                          log_offset: int) -> None:
+                          log_offset: int) -> LaneChoice:
         """Apply a batch on the driver (Spark's, collected; or built there, ``driver_batch``) in one
         DuckDB transaction; see ``apply_batch``.
 
@@ -231,8 +234,9 @@ class DuckLakeTarget(Target):
         if not table.key:
             with self._lock:
                 self._commit_batches([write])
-            return
+            return APPLIED_IN_DUCKDB
         write_through(self._batches, self._lock, write, self._commit_batches)
+        return APPLIED_IN_DUCKDB
 
     def _commit_batches(self, group: list[ChangeWrite]) -> list[None]:
         """Apply each batch of ``group`` and write their cursors in one transaction (lock held); a

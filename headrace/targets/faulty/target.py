@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from headrace.core.errors import TerminalError, TransientError
 from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.interfaces import Target
+from headrace.core.lanes import LaneChoice
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
 from headrace.core.schema import SchemaChange, TableSchema
@@ -52,7 +53,6 @@ class FaultyTarget(Target):
         self.stores_cursor = inner.stores_cursor
         self.applies_arrow = inner.applies_arrow
         self.copies_arrow = inner.copies_arrow
-        self.driver_batch_rows = inner.driver_batch_rows
         self.caps_batches = inner.caps_batches
         self._lock = threading.Lock()  # the run loop, the copy thread and a test call in concurrently
         self._armed = [_Armed(f, f.times) for f in faults]
@@ -124,16 +124,16 @@ class FaultyTarget(Target):
         return self.inner.register_copy_files(table, sink, written, replace)
 
     def apply_batch(self, table: TableSchema, changes: DataFrame, truncate_before: Position | None,
-                    log_offset: int) -> None:
+                    log_offset: int) -> LaneChoice:
         """The inner target's, unless a fault fails it (before the inner target sees the batch)."""
         self._maybe_fail("apply_batch", table)
-        self.inner.apply_batch(table, changes, truncate_before, log_offset)
+        return self.inner.apply_batch(table, changes, truncate_before, log_offset)
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
-                          log_offset: int) -> None:
+                          log_offset: int) -> LaneChoice:
         """The inner target's, unless a fault fails it (a fault on ``apply_batch`` fails both)."""
         self._maybe_fail("apply_batch", table)
-        self.inner.apply_arrow_batch(table, changes, truncate_before, log_offset)
+        return self.inner.apply_arrow_batch(table, changes, truncate_before, log_offset)
 
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
         """The inner target's, unless a fault fails it."""

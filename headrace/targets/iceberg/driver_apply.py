@@ -27,7 +27,7 @@ every MERGE of random keys anyway, so the driver does the same without Spark:
    maintenance's ``remove_orphan_files`` deletes; after it, the replayed batch changes nothing, and
    a batch that changes nothing commits nothing.
 
-Anything else keeps Spark's MERGE (``NotOnDriver`` says why): merge-on-read, a partitioned table,
+Anything else keeps Spark's MERGE (``NotOnLane`` says why): merge-on-read, a partitioned table,
 columns or types other than the row shape's, a floating-point key, a key change that left TOAST
 columns unchanged (``_hr_from``), equality deletes or deletion vectors, a data file without field
 ids, a location ``pyarrow.fs`` does not reach.
@@ -72,6 +72,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from headrace.core.filesink import FIELD_ID, FileSink, WrittenFile, local_path
+from headrace.core.lanes import NotOnLane
 from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, POSITION_COLUMNS, unchanged_token
@@ -91,11 +92,6 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
     "date": pa.date32(), "string": pa.string(), "binary": pa.binary(),
 }
-
-
-class NotOnDriver(Exception):
-    """The batch cannot be applied here exactly as the MERGE would (the message says why): apply it
-    with Spark's MERGE. Raised only before anything is written."""
 
 
 @dataclass(frozen=True)
@@ -134,14 +130,14 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
                     truncate_before: Position | None) -> DriverApplied:
     """Apply ``changes`` (a keyed batch in the row shape, as ``driver_batch.batch_schema``) after the
     TRUNCATE before it, to the copy-on-write table ``iceberg`` (the Spark catalog's cached py4j
-    ``Table``, ``catalog.java_table``), in one commit. Raises ``NotOnDriver`` before writing anything
+    ``Table``, ``catalog.java_table``), in one commit. Raises ``NotOnLane`` before writing anything
     when the MERGE must do it."""
     if not table.key:
-        raise NotOnDriver("table without a key")  # a multiset delta: ``keyless``
+        raise NotOnLane("table without a key")  # a multiset delta: ``keyless``
     if HR_FROM in changes.column_names:
-        raise NotOnDriver("a key change left TOAST columns unchanged")
+        raise NotOnLane("a key change left TOAST columns unchanged")
     if not iceberg.spec().isUnpartitioned():
-        raise NotOnDriver("partitioned table")
+        raise NotOnLane("partitioned table")
     jvm: Any = spark.sparkContext._jvm
     columns = table_columns(jvm, iceberg, table, changes.schema)
     schema = pa.schema([pa.field(c.name, c.arrow) for c in columns])
@@ -176,15 +172,15 @@ def table_columns(jvm: Any, iceberg: Any, table: TableSchema, batch: pa.Schema) 
     shape = [*table.column_names, *POSITION_COLUMNS]
     missing = set(shape) - {f["name"] for f in fields}
     if missing:
-        raise NotOnDriver(f"columns {sorted(missing)} missing in the table")
+        raise NotOnLane(f"columns {sorted(missing)} missing in the table")
     out = []
     for field in fields:
         name, kept = field["name"], field["name"] not in shape
         arrow = _arrow_type(field["type"])
         if arrow is None or not (kept or arrow == batch.field(name).type):
-            raise NotOnDriver(f"column {name}: Iceberg type {field['type']} is not the batch's")
+            raise NotOnLane(f"column {name}: Iceberg type {field['type']} is not the batch's")
         if name in table.key and pa.types.is_floating(arrow):
-            raise NotOnDriver("floating-point key")  # the MERGE's = on NaN and -0.0 is Spark's own
+            raise NotOnLane("floating-point key")  # the MERGE's = on NaN and -0.0 is Spark's own
         out.append(_Column(name, int(field["id"]), arrow, kept))
     return out
 
@@ -211,7 +207,7 @@ def sink_for(iceberg: Any, columns: list[_Column]) -> FileSink:
     location provider and codec), with every column's field id (kept columns too, in any order)."""
     sink = files.table_sink(iceberg, {c.name: c.field_id for c in columns})
     if sink is None:
-        raise NotOnDriver("table folder out of pyarrow.fs's reach")
+        raise NotOnLane("table folder out of pyarrow.fs's reach")
     return sink
 
 
@@ -233,7 +229,7 @@ def local_file(location: str) -> tuple[pafs.FileSystem, str]:
     """The ``pyarrow.fs`` filesystem and path of file ``location`` (a local path or ``file:`` URI)."""
     path = local_path(location)
     if path is None:
-        raise NotOnDriver(f"a file out of pyarrow.fs's reach ({urlparse(location).scheme}://)")
+        raise NotOnLane(f"a file out of pyarrow.fs's reach ({urlparse(location).scheme}://)")
     return pafs.LocalFileSystem(), path
 
 
@@ -243,12 +239,12 @@ def _read_data_file(data: Any, deletes: list[Any], columns: list[_Column], schem
     Iceberg reads it), without the rows its position ``deletes`` remove."""
     location = str(data.location())
     if str(data.format()) != "PARQUET":
-        raise NotOnDriver(f"a {data.format()} data file")
+        raise NotOnLane(f"a {data.format()} data file")
     filesystem, path = local_file(location)
     read = pq.read_table(path, filesystem=filesystem)
     by_id = {int(f.metadata[FIELD_ID]): i for i, f in enumerate(read.schema) if f.metadata and FIELD_ID in f.metadata}
     if not by_id:
-        raise NotOnDriver("a data file without field ids")
+        raise NotOnLane("a data file without field ids")
     arrays = []
     for column in columns:
         at = by_id.get(column.field_id)
@@ -257,7 +253,7 @@ def _read_data_file(data: Any, deletes: list[Any], columns: list[_Column], schem
             continue
         values = read.column(at)
         if not same_values(values.type, column.arrow):
-            raise NotOnDriver(f"column {column.name}: {values.type} in a data file")
+            raise NotOnLane(f"column {column.name}: {values.type} in a data file")
         arrays.append(values.cast(column.arrow))
     rows = pa.Table.from_arrays(arrays, schema=schema)
     keep = live_rows_mask(rows.num_rows, location, deletes, deletes_read)
@@ -291,7 +287,7 @@ def same_values(have: pa.DataType, want: pa.DataType) -> bool:
 def _deleted_positions(delete: Any, data_location: str, deletes_read: dict[str, pa.Table]) -> np.ndarray:
     """The row positions of data file ``data_location`` that position-delete file ``delete`` removes."""
     if str(delete.content()) != "POSITION_DELETES" or str(delete.format()) != "PARQUET":
-        raise NotOnDriver(f"{delete.content()} in {delete.format()}")  # equality deletes, deletion vectors
+        raise NotOnLane(f"{delete.content()} in {delete.format()}")  # equality deletes, deletion vectors
     location = str(delete.location())
     if location not in deletes_read:
         filesystem, path = local_file(location)

@@ -36,7 +36,7 @@ burst of random keys, load 4.3 from other work): the burst's apply took 0.44-0.5
 / 4.81 s by Spark's MERGE (midday, quiet); the first batch after start reads the 10M keys (2.7 s).
 
 Values never pass through anything but Arrow: the new versions are the batch's own rows.
-Anything else keeps Spark's MERGE (``NotOnDriver`` says why): a TRUNCATE before the batch, TOAST
+Anything else keeps Spark's MERGE (``NotOnLane`` says why): a TRUNCATE before the batch, TOAST
 columns left unchanged (the new version takes the row's value, which step 1 does not read), a
 column kept after the source dropped it (the same), a key change with TOAST (``_hr_from``), a
 partitioned table, a batch whose key range spans more than ``max_rows`` rows of a table larger than
@@ -56,6 +56,7 @@ import pyarrow.parquet as pq
 
 from headrace.core.filesink import FIELD_ID, WrittenFile
 from headrace.core.key_rows import IDX, KeyCache, KeyRows
+from headrace.core.lanes import NotOnLane
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, leaves_unchanged
 from headrace.core.schema import TableSchema
@@ -64,7 +65,6 @@ from headrace.targets.iceberg.driver_apply import (
     ROW_NUMBER,
     SUMMARY_PROPERTY,
     DriverApplied,
-    NotOnDriver,
     live_rows_mask,
     local_file,
     plan_join,
@@ -92,18 +92,18 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
                           truncate_before: Position | None, max_rows: int) -> DriverApplied:
     """Apply ``changes`` (a keyed batch in the row shape, as ``driver_batch.batch_schema``) to the
     merge-on-read table ``iceberg`` (the Spark catalog's cached py4j ``Table``) in one commit, holding
-    at most ``max_rows`` keys (``IcebergConfig.driver_key_rows``). Raises ``NotOnDriver`` before
+    at most ``max_rows`` keys (``IcebergConfig.driver_key_rows``). Raises ``NotOnLane`` before
     writing anything when the MERGE must do it."""
     refusal = _refusal(table, changes, truncate_before)
     if refusal:
-        raise NotOnDriver(refusal)
+        raise NotOnLane(refusal)
     if not iceberg.spec().isUnpartitioned():
-        raise NotOnDriver("partitioned table")
+        raise NotOnLane("partitioned table")
     live = write_mode.live_rows(iceberg) or 0
     jvm: Any = spark.sparkContext._jvm
     columns = table_columns(jvm, iceberg, table, changes.schema)
     if any(c.kept for c in columns):
-        raise NotOnDriver("a column kept after the source dropped it")
+        raise NotOnLane("a column kept after the source dropped it")
     sink = sink_for(iceberg, columns)
     shape = pa.schema([pa.field(c.name, c.arrow) for c in columns])
     batch = changes.select([*shape.names, HR_OP]).cast(pa.schema([*shape, pa.field(HR_OP, pa.string())]))
@@ -191,7 +191,7 @@ def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | N
     """The table's ``KeyIndex`` at ``snapshot_id`` read from its files: every live row when there are
     at most ``max_rows``, else only the files in the batch's key range (an integer key: Iceberg's
     column metrics) cut to the batch's keys as they are read (one key column: pyarrow's ``is_in``),
-    ``NotOnDriver`` when those hold more than ``max_rows`` rows."""
+    ``NotOnLane`` when those hold more than ``max_rows`` rows."""
     whole = live <= max_rows
     locations: list[str] = []
     parts: list[pa.Table] = []
@@ -201,7 +201,7 @@ def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | N
         planned = list(planned_files(iceberg, snapshot_id, row_filter))
         spanned = 0 if whole else sum(int(data.recordCount()) for data, _deletes in planned)
         if spanned > max_rows:
-            raise NotOnDriver(f"the batch's key range spans files of {spanned} rows (of {live}): more keys than"
+            raise NotOnLane(f"the batch's key range spans files of {spanned} rows (of {live}): more keys than"
                               f" target.iceberg.driver_key_rows ({max_rows}) to read on the driver")
         for data, deletes in planned:
             parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read,
@@ -250,7 +250,7 @@ def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
     wanted column) is one of them."""
     location = str(data.location())
     if str(data.format()) != "PARQUET":
-        raise NotOnDriver(f"a {data.format()} data file")
+        raise NotOnLane(f"a {data.format()} data file")
     filesystem, path = local_file(location)
     with filesystem.open_input_file(path) as source:
         parquet = pq.ParquetFile(source)
@@ -258,12 +258,12 @@ def _read_keys(data: Any, deletes: list[Any], wanted: list[Any], index: int,
                  if f.metadata and FIELD_ID in f.metadata}
         names = [by_id.get(c.field_id) for c in wanted]
         if None in names:
-            raise NotOnDriver(f"a data file without the key's or the positions' field ids ({location})")
+            raise NotOnLane(f"a data file without the key's or the positions' field ids ({location})")
         read = parquet.read(columns=names)
     arrays = []
     for column, values in zip(wanted, read.columns, strict=True):
         if not same_values(values.type, column.arrow):
-            raise NotOnDriver(f"column {column.name}: {values.type} in a data file")
+            raise NotOnLane(f"column {column.name}: {values.type} in a data file")
         arrays.append(values.cast(column.arrow))
     n = read.num_rows
     arrays += [pa.array(np.full(n, index, dtype=np.int32)), pa.array(np.arange(n, dtype=np.int64))]

@@ -33,6 +33,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.interfaces import Target
+from headrace.core.lanes import Lane, LaneChoice, NotOnLane
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
@@ -94,6 +95,9 @@ def batch_struct(table: TableSchema) -> StructType:
                        StructField(HR_UNCHANGED, StringType())])
 
 
+MERGED = LaneChoice(Lane.SPARK, "merge", "Spark's MERGE")
+KEYLESS_DELTA = LaneChoice(Lane.SPARK, "keyless", "a keyless table's multiset delta, in Spark")
+
 class IcebergTarget(Target):
     """Keeps one Iceberg table per source table in a warehouse, tracked by a Hadoop or JDBC catalog."""
 
@@ -103,7 +107,6 @@ class IcebergTarget(Target):
     # applied there too, with no Spark job (``driver_apply``, ``driver_delta``). Paired, a backlog of 1M
     # changes into 4 tables of 100K rows: 15.2 s (8 driver batches, 14.8 CPU-s) against 42.6 s (4 Spark
     # batches of 250K, 49.9 CPU-s) with the earlier 50,000 and no cap.
-    driver_batch_rows = 200_000
     caps_batches = True
     copies_arrow = True  # small copies: pyarrow writes the file, Iceberg's Java API commits it (``files``)
 
@@ -251,7 +254,7 @@ class IcebergTarget(Target):
         changes: DataFrame,
         truncate_before: Position | None,
         log_offset: int,
-    ) -> None:
+    ) -> LaneChoice:
         """Apply a deduplicated batch with one MERGE, after the TRUNCATE it may carry.
 
         A table without a key gets a multiset delta, exactly once: see ``keyless``.
@@ -259,7 +262,7 @@ class IcebergTarget(Target):
         name = self.table_name(table)
         if not table.key:
             KeylessApply(self.spark).apply(table, name, changes, truncate_before)
-            return
+            return KEYLESS_DELTA
         _, _, large = self._prepare(name)
         self._truncate(name, truncate_before)
         if HR_FROM in changes.columns:
@@ -272,9 +275,10 @@ class IcebergTarget(Target):
                 self._merge(table, name, shaped, bounds)
         finally:
             shaped.unpersist()
+        return MERGED
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
-                          log_offset: int) -> None:
+                          log_offset: int) -> LaneChoice:
         """``apply_batch`` for a small keyed batch built on the driver. It is applied there too, no Spark
         job: into a copy-on-write table by rewriting it (``driver_apply``), into a merge-on-read one by
         position deletes (``driver_delta``). Otherwise its bounds come from the Arrow
@@ -282,25 +286,28 @@ class IcebergTarget(Target):
         only Spark work. ``paths`` counts which path each batch took."""
         name = self.table_name(table)
         iceberg_table, mode, large = self._prepare(name)
-        reason = "driver apply off"
+        reason = "target.iceberg.apply_on_driver is false"
         if self.apply_on_driver:
             try:
                 if mode == write_mode.COPY_ON_WRITE:
                     driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before)
+                    done = LaneChoice(Lane.DRIVER, "rewrite", "copy-on-write files rewritten on the driver")
                 else:
                     driver_delta.apply_delta_on_driver(self.spark, iceberg_table, table, changes, truncate_before,
                                                        self.driver_key_rows)
+                    done = LaneChoice(Lane.DRIVER, "position-deletes", "position deletes written on the driver")
                 self.paths.took(table.qualified_name, "driver")
-                return
-            except driver_apply.NotOnDriver as exc:
+                return done
+            except NotOnLane as exc:
                 reason = str(exc)
         self.paths.took(table.qualified_name, "merge", reason)
         self._truncate(name, truncate_before)
         if changes.num_rows == 0:
-            return
+            return LaneChoice(Lane.SPARK, "merge", reason)
         schema = batch_struct(table)
         bounds = BatchBounds.of_arrow(table, changes, schema[table.key[0]].dataType, large)
         self._merge(table, name, arrow_frame(self.spark, changes, schema), bounds)
+        return LaneChoice(Lane.SPARK, "merge", reason)
 
     def _truncate(self, name: str, truncate_before: Position | None) -> None:
         """Delete the rows a TRUNCATE at ``truncate_before`` removed (written before it)."""
