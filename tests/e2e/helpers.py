@@ -326,3 +326,20 @@ def copy_connections(source_dsn: str) -> Iterator[list[int]]:
     finally:
         done.set()
         sampler.join()
+
+
+def batch_lanes(pipeline: Any) -> set[tuple[str, str]]:
+    """The (build lane, apply lane) pairs of the batches ``pipeline`` applied, from its metrics."""
+    lanes = set()
+    for metric in pipeline.metrics.registry.collect():
+        if metric.name == "headrace_apply_batches":
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    lanes.add((sample.labels["build_lane"], sample.labels["apply_lane"]))
+    return lanes
+
+
+def assert_built_by_spark(pipeline: Any) -> None:
+    """``engine: spark``: every batch the pipeline applied was built by Spark jobs, and there was one."""
+    built = {build for build, _ in batch_lanes(pipeline)}
+    assert built == {"spark"}, f"batches built by {built or 'nothing'}, expected spark only (engine: spark)"

@@ -24,7 +24,7 @@ from headrace.config import parse_config
 from headrace.core.faults import CRASH_POINTS
 from headrace.pipeline import Pipeline
 from headrace.state.store import StateStore
-from tests.e2e.helpers import assert_same
+from tests.e2e.helpers import assert_built_by_spark, assert_same
 from tests.e2e.test_pipeline import run_caught_up
 
 # point -> the pass to die on
@@ -69,8 +69,10 @@ def _workload(dsn: str, stop: threading.Event, seed: int) -> None:
             time.sleep(0.03)
 
 
-@pytest.mark.parametrize("point", list(POINTS))
-def test_crash_point_then_converge(point: str, source_dsn: str, tmp_path: Path, spark: Any) -> None:
+# The Spark lane (engine: spark) at the points where the lanes differ: a batch's commit, a copy's group.
+@pytest.mark.parametrize(("point", "engine"), [(p, "auto") for p in POINTS]
+                         + [("apply.after_target_commit", "spark"), ("snapshot.after_chunk", "spark")])
+def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp_path: Path, spark: Any) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
             CREATE TABLE items (id bigint PRIMARY KEY, v int, note text);
@@ -82,7 +84,7 @@ def test_crash_point_then_converge(point: str, source_dsn: str, tmp_path: Path, 
            "target": {"ducklake": {"catalog": str(tmp_path / "lake.ducklake"), "data_path": str(tmp_path / "lake")}},
            "staging": {"path": str(tmp_path / "staging"), "flush_seconds": 0.2, "heartbeat_seconds": 1.0},
            "snapshot": {"chunk_pages": 16, "max_connections": 1},
-           "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[1]"}}
+           "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[1]"}, "engine": engine}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "headrace.cli", "run", "-c", str(path)]
@@ -121,5 +123,7 @@ def test_crash_point_then_converge(point: str, source_dsn: str, tmp_path: Path, 
     try:
         assert assert_same(local, source_dsn, "public.items") > 500
         assert assert_same(local, source_dsn, "public.lines") > 500
+        if engine == "spark":
+            assert_built_by_spark(local)
     finally:
         local.target.close()

@@ -39,6 +39,7 @@ from headrace.state.lifecycle import TableState
 from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore
 from tests.e2e.helpers import (
+    assert_built_by_spark,
     assert_same,
     create_items_and_lines,
     raw_config,
@@ -160,14 +161,16 @@ def _reports_outage(pipeline: Pipeline, role: str) -> None:
         assert answer.value.code == 503 and f"the {role} server" in answer.value.read().decode(), path
 
 
+@pytest.mark.parametrize("engine", ["auto", "spark"])
 def test_source_restarted_crashed_and_kept_down_while_streaming(
-    own_server: ThrowawayPostgres, tmp_path: Path, spark: Any
+    own_server: ThrowawayPostgres, tmp_path: Path, spark: Any, engine: str
 ) -> None:
     dsn = own_server.dsn
     create_items_and_lines(dsn, 300)
     config = parse_config(
         raw_config(
-            dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT, api={"listen": "127.0.0.1:0"}
+            dsn, tmp_path, list(TABLES), target="ducklake", reconnect=RECONNECT, api={"listen": "127.0.0.1:0"},
+            engine=engine,
         )
     )
     pipeline = Pipeline(config, spark=spark)
@@ -193,6 +196,8 @@ def test_source_restarted_crashed_and_kept_down_while_streaming(
         # apply.idle_max_seconds) is ridden out by capture alone, so they may count as one or none.
         assert pipeline.outage.outages >= 1, "the run loop never waited out an outage"
         _converges(pipeline, dsn)
+        if engine == "spark":
+            assert_built_by_spark(pipeline)
 
 
 def test_state_server_separate_from_the_source_restarted_and_kept_down(

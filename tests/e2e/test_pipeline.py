@@ -13,7 +13,7 @@ import pytest
 from headrace.materialize.apply import apply_next, current_cursor
 from headrace.pipeline import Pipeline
 from headrace.state.store import StateStore
-from tests.e2e.helpers import assert_same, make_config, wait_until
+from tests.e2e.helpers import assert_built_by_spark, assert_same, make_config, wait_until
 
 ALL_TYPES_DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
@@ -222,8 +222,10 @@ def test_truncate_replicates(shop: str, tmp_path: Path, spark: Any, target: str)
         state.close()
 
 
-def test_changes_during_the_copy_and_a_restart(shop: str, tmp_path: Path, spark: Any, target: str) -> None:
-    config = make_config(shop, tmp_path, ["public.customers"], target)
+@pytest.mark.parametrize("engine", ["auto", "spark"])
+def test_changes_during_the_copy_and_a_restart(shop: str, tmp_path: Path, spark: Any, target: str,
+                                               engine: str) -> None:
+    config = make_config(shop, tmp_path, ["public.customers"], target, engine=engine)
     pipeline = Pipeline(config, spark=spark)
     stop = threading.Event()
     writer_done = threading.Event()
@@ -249,5 +251,8 @@ def test_changes_during_the_copy_and_a_restart(shop: str, tmp_path: Path, spark:
     stop.set()  # a graceful stop mid-stream, then a restart resumes where it stopped
     runner.join(120)
     assert not runner.is_alive()
-    run_caught_up(Pipeline(config, spark=spark))
+    restarted = Pipeline(config, spark=spark)
+    run_caught_up(restarted)
     assert assert_same(pipeline, shop, "public.customers") == 360
+    if engine == "spark":
+        assert_built_by_spark(pipeline)

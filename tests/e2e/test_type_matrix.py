@@ -29,7 +29,7 @@ from headrace.source.postgres.catalog import read_table_schema
 from headrace.state.lifecycle import TableState
 from headrace.targets.ducklake.files import to_arrow as _to_arrow
 from headrace.targets.ducklake.types import cast_out
-from tests.e2e.helpers import assert_same, make_config, running, wait_until
+from tests.e2e.helpers import assert_built_by_spark, assert_same, make_config, running, wait_until
 from tests.e2e.test_pipeline import run_caught_up
 
 K = TypeKind
@@ -259,14 +259,16 @@ def _compare(pipeline: Pipeline, dsn: str, infinite: bool) -> int:
 
 
 @pytest.mark.parametrize("target", ["iceberg", "ducklake"])
-@pytest.mark.parametrize("chunk_pages", [4096, 1], ids=["read_by_driver", "read_by_tasks"])
+@pytest.mark.parametrize(("chunk_pages", "engine"), [(4096, "auto"), (1, "auto"), (1, "spark")],
+                         ids=["read_by_driver", "read_by_tasks", "spark_lane"])
 def test_every_awkward_value_reads_back_the_same_after_copy_insert_and_update(
-    source_dsn: str, tmp_path: Path, spark: Any, target: str, chunk_pages: int
+    source_dsn: str, tmp_path: Path, spark: Any, target: str, chunk_pages: int, engine: str
 ) -> None:
-    # One chunk: the copy reads it before the Spark job; several: the job's tasks read them.
+    # One chunk: the copy reads it before the Spark job; several: the job's tasks read them. The
+    # Spark lane (engine: spark): every copy group and batch as Spark jobs.
     _create(source_dsn)
     config = make_config(source_dsn, tmp_path, ["public.matrix"], target, values={"infinity": "clamp"},
-                         snapshot={"chunk_pages": chunk_pages})
+                         snapshot={"chunk_pages": chunk_pages}, engine=engine)
     pipeline = Pipeline(config, spark=spark)
     infinite = pipeline.target.keeps_infinity
     run_caught_up(pipeline)
@@ -287,6 +289,8 @@ def test_every_awkward_value_reads_back_the_same_after_copy_insert_and_update(
     assert pipeline.metrics.changed_by_table["public.matrix"] == changed
     scraped = pipeline.metrics.changed_values.labels("public.matrix", "c_ts", "out_of_range_clamped")._value.get()
     assert scraped == 3
+    if engine == "spark":
+        assert_built_by_spark(pipeline)
 
 
 def test_a_value_no_list_can_hold_stops_its_table_only_naming_column_value_and_fix(
