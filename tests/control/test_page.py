@@ -13,7 +13,7 @@ from tests.control.conftest import TOKEN, Running
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "status-page.png"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "status-page.png"
 
 
 def test_page_renders_tables_and_a_button_pauses_one(running: Running, tmp_path: Path) -> None:
