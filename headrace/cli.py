@@ -174,7 +174,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headrace", description="Replicate PostgreSQL into Iceberg and DuckLake")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR: the log lines written to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, text in [
         ("check", cmd_check, "validate the config and the source; exit 1 listing every problem"),
