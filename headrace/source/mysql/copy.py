@@ -23,10 +23,12 @@ import pyarrow as pa
 import pymysql.cursors
 
 from headrace.core.errors import SourceError, TransientError
+from headrace.core.faults import hold_seconds
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.source.mysql.catalog import read_table_schema
 from headrace.source.mysql.connect import connect
+from headrace.source.mysql.copy_locks import marked
 from headrace.source.mysql.position import to_int
 from headrace.source.mysql.types import select_expression, text_converter
 
@@ -137,10 +139,15 @@ def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int,
         where, args = _where(schema, start, end)
         columns = schema.columns
         converters = [text_converter(c) for c in columns]
-        sql = f"SELECT {', '.join(select_expression(c) for c in columns)} FROM {_from(schema)}{where}"
+        # Marked, so the copy's watch can tell its reads from the application's (copy_locks).
+        sql = (f"SELECT {marked(schema.oid)} {', '.join(select_expression(c) for c in columns)}"
+               f" FROM {_from(schema)}{where}")
         table = TableName(schema.schema, schema.name)
         try:
             with conn.cursor() as cur:
+                if held := hold_seconds("snapshot.read"):  # tests: a long read, holding the table's lock
+                    cur.execute(f"SELECT {marked(schema.oid)} SLEEP(%s) FROM {_from(schema)} LIMIT 1", (held,))
+                    cur.fetchall()
                 cur.execute(sql, args)
                 while rows := cur.fetchmany(batch_rows):
                     texts = [[convert(row[i]) for row in rows] for i, convert in enumerate(converters)]

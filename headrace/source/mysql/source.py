@@ -30,8 +30,16 @@ from headrace.core.errors import SourceError, TableNotFound, TransientError
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
 from headrace.core.settings import redacted_dsn
-from headrace.source.base import CatalogWatch, ChangeStream, ChunkRead, CopySnapshot, Route, Source
-from headrace.source.mysql import catalog, check
+from headrace.source.base import (
+    CatalogWatch,
+    ChangeStream,
+    ChunkRead,
+    CopySnapshot,
+    LockWaiter,
+    Route,
+    Source,
+)
+from headrace.source.mysql import catalog, check, copy_locks
 from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.names import TableNames
@@ -316,6 +324,12 @@ class MySqlSource(Source):
     def chunk_reader(self, table: TableSchema, snapshot: CopySnapshot, binary: bool) -> ChunkRead:
         return ChunkRead(partial(chunked.copy_chunk, self.dsn, table), [Route.TEXT] * len(table.columns),
                          per_row_position=True)
+
+    def copy_lock_waiters(self, conn: Conn) -> list[LockWaiter]:
+        return copy_locks.lock_waiters(conn)
+
+    def end_copy_reads(self, conn: Conn, blockers: tuple[int, ...] = (), table_oid: int | None = None) -> int:
+        return copy_locks.end_copy_reads(conn, blockers, table_oid)
 
     def text_columns_watch(self, conn: Conn, tracked: list[int]) -> set[int]:
         return set()  # columns_as_text is PostgreSQL's

@@ -119,7 +119,7 @@ class ThrowawayMariaDB:
                 "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'",
                 "GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION",
                 f"CREATE USER '{REPL_USER}'@'%' IDENTIFIED BY '{REPL_PASSWORD}'",
-                f"GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{REPL_USER}'@'%'",
+                f"GRANT SELECT, PROCESS, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{REPL_USER}'@'%'",
             ):
                 cur.execute(sql)
 
