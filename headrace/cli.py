@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--dsn", help="the database (libpq URL or key=value string); default: the --dsn-env variable")
     init.add_argument("--dsn-env", help="environment variable the file reads the DSN from (the password stays out"
                       " of the file); default: <NAME>_DSN")
-    init.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg")
+    init.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg", help="the target the file"
+                      " writes to (a DuckLake cannot hold names that differ only in case)")
     init.add_argument("--schemas", nargs="+", metavar="SCHEMA", help="only these schemas (exact names);"
                       " default: every schema but the system ones")
     init.add_argument("--output", help="file to write (refused if it exists, unless --force); default: stdout")
@@ -254,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                       " checked for ones the target cannot hold (0: none)")
     init.set_defaults(func=cmd_init)
     demo = sub.add_parser("demo", help="throwaway Postgres → local lakehouse, with live changes")
-    demo.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg")
+    demo.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg", help="the target to replicate into")
     demo.add_argument("--output", default="demo-output", help="folder for the warehouse and staging files")
     demo.add_argument("--seconds", type=float, default=20.0, help="how long to make live changes")
     demo.set_defaults(func=cmd_demo)

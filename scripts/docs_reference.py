@@ -77,7 +77,8 @@ def default_text(field: FieldInfo) -> str:
 
 
 def _cell(text: str | None) -> str:
-    return " ".join((text or "").split()).replace("|", "\\|")
+    text = " ".join((text or "").split()).replace("|", "\\|")
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")  # <name> is text, not a tag
 
 
 def _model_of(tp: Any) -> type[BaseModel] | None:
