@@ -10,6 +10,7 @@ a password never lands in the file.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,7 +180,9 @@ def _note_values(table: FoundTable, schema: TableSchema, found: dict[str, list[s
 
 
 def _scalar(text: str) -> str:
-    """``text`` as a YAML scalar, quoted only where YAML needs it."""
+    """``text`` as a YAML scalar on one line, quoted only where YAML needs it."""
+    if any(ord(c) < 32 for c in text):  # a newline in a name: a double-quoted scalar escapes it
+        return json.dumps(text, ensure_ascii=False)
     return str(yaml.safe_dump(text, allow_unicode=True, width=1 << 20)).removesuffix("\n...\n").strip()
 
 
