@@ -180,7 +180,7 @@ def main() -> int:
     ap.add_argument("--apply", default="{}", help="extra apply settings for every pipeline, JSON")
     ap.add_argument("--spark-conf", default="{}", help="spark.conf entries for every pipeline, JSON")
     ap.add_argument("--json", default=str(ROOT / "docs" / "backlog.json"))
-    ap.add_argument("--png", default=str(ROOT / "docs" / "backlog.png"))
+    ap.add_argument("--png", default=str(ROOT / "docs" / "img" / "backlog.png"))
     args = ap.parse_args()
     if args.smoke:
         args.changes, args.tables, args.seed_rows = 50_000, 2, 10_000

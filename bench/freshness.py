@@ -215,7 +215,7 @@ def main() -> int:
     ap.add_argument("--pgbench-clients", type=int, default=4)
     ap.add_argument("--pgbench-rate", type=int, help="pgbench -R (transactions/s); default: full speed")
     ap.add_argument("--json", default=str(ROOT / "docs" / "freshness.json"))
-    ap.add_argument("--png", default=str(ROOT / "docs" / "freshness.png"))
+    ap.add_argument("--png", default=str(ROOT / "docs" / "img" / "freshness.png"))
     args = ap.parse_args()
     if args.smoke:
         args.tables, args.rate, args.seconds, args.warmup = 3, 200, 20, 3

@@ -139,7 +139,7 @@ def main() -> int:
     ap.add_argument("--tables", default="3,200")
     ap.add_argument("--targets", default="iceberg,ducklake")
     ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--png", default=str(Path(__file__).resolve().parents[1] / "docs" / "idle.png"))
+    ap.add_argument("--png", default=str(Path(__file__).resolve().parents[1] / "docs" / "img" / "idle.png"))
     ap.add_argument("--label", default="")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--before", help="results of an earlier run (its --json) to plot beside, dashed")

@@ -21,9 +21,9 @@ is STREAMING (``run --until-caught-up``), per target, at the last of ``--spark-m
 breakdown from the run's JSON log events (bench/copy_small_tables.py).
 
     PYTHONPATH=. .venv/bin/python bench/initial_copy.py --rows 5M,20M,50M --small-tables 200 \
-        --spark-masters 'local[1],local[2]' --json /tmp/initial_copy.json --png docs/initial_copy.png
+        --spark-masters 'local[1],local[2]' --json /tmp/initial_copy.json --png docs/img/initial_copy.png
     PYTHONPATH=. .venv/bin/python bench/initial_copy.py --small-tables 200 [--targets ducklake]
-    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --replot /tmp/initial_copy.json --png docs/initial_copy.png
+    PYTHONPATH=. .venv/bin/python bench/initial_copy.py --replot /tmp/initial_copy.json --png docs/img/initial_copy.png
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ until headrace has caught up, stops it, and compares every row of the target wit
 read from the DuckLake with plain DuckDB (a reader that is not ours). It plots the three series with
 the chaos events marked (matplotlib PNG) and prints the figures for docs/benchmarks.md.
 
-    .venv/bin/python bench/soak.py [--minutes 30] [--rate 1000] [--chaos-every 60] [--png docs/soak.png]
+    .venv/bin/python bench/soak.py [--minutes 30] [--rate 1000] [--chaos-every 60] [--png docs/img/soak.png]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=1000, help="source changes per second")
     ap.add_argument("--chaos-every", type=float, default=60, help="mean seconds between chaos events")
     ap.add_argument("--sample", type=float, default=2.0)
-    ap.add_argument("--png", default=str(Path(__file__).resolve().parents[1] / "docs" / "soak.png"))
+    ap.add_argument("--png", default=str(Path(__file__).resolve().parents[1] / "docs" / "img" / "soak.png"))
     ap.add_argument("--seed", type=int, default=13)
     args = ap.parse_args()
     rng = random.Random(args.seed)

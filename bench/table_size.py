@@ -152,7 +152,7 @@ def main() -> int:
     ap.add_argument("--driver-key-rows", type=int, default=None,
                     help="target.<iceberg|ducklake>.driver_key_rows (default: headrace's, 20M)")
     ap.add_argument("--json", default=str(ROOT / "docs" / "table_size.json"))
-    ap.add_argument("--png", default=str(ROOT / "docs" / "table_size.png"))
+    ap.add_argument("--png", default=str(ROOT / "docs" / "img" / "table_size.png"))
     args = ap.parse_args()
     if args.smoke:
         args.sizes, args.burst, args.repeat = "10000,100000", 5_000, 1

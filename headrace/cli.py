@@ -166,6 +166,33 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write a commented pipeline file for the database the DSN names (stdout without --output)."""
+    from pathlib import Path
+
+    from headrace.control.pipeline_file import write_pipeline_file
+    from headrace.core.errors import ConfigError
+
+    dsn = args.dsn or (os.environ.get(args.dsn_env) if args.dsn_env else None)
+    if not dsn:
+        raise ConfigError("give the database as --dsn DSN, or --dsn-env NAME of an environment variable holding it")
+    output = Path(args.output) if args.output else None
+    if output and output.exists() and not args.force:
+        raise ConfigError(f"{output} exists: choose another --output, or pass --force to overwrite it")
+    written = write_pipeline_file(dsn, args.target, args.schemas, args.dsn_env, args.name,
+                                  str(output.parent) if output else None, args.sample_rows)
+    if output is None:
+        print(written.text, end="")
+    else:
+        output.write_text(written.text)
+    tables = written.survey.tables
+    ready = sum(1 for t in tables if not t.refused)
+    print(f"{output or 'stdout'}: {ready} table(s) to replicate, {len(tables) - ready} that cannot be yet (listed"
+          f" in the file with why). Export {written.dsn_env} with the DSN, then run: headrace check -c"
+          f" {output or '<file>'}", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from headrace.demo import run_demo
 
@@ -174,7 +201,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headrace", description="Replicate PostgreSQL into Iceberg and DuckLake")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR: the log lines written to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, text in [
         ("check", cmd_check, "validate the config and the source; exit 1 listing every problem"),
@@ -211,8 +238,24 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_argument("-c", "--config", required=True, help="pipeline YAML file")
     maintain.add_argument("table", nargs="?", help="schema.table (default: every table)")
     maintain.set_defaults(func=cmd_maintain)
+    init = sub.add_parser("init", help="write a commented pipeline file for a PostgreSQL database: the tables"
+                          " found, those that cannot be replicated and why, the settings to decide")
+    init.add_argument("--dsn", help="the database (libpq URL or key=value string); default: the --dsn-env variable")
+    init.add_argument("--dsn-env", help="environment variable the file reads the DSN from (the password stays out"
+                      " of the file); default: <NAME>_DSN")
+    init.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg", help="the target the file"
+                      " writes to (a DuckLake cannot hold names that differ only in case)")
+    init.add_argument("--schemas", nargs="+", metavar="SCHEMA", help="only these schemas (exact names);"
+                      " default: every schema but the system ones")
+    init.add_argument("--output", help="file to write (refused if it exists, unless --force); default: stdout")
+    init.add_argument("--force", action="store_true", help="overwrite --output")
+    init.add_argument("--name", help="pipeline name (slot and publication headrace_<name>); default: from the"
+                      " database name")
+    init.add_argument("--sample-rows", type=int, default=100_000, help="rows of each table whose values are"
+                      " checked for ones the target cannot hold (0: none)")
+    init.set_defaults(func=cmd_init)
     demo = sub.add_parser("demo", help="throwaway Postgres → local lakehouse, with live changes")
-    demo.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg")
+    demo.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg", help="the target to replicate into")
     demo.add_argument("--output", default="demo-output", help="folder for the warehouse and staging files")
     demo.add_argument("--seconds", type=float, default=20.0, help="how long to make live changes")
     demo.set_defaults(func=cmd_demo)

@@ -168,7 +168,7 @@ class SchemaChangesConfig(_Frozen):
 
 
 class ValuesConfig(_Frozen):
-    """Source values a target type cannot hold (README: "Values a target cannot hold")."""
+    """Source values a target type cannot hold (docs/types.md, "Values a target cannot hold")."""
 
     infinity: Literal["stop", "clamp"] = Field(
         "stop", description="infinity/-infinity dates and timestamps on a target without infinite values"

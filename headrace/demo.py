@@ -173,8 +173,8 @@ def _report(pipeline: object, dsn: str, out: Path, target: str) -> int:
 
 
 def _how_to_read(out: Path, target: str) -> str:
-    """Queries, ready to paste, that read what the demo just wrote without headrace's pipeline (README
-    "Reading the target"). ``duckdb_with`` loads DuckDB's extensions from their wheels (offline)."""
+    """Queries, ready to paste, that read what the demo just wrote without headrace's pipeline
+    (docs/reading.md). ``duckdb_with`` loads DuckDB's extensions from their wheels (offline)."""
     if target == "ducklake":
         attach = f"ATTACH 'ducklake:{out / 'lake' / 'meta.ducklake'}' AS lake (DATA_PATH '{out / 'lake' / 'data'}', READ_ONLY)"
         return (

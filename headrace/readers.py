@@ -1,7 +1,7 @@
 """Reading headrace's target: DuckDB and pyiceberg (no Spark), or a Spark session set up for Iceberg.
 
 These are conveniences for offline machines (the DuckDB extensions are loaded from their PyPI
-wheels by path); README "Reading the target" shows the same reads with nothing of headrace.
+wheels by path); docs/reading.md shows the same reads with nothing of headrace.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from headrace.control import health
 from headrace.control.assess import assess_config, candidates
-from headrace.control.metrics import SAMPLE_SECONDS, MeteredRun
+from headrace.control.metrics import LAG_SAMPLE_SECONDS, SAMPLE_SECONDS, MeteredRun
 from headrace.control.openapi import OPENAPI
 from headrace.control.page import render_page
 from headrace.control.status import target_name as status_target_name
@@ -77,8 +77,13 @@ class ApiServer:
         self.httpd.server_close()
 
     def _sample(self) -> None:
+        every = max(1, round(LAG_SAMPLE_SECONDS / SAMPLE_SECONDS))  # a lag sample every this many ticks
+        tick = 1  # the first one LAG_SAMPLE_SECONDS after start, not beside start-up's own status reads
         while not self._stop.is_set():
             self.pipeline.metrics.sample()
+            if tick % every == 0:
+                self.pipeline.metrics.sample_lag()
+            tick += 1
             self._stop.wait(SAMPLE_SECONDS)
 
     # -- what the routes answer ---------------------------------------------------------------------

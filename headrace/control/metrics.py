@@ -4,7 +4,7 @@ Event counts (changes applied, errors, DDL, batch durations) are counted as they
 the run loop calls. Positions and backlogs (capture lag, slot retention, per-table lag, state,
 staged-but-unapplied changes) are read from the source and the state tables at scrape time, so
 they are never stale. A small ring of samples of the applied counters gives the status page its
-throughput over the last minutes.
+throughput over the last minutes, and a ring of each table's lag over the last hour.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ DDL_KINDS = ("add_column", "drop_column", "rename_column", "alter_column_type", 
              "create_table", "drop_table", "recreate_table")
 SAMPLE_SECONDS = 5.0
 SAMPLES_KEPT = 120  # ten minutes at one sample per 5 s
+# Each table's lag, for the status page's last-hour chart: read with the status (source and state
+# queries), so less often than the counters.
+LAG_SAMPLE_SECONDS = 30.0
+LAG_WINDOW_SECONDS = 3600.0
 
 
 class PipelineMetrics:
@@ -71,6 +75,9 @@ class PipelineMetrics:
         self.changed_by_table: dict[str, dict[str, int]] = {}
         self.last_commit: dict[str, datetime] = {}  # table -> source commit time of last applied change
         self.samples: deque[tuple[float, dict[str, float]]] = deque(maxlen=SAMPLES_KEPT)
+        # (time, table -> lag seconds, None while the table does not apply changes), oldest first
+        self.lag_samples: deque[tuple[float, dict[str, float | None]]] = deque(
+            maxlen=int(LAG_WINDOW_SECONDS / LAG_SAMPLE_SECONDS) + 1)
         self._lock = threading.Lock()
         r.register(_LiveCollector(self))
 
@@ -151,6 +158,24 @@ class PipelineMetrics:
         for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
             out.append(max(0.0, b.get(table, 0.0) - a.get(table, 0.0)) / max(t1 - t0, 1e-3))
         return out
+
+    def sample_lag(self) -> None:
+        """Record every table's lag now (the status page's last-hour chart); never raises: while a
+        server is down there is no sample, and the chart shows the gap."""
+        try:
+            tables = self.live_status()["tables"]
+        except Exception as exc:  # an outage: the run reports it; the chart just has no point here
+            log.debug("metrics: lag sample failed", exc_info=exc)
+            return
+        lags = {t["table"]: t["lag_seconds"] for t in tables}
+        with self._lock:
+            self.lag_samples.append((time.time(), lags))
+
+    def lag_history(self, window: float = LAG_WINDOW_SECONDS) -> list[tuple[float, dict[str, float | None]]]:
+        """The lag samples of the last ``window`` seconds, oldest first."""
+        since = time.time() - window
+        with self._lock:
+            return [s for s in self.lag_samples if s[0] >= since]
 
     def lag_seconds(self, table: str, pending: int, applies: bool) -> float | None:
         """Now minus the commit time of the last applied change; 0 when nothing waits for the table."""

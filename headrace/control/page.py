@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from html import escape
 from typing import Any
 
-from headrace.control.metrics import MeteredRun
+from headrace.control.metrics import LAG_WINDOW_SECONDS, MeteredRun
 from headrace.control.status import copy_blocks_sentence, error_summary
 
 _CSS = """
@@ -22,7 +23,7 @@ th{background:#eef0f4;font-weight:600} td.n{text-align:right;font-variant-numeri
 button{margin:0 .15rem;padding:.2rem .55rem;border:1px solid #b8bfcc;border-radius:4px;background:#fff;cursor:pointer}
 button:hover{background:#eef0f4} .bar{display:flex;gap:1.5rem;align-items:center;margin:.6rem 0 1rem}
 .ok{color:#2e8540;font-weight:600}.bad{color:#c62828;font-weight:600} #msg{color:#c62828;margin:.5rem 0}
-svg{vertical-align:middle}
+svg{vertical-align:middle} #lag-chart{margin:.2rem 0 1rem} #lag-chart svg{background:#fff;box-shadow:0 1px 2px #0002}
 """
 
 _JS = """
@@ -62,6 +63,62 @@ def _sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
     points = " ".join(f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values))
     return (f'<svg width="{width}" height="{height}" role="img" aria-label="throughput">'
             f'<polyline fill="none" stroke="#3a6fd8" stroke-width="1.5" points="{points}"/></svg>')
+
+
+_COLOURS = ("#3a6fd8", "#c62828", "#2e8540", "#8a63d2", "#d97a00", "#00838f")
+
+
+def _lag_text(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def lag_chart(samples: list[tuple[float, dict[str, float | None]]], now: float,
+              window: float = LAG_WINDOW_SECONDS, width: int = 720, height: int = 110) -> str:
+    """An SVG chart of each table's lag (seconds) over the last ``window`` seconds: a line per table,
+    the six with the highest lag when there are more; a gap where a table did not apply changes
+    (copying, paused, errored) or no sample was taken (a server down)."""
+    tables: dict[str, float] = {}
+    for _, lags in samples:
+        for table, lag in lags.items():
+            tables[table] = max(tables.get(table, 0.0), lag or 0.0)
+    if len(samples) < 2 or not tables:
+        return '<div id="lag-chart" class="sub">lag, last hour: collecting… (a sample every 30 s)</div>'
+    shown = sorted(tables, key=lambda t: (-tables[t], t))[:len(_COLOURS)]
+    top = max(max(tables[t] for t in shown), 1.0)
+    left, bottom = 56, 18
+    plot_w, plot_h = width - left - 8, height - bottom - 6
+
+    def point(at: float, lag: float) -> str:
+        x = left + max(0.0, (at - (now - window)) / window) * plot_w
+        return f"{x:.1f},{6 + plot_h - lag / top * plot_h:.1f}"
+
+    lines, legend = [], []
+    for colour, table in zip(_COLOURS, shown, strict=False):
+        runs: list[list[str]] = [[]]
+        for at, lags in samples:
+            lag = lags.get(table)
+            if lag is None:
+                runs.append([])
+            else:
+                runs[-1].append(point(at, lag))
+        for run in runs:
+            if len(run) == 1:
+                x, y = run[0].split(",")
+                lines.append(f'<circle cx="{x}" cy="{y}" r="1.5" fill="{colour}"/>')
+            elif run:
+                lines.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{" ".join(run)}"/>')
+        legend.append(f'<span style="color:{colour}">■</span> {escape(table)} (max {_lag_text(tables[table])})')
+    axis = (f'<line x1="{left}" y1="{6 + plot_h}" x2="{width - 8}" y2="{6 + plot_h}" stroke="#b8bfcc"/>'
+            f'<line x1="{left}" y1="6" x2="{left}" y2="{6 + plot_h}" stroke="#b8bfcc"/>'
+            f'<text x="{left - 4}" y="14" text-anchor="end">{_lag_text(top)}</text>'
+            f'<text x="{left - 4}" y="{6 + plot_h}" text-anchor="end">0</text>'
+            f'<text x="{left}" y="{height - 3}">−{window / 60:.0f} min</text>'
+            f'<text x="{width - 8}" y="{height - 3}" text-anchor="end">now</text>')
+    more = f" · {len(tables) - len(shown)} more not shown" if len(tables) > len(shown) else ""
+    return (f'<div id="lag-chart"><div class="sub">lag, last hour{more}</div>'
+            f'<svg width="{width}" height="{height}" role="img" aria-label="lag of each table over the last hour"'
+            f' font-size="11" fill="#5b6475">{axis}{"".join(lines)}</svg>'
+            f'<div class="sub legend">{" · ".join(legend)}</div></div>')
 
 
 def _row(t: dict[str, Any], history: list[float]) -> str:
@@ -127,6 +184,7 @@ def render_page(pipeline: MeteredRun, auth: bool) -> str:
 <span><input id="add" placeholder="schema.table" size="18"><button id="add-btn" onclick="addTable()">Add table</button></span>
 <a href="/metrics">metrics</a><a href="/openapi.json">API</a></div>
 <div id="msg"></div>{_wal_warning(status)}{_copy_lock_warning(status)}
+{lag_chart(pipeline.metrics.lag_history(), time.time())}
 <table id="tables"><thead><tr><th>table</th><th>state</th><th>lag</th><th>lag (time)</th><th>pending</th>
 <th>copied</th><th>applied</th><th>throughput (1 min)</th><th>last 5 min</th><th>last error</th><th></th></tr></thead>
 <tbody>{rows}</tbody></table>

@@ -104,7 +104,10 @@ class DestinationConfig(Frozen):
 class PartitionConfig(Frozen):
     """Which destinations this instance handles (horizontal scaling)."""
 
-    mode: Literal["all", "explicit", "hash"] = "all"
+    mode: Literal["all", "explicit", "hash"] = Field(
+        "all", description="all: every destination; explicit: the ids in include; hash: the destinations whose"
+        " id hashes (crc32) to ordinal of total instances"
+    )
     include: list[str] = Field(default_factory=list, description="explicit mode: destination ids")
     total: int = Field(1, gt=0, description="hash mode: number of instances")
     ordinal: int = Field(0, ge=0, description="hash mode: this instance's number, 0..total-1")

@@ -162,7 +162,7 @@ class CopyLanes:
 
     In local mode the driver's cores are Spark's, known before the session runs: the driver copies on
     them from the first group, and no Spark job runs for the copy (so none is warmed up). Measured on
-    20M rows into Iceberg, 2 cores (docs/benchmarks.md, "Initial copy"): a group of 1.18M rows took
+    20M rows into Iceberg, 2 cores (docs/benchmarks-history.md, "Initial copy"): a group of 1.18M rows took
     1.3 s on the driver's two threads against 1.6 s as a warm job of two tasks (the Python workers
     take the rows through the JVM's pipes), and warming the workers beside the copy took 12 s of the
     cores: end to end 29.5 s and 50 CPU-seconds against 34.5-37 s and 61 before, when the driver

@@ -18,7 +18,7 @@ committed or marked done before that check, so a crash meanwhile leaves orphan f
 On a cluster the session is warmed for the copy's tasks only once the table exists, and only if
 groups are left to copy: a warm-up started at once ran 11 s beside the CREATE. In local mode the
 driver's threads copy every group (``chunk_files.CopyLanes``). The quiet 20M runs are
-docs/benchmarks.md's.
+docs/benchmarks-history.md's.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class FileCopy:
         The next group's job runs while a group commits (one job at a time, so the source connections
         stay those of one job's tasks), and a job has one task per core it may use (at most the
         permits, each task copying its share of the group): the cores never wait for a commit, nor for
-        one task left over. Measured on 20M rows: docs/benchmarks.md, "Initial copy". Chunks whose
+        one task left over. Measured on 20M rows: docs/benchmarks-history.md, "Initial copy". Chunks whose
         values need Spark's casts are appended through ``write_snapshot`` after their group's files.
         """
         copy, name = self.copy, self.schema.qualified_name

@@ -82,7 +82,7 @@ def test_a_dropped_replication_connection_reconnects_and_converges(source_dsn: s
 
 
 @pytest.mark.skipif(SQLITE_EVERYWHERE, reason="a second writer in one DuckDB instance can leave a SQLite"
-                    " catalog locked for good after a refused commit (DuckDB 1.5.5; README: one writer per"
+                    " catalog locked for good after a refused commit (DuckDB 1.5.5; docs/targets/ducklake.md: one writer per"
                     " SQLite catalog); the lock errors it gives are classified transient in test_failure.py")
 def test_a_target_commit_conflict_is_retried(source_dsn: str, tmp_path: Path, spark: Any) -> None:
     create_items_and_lines(source_dsn, 300)

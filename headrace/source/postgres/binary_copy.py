@@ -4,7 +4,7 @@ The ADBC PostgreSQL driver runs ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` 
 C, so most columns arrive typed and need no cast in Spark. Measured on 2M rows of
 ``bench/initial_copy.py``'s table (2-core machine, ``--reads-only``): CSV via psycopg2 and
 ``pyarrow.csv`` 3.4 s wall / 2.0 s CPU, this read 2.6 s / 1.2 s, raw binary COPY into psql 1.2 s
-(docs/benchmarks.md).
+(docs/benchmarks-history.md).
 
 Each column takes one of three routes (``column_routes``), so a value ends in the target exactly as
 the change stream (which casts PostgreSQL's text) would write it:

@@ -11,7 +11,7 @@ from headrace.core.settings import Frozen, from_env
 
 
 class IcebergCatalogConfig(Frozen):
-    """Which Iceberg catalog keeps track of the tables (README "Iceberg catalogs")."""
+    """Which Iceberg catalog keeps track of the tables (docs/targets/iceberg.md)."""
 
     type: Literal["hadoop", "jdbc"] = Field(
         "hadoop", description="hadoop: metadata files on the warehouse path only (no server; cannot rename"

@@ -43,7 +43,7 @@ metadata file, footer metrics) and ``planFiles`` ~15 ms; 190 ms wall. At 69,000 
 ~135 ms JVM, 236 ms wall. ``bench/freshness.py`` (10 busy tables, 874 changes/s, flush 1 s, 45 s,
 warm-up 10 s), minutes apart on the same loaded machine (load 5-9): p99 2.46 and 2.15 s (p50 1.41,
 1.29 s) against 16.3 s (p50 9.0 s) for the code before; with 200 idle tables 3.43 s (p50 2.05 s)
-against 14.3 s (p50 8.0 s). (The code before: 5.5-6.5 s on a quiet machine, ``docs/benchmarks.md``.)
+against 14.3 s (p50 8.0 s). (The code before: 5.5-6.5 s on a quiet machine, ``docs/benchmarks-history.md``.)
 
 Reading the rows with pyiceberg (``StaticTable.from_metadata(...).scan().to_arrow()``) costs 9.5 ms
 of CPU at 2,000 rows and 11.4 ms at 69,000 (100 and 30 snapshots), against 2-8 ms for pyarrow on the

@@ -3,7 +3,7 @@ data file in one commit, no Spark job.
 
 A table past copy-on-write's size (``write_mode``) had every batch applied by Spark's MERGE, and on
 2 cores shared with the source that MERGE is what fell behind: under pgbench at full speed the
-1M-row ``pgbench_accounts`` took 68-91 s a batch (``docs/benchmarks.md``), and a burst into a 10M-row
+1M-row ``pgbench_accounts`` took 68-91 s a batch (``docs/benchmarks-history.md``), and a burst into a 10M-row
 table cost 1.77x the same burst into 1M rows. What a merge-on-read MERGE writes needs only the
 table's keys and positions: which rows the batch replaces (their file and row number) and which of
 the batch's rows are new versions. So the driver:
