@@ -22,11 +22,22 @@ from tests.e2e.helpers import assert_same
 
 
 @pytest.fixture(scope="module")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the cluster's master, worker and executors log (executors under ``work/``)."""
+    return tmp_path_factory.mktemp("spark-cluster")
+
+
+def executor_tasks(logs: Path) -> int:
+    """Tasks the cluster's executors finished, from their logs."""
+    return sum(p.read_text(errors="replace").count("Finished task") for p in (logs / "work").rglob("stderr"))
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(cluster_logs: Path) -> Iterator[str]:
     """A standalone master and one worker started from pyspark's own bin/spark-class."""
     home = Path(pyspark.__file__).parent
     spark_class = str(home / "bin" / "spark-class")
-    logs = tmp_path_factory.mktemp("spark-cluster")
+    logs = cluster_logs
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "SPARK_WORKER_DIR": str(logs / "work")}
     port, ui1, ui2 = free_port(), free_port(), free_port()
@@ -50,8 +61,10 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 proc.wait(30)
 
 
-def test_pipeline_runs_on_a_standalone_cluster(spark_cluster: str, source_dsn: str, tmp_path: Path,
-                                               spark: Any) -> None:
+def test_pipeline_runs_on_a_standalone_cluster(spark_cluster: str, cluster_logs: Path, source_dsn: str,
+                                               tmp_path: Path, spark: Any) -> None:
+    """The copy at the defaults (on a cluster its groups are Spark jobs: copy_lane), then the changes
+    with engine: spark (every batch built by Spark jobs): the executors did both, not the driver."""
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, kind text, at timestamptz, n numeric(8,2));"
                      "INSERT INTO events SELECT g, 'k' || g % 5, now(), g / 7.0 FROM generate_series(1, 5000) g")
@@ -66,12 +79,20 @@ def test_pipeline_runs_on_a_standalone_cluster(spark_cluster: str, source_dsn: s
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "headrace.cli", "run", "-c", str(path), "--until-caught-up"]
+    before = executor_tasks(cluster_logs)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "lane=spark lane_reason=cluster" in result.stderr, "the copy's groups did not run as Spark jobs"
+    copied = executor_tasks(cluster_logs)
+    assert copied > before, "no task ran on the cluster's executors for the copy"
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("UPDATE events SET kind = 'changed' WHERE id % 3 = 0; DELETE FROM events WHERE id > 4900")
+    path.write_text(yaml.safe_dump({**raw, "engine": "spark"}))
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+    batches = [line for line in result.stderr.splitlines() if " apply.batch " in line]
+    assert batches and all("build_lane=spark" in line for line in batches), batches
+    assert executor_tasks(cluster_logs) > copied, "no task ran on the cluster's executors for the changes"
     # Read the cluster-written tables back through this process's local session.
     local = Pipeline(parse_config({**raw, "spark": {"master": "local[2]"}}), spark=spark)
     assert assert_same(local, source_dsn, "public.events") == 4900
