@@ -14,12 +14,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+import pytest
+from pyspark.sql import DataFrame, SparkSession
 
 from headrace.core.interfaces import Target
+from headrace.core.lanes import LaneChoice
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.materialize.batch import read_change_batch
+from headrace.materialize.driver_batch import batch_schema
+from headrace.targets.ducklake.files import to_arrow
 from tests.targets.conftest import assert_cursor, batch_df, rows_of, snapshot_df
 from tests.targets.test_keyless_apply import AFTER_1, AFTER_2, AFTER_3
 from tests.targets.test_keyless_apply import TABLE as BAG
@@ -46,6 +50,26 @@ SNAPSHOT = [
 ]
 
 
+@pytest.fixture(params=["spark", "driver"])
+def lane(request: pytest.FixtureRequest) -> str:
+    """The lane a keyed batch reaches the target by: a Spark DataFrame (``apply_batch``), or the Arrow
+    table the driver builds (``apply_arrow_batch``, for a target that ``applies_arrow``)."""
+    return str(request.param)
+
+
+def apply(target: Target, lane: str, table: TableSchema, batch: DataFrame, truncate_before: Position | None,
+          offset: int) -> LaneChoice:
+    """``batch`` applied by ``lane``: the same rows, as a DataFrame or as the driver's Arrow batch."""
+    if lane == "spark":
+        return target.apply_batch(table, batch, truncate_before, offset)
+    if not target.applies_arrow:
+        pytest.skip(f"target {target.name} takes no Arrow batches: the Spark lane only")
+    shape = batch_schema(table)
+    arrow = to_arrow(batch)
+    assert set(arrow.column_names) == set(shape.names), "the Spark batch and the driver's differ in columns"
+    return target.apply_arrow_batch(table, arrow.select(shape.names).cast(shape), truncate_before, offset)
+
+
 def _snapshot(spark: SparkSession, target: Target) -> None:
     target.ensure_table(TABLE)
     assert target.write_snapshot(TABLE, snapshot_df(spark, TABLE, SNAPSHOT), Position(100)) == 3
@@ -62,7 +86,7 @@ def test_snapshot_replaces_a_partial_copy(spark: SparkSession, target: Target) -
     assert_cursor(target, TABLE, None)
 
 
-def test_insert_update_delete_key_change_and_toast(spark: SparkSession, target: Target) -> None:
+def test_insert_update_delete_key_change_and_toast(spark: SparkSession, target: Target, lane: str) -> None:
     _snapshot(spark, target)
     batch = batch_df(spark, TABLE, [
         ("I", 200, 0, None, 4, "d", Decimal("4"), ['"q"'], "big4"),
@@ -72,7 +96,7 @@ def test_insert_update_delete_key_change_and_toast(spark: SparkSession, target: 
         ("I", 200, 3, None, 30, None, None, None, "big3"),  # ... insert the new one
         ("D", 200, 4, None, 5, None, None, None, None),  # delete of a row the target never had
     ])
-    target.apply_batch(TABLE, batch, None, 10)
+    apply(target, lane, TABLE, batch, None, 10)
     rows = rows_of(target, TABLE)
     assert {k: v[:5] for k, v in rows.items()} == {
         1: (1, "a2", Decimal("2.0000"), ["y"], "big1"),
@@ -83,19 +107,19 @@ def test_insert_update_delete_key_change_and_toast(spark: SparkSession, target: 
     assert_cursor(target, TABLE, 10)
 
 
-def test_unchanged_toast_columns_keep_the_target_value(spark: SparkSession, target: Target) -> None:
+def test_unchanged_toast_columns_keep_the_target_value(spark: SparkSession, target: Target, lane: str) -> None:
     _snapshot(spark, target)
     batch = batch_df(spark, TABLE, [
         ("U", 200, 1, "amount,tags,doc", 1, "a2", None, None, None),
         ("U", 200, 2, "tags", 2, "b2", Decimal("7"), None, None),
     ])
-    target.apply_batch(TABLE, batch, None, 1)
+    apply(target, lane, TABLE, batch, None, 1)
     rows = rows_of(target, TABLE)
     assert rows[1][:5] == (1, "a2", Decimal("1.0000"), ["x", None], "big1")
     assert rows[2][:5] == (2, "b2", Decimal("7.0000"), [], None)
 
 
-def test_replays_and_stale_changes_change_nothing(spark: SparkSession, target: Target) -> None:
+def test_replays_and_stale_changes_change_nothing(spark: SparkSession, target: Target, lane: str) -> None:
     _snapshot(spark, target)
     batch = batch_df(spark, TABLE, [
         ("U", 200, 1, None, 1, "a2", Decimal("2"), ["y"], "x2"),
@@ -103,14 +127,14 @@ def test_replays_and_stale_changes_change_nothing(spark: SparkSession, target: T
         ("I", 200, 3, None, 4, "new", Decimal("4"), None, "z"),
         ("U", 90, 1, None, 3, "stale", None, None, None),  # older than the snapshot: ignored
     ])
-    target.apply_batch(TABLE, batch, None, 5)
+    apply(target, lane, TABLE, batch, None, 5)
     first = rows_of(target, TABLE)
     assert first == {
         1: (1, "a2", Decimal("2.0000"), ["y"], "x2", 200, 1),
         3: (3, None, None, None, "big3", 100, 0),
         4: (4, "new", Decimal("4.0000"), None, "z", 200, 3),
     }
-    target.apply_batch(TABLE, batch, None, 5)  # replay after a crash before the cursor moved
+    apply(target, lane, TABLE, batch, None, 5)  # replay after a crash before the cursor moved
     assert rows_of(target, TABLE) == first
     assert_cursor(target, TABLE, 5)
     # An older batch replayed after a newer one changes nothing: a change at or before the row's
@@ -119,31 +143,31 @@ def test_replays_and_stale_changes_change_nothing(spark: SparkSession, target: T
         ("U", 150, 1, None, 1, "old", None, None, None),
         ("D", 150, 2, None, 4, None, None, None, None),
     ])
-    target.apply_batch(TABLE, old, None, 6)
+    apply(target, lane, TABLE, old, None, 6)
     same = batch_df(spark, TABLE, [("U", 200, 1, None, 1, "same position", None, None, None)])
-    target.apply_batch(TABLE, same, None, 6)
+    apply(target, lane, TABLE, same, None, 6)
     assert rows_of(target, TABLE) == first
     assert_cursor(target, TABLE, 6)
     # Catch-up after a snapshot: an insert of a key the target already holds replaces it.
-    target.apply_batch(TABLE, batch_df(spark, TABLE, [("I", 300, 0, None, 3, "c3", None, None, "z3")]), None, 7)
+    apply(target, lane, TABLE, batch_df(spark, TABLE, [("I", 300, 0, None, 3, "c3", None, None, "z3")]), None, 7)
     rows = rows_of(target, TABLE)
     assert rows[3][:5] == (3, "c3", None, None, "z3")
     assert sorted(rows) == [1, 3, 4]
 
 
-def test_truncate_before_deletes_older_rows(spark: SparkSession, target: Target) -> None:
+def test_truncate_before_deletes_older_rows(spark: SparkSession, target: Target, lane: str) -> None:
     _snapshot(spark, target)
     batch = batch_df(spark, TABLE, [("I", 300, 2, None, 7, "after", None, None, None)])
-    target.apply_batch(TABLE, batch, Position(300, 1), 3)
+    apply(target, lane, TABLE, batch, Position(300, 1), 3)
     assert list(rows_of(target, TABLE)) == [7]
-    target.apply_batch(TABLE, batch, Position(300, 1), 3)  # replayed
+    apply(target, lane, TABLE, batch, Position(300, 1), 3)  # replayed
     assert list(rows_of(target, TABLE)) == [7]
-    target.apply_batch(TABLE, batch_df(spark, TABLE, []), Position(400, 0), 4)  # a truncate alone
+    apply(target, lane, TABLE, batch_df(spark, TABLE, []), Position(400, 0), 4)  # a truncate alone
     assert rows_of(target, TABLE) == {}
     assert_cursor(target, TABLE, 4)
 
 
-def test_composite_key_and_drop(spark: SparkSession, target: Target) -> None:
+def test_composite_key_and_drop(spark: SparkSession, target: Target, lane: str) -> None:
     ts = dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=dt.timezone.utc)
     table = TableSchema(
         oid=12,
@@ -163,7 +187,7 @@ def test_composite_key_and_drop(spark: SparkSession, target: Target) -> None:
         ("U", 20, 2, None, 1, "y", ts.replace(year=2030)),
         ("I", 20, 3, None, 2, "x", ts),
     ])
-    target.apply_batch(table, batch, None, 1)
+    apply(target, lane, table, batch, None, 1)
     rows = [(r.a, r.b, r.v.year) for r in target.read_table(table).orderBy("a", "b").collect()]
     assert rows == [(1, "y", 2030), (2, "x", 2024)]
     target.drop_table(table)
