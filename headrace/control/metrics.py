@@ -95,9 +95,7 @@ class PipelineMetrics:
             build, apply = applied.build, applied.apply
             self.batches.labels(row.qualified_name, build.lane.value, build.reason, apply.lane.value,
                                 apply.reason).inc()
-            self.last_lanes[row.qualified_name] = {
-                "build": build.lane.value, "build_reason": build.detail or build.reason,
-                "apply": apply.lane.value, "apply_reason": apply.detail or apply.reason}
+            self.last_lanes[row.qualified_name] = applied.lanes
             if last_ts is not None:
                 prev = self.last_commit.get(row.qualified_name)
                 self.last_commit[row.qualified_name] = max(prev, last_ts) if prev else last_ts
@@ -202,7 +200,7 @@ class PipelineMetrics:
             rate = self.throughput(t["table"])
             t["changes_per_s"] = round(rate, 3) if rate is not None else None
             t["values_changed"] = dict(self.changed_by_table.get(t["table"], {}))
-            t["lanes"] = self.last_lanes.get(t["table"])  # the last batch's, applied by this process
+            t["lanes"] = self.last_lanes.get(t["table"]) or t.get("lanes")  # this process's last, else state's
         return status
 
 

@@ -80,6 +80,8 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "retry_at": row.retry_at.isoformat() if row.retry_at else None,
                 "snapshot": progress.get(row.oid),
                 "maintenance": maintained.get(row.oid),  # files, snapshots, bytes; last pass
+                # The last batch's lanes (build, apply) and why, as last recorded when they changed.
+                "lanes": row.lanes,
             })
         return {
             "pipeline": config.name,

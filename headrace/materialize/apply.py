@@ -56,6 +56,12 @@ class Applied:
     build: LaneChoice = SPARK_ENGINE  # where the batch was read, deduplicated and cast, and why
     apply: LaneChoice = SPARK_ENGINE  # where it was committed into the target, and why
 
+    @property
+    def lanes(self) -> dict[str, str]:
+        """Both lanes and their reasons, as status shows them."""
+        return {"build": self.build.lane.value, "build_reason": self.build.detail or self.build.reason,
+                "apply": self.apply.lane.value, "apply_reason": self.apply.detail or self.apply.reason}
+
 
 class CursorCache:
     """Each table's cursor as last read or advanced by this process, so a quiet table costs no read.

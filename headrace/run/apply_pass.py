@@ -85,6 +85,7 @@ class ApplyPass:
         self._in_flight: dict[int, _InFlight] = {}  # oid -> its batch on a worker thread (loop thread only)
         self._dispatched: dict[int, int] = {}  # oid -> pass of its last dispatch: the longest-waiting go first
         self._passes = 0
+        self._lanes: dict[int, tuple[object, ...]] = {}  # each table's last recorded lanes (record_lanes)
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -213,6 +214,10 @@ class ApplyPass:
         self.maintenance.batch_applied(row.oid)
         self.observer.batch_applied(state, row, applied)
         self.lineage.batch_applied(state, row, applied)
+        lanes = (applied.build.lane, applied.build.reason, applied.apply.lane, applied.apply.reason)
+        if self._lanes.get(row.oid) != lanes:  # status shows them; written only when they change
+            state.record_lanes(row.oid, applied.lanes)
+            self._lanes[row.oid] = lanes
         self.stats.rows_applied[row.qualified_name] = self.stats.rows_applied.get(row.qualified_name, 0) + applied.rows_in
         if row.state is TableState.ERRORED:
             state.recovered(row.oid, row.resume_state or TableState.CATCHUP)

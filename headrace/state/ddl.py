@@ -59,4 +59,6 @@ CREATE TABLE IF NOT EXISTS _headrace.refused_tables (
 -- What an ERRORED table's error is (transient, terminal, unknown) and what fixes it (status, readyz).
 ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_kind text;
 ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_fix text;
+-- The lanes of the table's last applied batch, when they changed (build, apply, and why): status.
+ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS lanes jsonb;
 """

@@ -26,7 +26,7 @@ from headrace.state.lifecycle import TableState
 _NO_ERROR = {"error": None, "error_kind": None, "error_fix": None}
 # A table row's columns, its schema as the jsonb's text: parsed only when new (``StateStore._table_row``).
 _ROW_COLUMNS = ("table_oid, state, resume_state, snapshot_lsn, applied_lsn, rows_copied, rows_applied, error,"
-                " error_count, retry_at, error_kind, error_fix, table_schema::text AS table_schema")
+                " error_count, retry_at, error_kind, error_fix, lanes, table_schema::text AS table_schema")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class TableRow:
     retry_at: datetime | None
     error_kind: str | None = None  # transient, terminal or unknown (headrace.materialize.failure)
     error_fix: str | None = None  # the command or change that fixes a terminal error
+    lanes: dict[str, str] | None = None  # the last applied batch's lanes and reasons (``record_lanes``)
 
     @property
     def qualified_name(self) -> str:
@@ -173,6 +174,12 @@ class StateStore:
         """SNAPSHOT: the copy runs under a snapshot at ``snapshot_lsn`` (changes up to it are skipped)."""
         self._move(oid, TableState.SNAPSHOT, snapshot_lsn=snapshot_lsn, **_NO_ERROR)
 
+    def record_lanes(self, oid: int, lanes: dict[str, str]) -> None:
+        """The lanes the table's last batch took (``Applied.lanes``); the apply pass writes them only
+        when they change."""
+        self.conn.execute("UPDATE _headrace.tables SET lanes = %s WHERE pipeline = %s AND table_oid = %s",
+                          (json.dumps(lanes), self.pipeline, oid))
+
     def copy_finished(self, oid: int, rows_copied: int) -> None:
         """CATCHUP: copied; the changes staged since the copy's position are applied next."""
         self._move(oid, TableState.CATCHUP, rows_copied=rows_copied, error_count=0, retry_at=None)
@@ -291,4 +298,5 @@ def _table_row(r: dict[str, Any], schema: TableSchema) -> TableRow:
         retry_at=r["retry_at"],
         error_kind=r.get("error_kind"),
         error_fix=r.get("error_fix"),
+        lanes=r.get("lanes"),
     )

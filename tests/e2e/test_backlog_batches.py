@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from headrace.control.status import pipeline_status
 from headrace.pipeline import Pipeline
 from tests.e2e.helpers import assert_same, make_config
 from tests.e2e.test_pipeline import run_caught_up
@@ -53,5 +54,9 @@ def test_a_backlog_drains_as_capped_driver_batches(source_dsn: str, tmp_path: Pa
     assert all(n <= CAP or files == 1 for n, files in zip(rows, [r.__dict__["files"] for r in batches],
                                                            strict=True)), rows
     assert {r.__dict__["build_lane"] for r in batches} == {"driver"}
+    assert {r.__dict__["build_reason"].split(" staged rows")[1] for r in batches} == {" <= apply.driver_batch_rows 200000"}
+    (table,) = pipeline_status(config)["tables"]  # status from state: what another process's status reads
+    assert (table["lanes"]["build"], table["lanes"]["apply"]) == ("driver", "driver")
+    assert "DuckDB" in table["lanes"]["apply_reason"]
     assert not pipeline.spark_on_demand.started  # nothing of the apply (nor the target) reached for Spark
     assert_same(pipeline, source_dsn, "public.backlog_cap")
