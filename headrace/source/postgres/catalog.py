@@ -184,6 +184,12 @@ def _setting(conn: Conn, name: str) -> str:
 
 def server_problems(conn: Conn) -> list[str]:
     problems = []
+    recovering = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    if recovering and recovering[0]:
+        # It would fail at its first write (the publication, the state tables) with a read-only error.
+        return ["the source is a hot standby (pg_is_in_recovery() is true): headrace cannot read from a"
+                " standby yet, it creates its publication and slot on the source; point source.dsn at the"
+                " primary"]
     if _setting(conn, "wal_level") != "logical":
         problems.append(
             f"wal_level is {_setting(conn, 'wal_level')}: set wal_level = logical in postgresql.conf and restart"

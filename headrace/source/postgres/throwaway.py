@@ -100,6 +100,19 @@ class ThrowawayPostgres:
         self._wait_ready()
         return self
 
+    def start_standby(self, primary: ThrowawayPostgres) -> ThrowawayPostgres:
+        """Start as a hot standby of ``primary`` (``pg_basebackup -R``: streaming replication)."""
+        if self._as_postgres:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run(find_server_bin("pg_basebackup"), "-D", str(self.data), "-h", "127.0.0.1", "-p", str(primary.port),
+                  "-U", "postgres", "-R", "-X", "stream", "--no-sync")
+        with open(self.data / "postgresql.conf", "a") as fh:  # later lines win over the primary's copy
+            fh.write(f"\nport = {self.port}\nunix_socket_directories = '{self.dir}'\nhot_standby = on\n")
+        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+                  "-w", "-t", "60", "start")
+        self._wait_ready()
+        return self
+
     def _wait_ready(self) -> None:
         import psycopg
 
