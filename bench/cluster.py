@@ -89,7 +89,8 @@ def measure(dsn: str, work: Path, master: str, engine: str, args: argparse.Names
 def plot(results: list[dict[str, Any]], png: Path) -> None:
     plt = pyplot()
     fig, (copy_ax, drain_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    labels = [f"{r['master'].split(':')[0]}\n{r['engine']}" for r in results]
+    labels = [f"{'cluster' if r['master'].startswith('spark:') else r['master']}\nengine: {r['engine']}"
+              for r in results]
     copy_ax.bar(labels, [r["copy_rows_per_s"] / 1000 for r in results], color="#4c78a8")
     copy_ax.set_title(f"copy of {results[0]['rows']:,} rows")
     copy_ax.set_ylabel("thousand rows/s")
@@ -109,7 +110,11 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="200,000 rows, 50,000 changes")
     parser.add_argument("--png", type=Path, default=Path(__file__).parent.parent / "docs" / "img" / "cluster.png")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--replot", type=Path, help="only redraw --png from a --json file")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.png)
+        return 0
     if args.smoke:
         args.rows, args.changes = 200_000, 50_000
     work = Path(tempfile.mkdtemp(prefix="headrace-cluster-bench-"))
