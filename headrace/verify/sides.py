@@ -1,0 +1,158 @@
+"""The two sides of a comparison, each computing its own checksums: PostgreSQL in a snapshot at a
+known position, and the lake through DuckDB at one pinned snapshot (DuckLake version, Iceberg
+metadata file). Only per-range aggregates leave each side, and the rows of ranges found to differ.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import psycopg
+from psycopg import sql
+
+from headrace.core.names import quote_ident
+from headrace.core.rows import HR_LSN
+from headrace.core.schema import TableSchema
+from headrace.verify import canon
+from headrace.verify.canon import HASH_BITS, Dialect
+
+Checksums = dict[int, tuple[int, int]]  # range number -> (rows, sum of row hashes)
+
+
+@dataclass(frozen=True)
+class RowImage:
+    """One row of a range that differs: its identity (key text), row hash and column texts;
+    ``tag`` is the source tuple's version (``tableoid:ctid:xmin``) or the target row's ``_hr_lsn``."""
+
+    ident: str
+    ident_hash: int
+    row_hash: int
+    values: tuple[str | None, ...]
+    tag: Any
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """Which rows a query covers: those whose identity hash's first ``bits`` bits are in ``among``
+    (every row when ``among`` is None), and with ``sample`` below 1 a fixed share of identities."""
+
+    bits: int
+    among: tuple[int, ...] | None = None
+    sample: float = 1.0
+
+
+def _projection(table: TableSchema, dialect: Dialect) -> list[str]:
+    ident = canon.joined([canon.value_text(c, dialect) for c in canon.identity_columns(table)], dialect)
+    return [f"{ident} AS _v_ident", f"{canon.hash60(ident, dialect)} AS _v_kh",
+            f"{canon.row_hash(table, dialect)} AS _v_rh",
+            *[f"{canon.value_text(c, dialect)} AS _v_c{i}" for i, c in enumerate(table.columns)]]
+
+
+def int_list(values: list[int] | tuple[int, ...], dialect: Dialect) -> str:
+    """A literal list of integers (inlined: no placeholders, so ``%`` in the SQL stays itself)."""
+    items = ", ".join(str(int(v)) for v in values)
+    return f"ARRAY[{items}]::bigint[]" if dialect == "postgres" else f"[{items}]::BIGINT[]"
+
+
+def _filters(ranges: Ranges, dialect: Dialect) -> str:
+    where = ["true"]
+    if ranges.sample < 1.0:
+        where.append(f"_v_kh % 1000000 < {int(ranges.sample * 1_000_000)}")
+    if ranges.among is not None:
+        shift = HASH_BITS - ranges.bits
+        where.append(f"list_contains({int_list(ranges.among, dialect)}, _v_kh >> {shift})" if dialect == "duckdb"
+                     else f"(_v_kh >> {shift}) = ANY({int_list(ranges.among, dialect)})")
+    return " AND ".join(where)
+
+
+class Side(ABC):
+    """What a comparison asks of each side."""
+
+    dialect: Dialect
+
+    @abstractmethod
+    def relation(self, table: TableSchema) -> str:
+        """The FROM item that reads ``table`` at this side's point."""
+
+    @abstractmethod
+    def extra_columns(self) -> list[str]:
+        """The columns that give each row's ``RowImage.tag``."""
+
+    @abstractmethod
+    def fetch(self, query: str) -> list[tuple[Any, ...]]:
+        """Run ``query`` at this side's point."""
+
+    def checksums(self, table: TableSchema, ranges: Ranges, bits: int) -> Checksums:
+        """Rows and hash sums per range of ``bits`` bits, over the rows ``ranges`` covers."""
+        where = _filters(ranges, self.dialect)
+        inner = f"SELECT {', '.join(_projection(table, self.dialect))} FROM {self.relation(table)}"
+        query = (f"SELECT _v_kh >> {HASH_BITS - bits} AS r, count(*), sum(_v_rh) FROM ({inner}) v"
+                 f" WHERE {where} GROUP BY 1")
+        return {int(r): (int(n), int(s)) for r, n, s in self.fetch(query)}
+
+    def rows(self, table: TableSchema, ranges: Ranges) -> list[RowImage]:
+        """The rows ``ranges`` covers, with their column texts."""
+        where = _filters(ranges, self.dialect)
+        cols = ", ".join(f"_v_c{i}" for i in range(len(table.columns)))
+        extra = self.extra_columns()
+        inner = (f"SELECT {', '.join(_projection(table, self.dialect) + [f'{e} AS _v_x{i}' for i, e in enumerate(extra)])}"
+                 f" FROM {self.relation(table)}")
+        tags = ", ".join(f"_v_x{i}" for i in range(len(extra)))
+        query = f"SELECT _v_ident, _v_kh, _v_rh, {tags}, {cols} FROM ({inner}) v WHERE {where}"
+        out = []
+        n = len(extra)
+        for r in self.fetch(query):
+            tag = r[3] if n == 1 else ":".join(str(x) for x in r[3:3 + n])
+            out.append(RowImage(r[0], int(r[1]), int(r[2]), tuple(r[3 + n:]), tag))
+        return out
+
+
+class SourceSide(Side):
+    """PostgreSQL in one REPEATABLE READ transaction that imported an exported snapshot."""
+
+    dialect: Dialect = "postgres"
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def relation(self, table: TableSchema) -> str:
+        return f"{quote_ident(table.schema)}.{quote_ident(table.name)}"
+
+    def extra_columns(self) -> list[str]:
+        return ["tableoid::bigint", "ctid::text", "xmin::text"]
+
+    def fetch(self, query: str) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql.SQL(query)).fetchall()  # type: ignore[arg-type]
+
+    def versions(self, table: TableSchema, ident_hashes: list[int]) -> dict[str, set[str]]:
+        """Identity text -> the tuple versions holding it now (a fresh read outside the snapshot)."""
+        ident = canon.joined([canon.value_text(c, "postgres") for c in canon.identity_columns(table)], "postgres")
+        query = (f"SELECT _v_ident, _v_x FROM (SELECT {ident} AS _v_ident, {canon.hash60(ident, 'postgres')} AS _v_kh,"
+                 f" tableoid::bigint || ':' || ctid::text || ':' || xmin::text AS _v_x FROM {self.relation(table)}) v"
+                 f" WHERE _v_kh = ANY({int_list(ident_hashes, 'postgres')})")
+        now: dict[str, set[str]] = {}
+        for ident_text, version in self.fetch(query):
+            now.setdefault(ident_text, set()).add(version)
+        return now
+
+
+class LakeSide(Side):
+    """The target through DuckDB: ``relations`` maps a table's oid to its pinned FROM item."""
+
+    dialect: Dialect = "duckdb"
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, relations: dict[int, str]) -> None:
+        self.con = con
+        self.relations = relations
+
+    def relation(self, table: TableSchema) -> str:
+        return self.relations[table.oid]
+
+    def extra_columns(self) -> list[str]:
+        return [HR_LSN]
+
+    def fetch(self, query: str) -> list[tuple[Any, ...]]:
+        return self.con.execute(query).fetchall()
