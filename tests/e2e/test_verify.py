@@ -135,3 +135,36 @@ def test_verify_under_load_reports_nothing_false(source_dsn: str, tmp_path: Path
                 results = [report(c, 1.0) for c in checks]
                 assert [(r["table"], r["status"], r["differences"]) for r in results] == [
                     ("public.bag", "equal", []), ("public.items", "equal", []), ("public.lines", "equal", [])]
+
+
+def test_verify_keyless_tables_as_multisets(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("""
+            CREATE TABLE bag (a int, b text);
+            ALTER TABLE bag REPLICA IDENTITY FULL;
+            INSERT INTO bag SELECT g % 50, CASE WHEN g % 3 = 0 THEN NULL ELSE 'b' END FROM generate_series(1, 200) g;
+            CREATE TABLE other (id int PRIMARY KEY);
+            INSERT INTO other VALUES (1);
+        """)
+    raw = raw_config(source_dsn, tmp_path, ["public.bag", "public.other"], "ducklake-sqlite")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    pipeline = Pipeline(parse_config(raw), spark=spark)
+    with running(pipeline):
+        wait_until(lambda: _same(pipeline, source_dsn, "public.bag"), 120, "the copy")
+    from headrace import readers
+
+    con = readers.ducklake(pipeline.config.target.settings)  # type: ignore[arg-type]
+    try:
+        con.execute("DELETE FROM lake.public.bag WHERE a = 7 AND b IS NULL")  # its one copy of (7, NULL)
+        con.execute("INSERT INTO lake.public.bag SELECT * FROM lake.public.bag WHERE a = 8 AND b = 'b'")  # 3 copies -> 6
+    finally:
+        con.close()
+    with running(pipeline):
+        code, tables, err = _verify_cli(path, "--tables", "bag")
+        assert code == 1, err
+        (result,) = tables
+        found = sorted((d["key"], d["source_rows"], d["target_rows"]) for d in result["differences"])
+        assert found == [([7, None], 1, 0), ([8, "b"], 3, 6)]
+        code, tables, err = _verify_cli(path, "--tables", "public.other", "--sample", "0.5")
+        assert (code, [(t["table"], t["status"], t["sample"]) for t in tables]) == (0, [("public.other", "equal", 0.5)])
