@@ -116,6 +116,7 @@ def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[Tabl
                 wait_for_target(dsn, state, busy, position, options.wait_seconds)
                 with pinned_target(config, [r.schema for r in busy]) as target:
                     source = SourceSide(snap_conn)
+                    progress(f"comparing them again at {format_lsn(position)}")
                     for r in busy:
                         _guarded(checks[r.oid], lambda c=checks[r.oid], s=source, t=target, p=position:
                                  recheck_table(s, t, current, c, p))
