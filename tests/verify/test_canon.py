@@ -33,6 +33,8 @@ CASES: list[tuple[TypeKind, str, str | None, list[str]]] = [
     (TypeKind.TIMESTAMP, "timestamp", None, ["'2024-01-01 12:00:00.5'", "'1900-01-01'", "'1999-12-31 23:59:59.999999'"]),
     (TypeKind.TIMESTAMPTZ, "timestamptz", None, ["'2024-01-01 12:00:00.5+02'", "'1970-01-01 00:00:00+00'"]),
     (TypeKind.BINARY, "bytea", None, ["'\\x00ff10'::bytea", "''::bytea"]),
+    (TypeKind.LIST, "integer[]", "INTEGER[]", ["'{1,2}'", "'{}'", "'{3,NULL}'"]),
+    (TypeKind.LIST, "text[]", "VARCHAR[]", ["'{a,\"b c\",\"q\\\"\"}'", "'{NULL}'"]),
 ]
 
 
@@ -51,6 +53,11 @@ def _duck_texts(dsn: str, col: Column, duck: str, literals: list[str]) -> list[s
     if col.type.kind is TypeKind.BINARY:
         texts = [t.removeprefix("\\x") for t in texts]
         cast = "unhex(t)"
+    elif col.type.kind is TypeKind.LIST:  # DuckDB reads no PostgreSQL array literal: built from JSON
+        with psycopg.connect(dsn) as conn:
+            texts = [conn.execute(f"SELECT array_to_json(({v})::{col.type.pg_type})::text").fetchone()[0]  # type: ignore[index]
+                     for v in literals]
+        cast = f"CAST(CAST(t AS JSON) AS {duck})"
     else:
         cast = f"CAST(t AS {duck})"
     con = duckdb.connect()
@@ -65,7 +72,8 @@ def _duck_texts(dsn: str, col: Column, duck: str, literals: list[str]) -> list[s
 def test_value_text_is_the_same_on_both_sides(source_dsn: str, kind: TypeKind, pg_type: str, duck: str | None,
                                               literals: list[str]) -> None:
     scale = (10, 2) if kind is TypeKind.DECIMAL else (None, None)
-    col = Column("v", ColumnType(kind, pg_type, *scale), 0)
+    element = ColumnType(TypeKind.INT if pg_type == "integer[]" else TypeKind.STRING, pg_type[:-2])
+    col = Column("v", ColumnType(kind, pg_type, *scale, element=element if kind is TypeKind.LIST else None), 0)
     pg = _pg_texts(source_dsn, col, literals)
     assert pg[-1] is None
     assert _duck_texts(source_dsn, col, duck or duck_type(col.type), literals) == pg
