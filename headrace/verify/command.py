@@ -31,6 +31,8 @@ def add_command(sub: Any) -> None:
                    help="how long to wait for the target to reach the source's point (default 120)")
     p.add_argument("--settle", type=float, default=60.0, metavar="SECONDS",
                    help="how long to keep comparing rows that change while compared (default 60)")
+    p.add_argument("--repair", action="store_true",
+                   help="ask the running pipeline to copy each table that differs again (a resync, through its API)")
     p.add_argument("--json", action="store_true", help="print one JSON object per table")
     p.set_defaults(func=cmd_verify)
 
@@ -69,6 +71,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     progress("")
     if sys.stderr.isatty():
         sys.stderr.write("\r")
+    if args.repair:
+        _repair(config, reports)
     for r in reports:
         if args.json:
             print(json.dumps({k: v for k, v in r.items() if k != "position_int"}))
@@ -79,6 +83,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if any(r["differences"] for r in reports):
         return DIFFERENT
     return FAILED if any(r["unsettled"] for r in reports) else EQUAL
+
+
+def _repair(config: Any, reports: list[dict[str, Any]]) -> None:
+    """Resync every table with differences: the running pipeline copies it again (the copy replaces
+    the target's rows), then streams on. ``repair`` in each report says what was asked."""
+    from headrace.control.client import ApiClient
+
+    client = ApiClient(config)
+    for r in reports:
+        if not r["differences"]:
+            continue
+        try:
+            client.request("POST", client.table_path(r["table"], "resync"))
+            r["repair"] = "resync requested: the table is copied again"
+        except HeadraceError as exc:
+            r["repair"] = f"resync failed: {exc}"
 
 
 def describe(r: dict[str, Any]) -> str:
@@ -96,6 +116,8 @@ def describe(r: dict[str, Any]) -> str:
         lines.append(f"  key {d['key']}: {d['kind']}{cols} (source {d['source_rows']}, target {d['target_rows']})")
     if len(r["differences"]) > SHOWN_PER_TABLE:
         lines.append(f"  ... and {len(r['differences']) - SHOWN_PER_TABLE} more (--json lists all)")
+    if r.get("repair"):
+        lines.append(f"  repair: {r['repair']}")
     if r["unsettled"]:
         lines.append(f"  {r['unsettled']} rows kept changing while compared and were not settled: run again")
     return "\n".join(lines)
