@@ -1,4 +1,4 @@
-"""The ``verify`` command line: options, the progress line, the report, the exit code."""
+"""The ``verify`` command line: options, the progress bar, the report, the exit code."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 
 import duckdb
 import psycopg
+from tqdm import tqdm
 
 from headrace.config import load_config
 from headrace.core.errors import HeadraceError
+from headrace.verify.compare import Progress
 
 EQUAL, DIFFERENT, FAILED = 0, 1, 2
 SHOWN_PER_TABLE = 20  # differences printed per table without --json
@@ -37,16 +39,31 @@ def add_command(sub: Any) -> None:
     p.set_defaults(func=cmd_verify)
 
 
-def _progress_line() -> Any:
-    """A progress line on stderr when it is a terminal; otherwise nothing."""
-    if not sys.stderr.isatty():
-        return lambda _text: None
-    width = 100
+class TerminalProgress(Progress):
+    """A bar of the tables compared, with what verify does now, on stderr (a terminal only)."""
 
-    def show(text: str) -> None:
-        sys.stderr.write("\r" + text[:width].ljust(width))
-        sys.stderr.flush()
-    return show
+    def __init__(self) -> None:
+        self._bar: tqdm | None = None
+
+    def table(self, done: int, total: int, name: str) -> None:
+        if self._bar is None:
+            self._bar = tqdm(total=total, desc="verify", unit="table", file=sys.stderr, dynamic_ncols=True,
+                             leave=False)
+        self._bar.update(done - self._bar.n)
+        self._bar.set_postfix_str(name)
+
+    def note(self, text: str) -> None:
+        if self._bar is None:
+            sys.stderr.write(f"\r{text[:100]:100}")
+            sys.stderr.flush()
+        else:
+            self._bar.set_postfix_str(text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            sys.stderr.write("\r" + " " * 100 + "\r")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -57,7 +74,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not 0 < sample <= 1:
         print(f"error: --sample {args.sample}: give a fraction above 0 and at most 1", file=sys.stderr)
         return FAILED
-    progress = _progress_line()
+    progress = TerminalProgress() if sys.stderr.isatty() else Progress()
     try:
         config = load_config(args.config)
         options = VerifyOptions(tuple(args.tables) if args.tables else None, sample, args.wait, args.settle)
@@ -65,12 +82,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         reports = [report(c, sample) for c in checks]
         record(config, reports)
     except (HeadraceError, psycopg.Error, duckdb.Error) as exc:
-        progress("")
+        progress.close()
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
-    progress("")
-    if sys.stderr.isatty():
-        sys.stderr.write("\r")
+    progress.close()
     if args.repair:
         _repair(config, reports)
     for r in reports:

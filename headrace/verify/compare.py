@@ -28,7 +28,19 @@ LEAF_ROWS = 256  # a differing range at most this large is compared row by row
 RANGE_ROWS = 4096  # rows per range at the first level
 SPLIT_TO_ROWS = 16  # a differing range is split into ranges of about this many rows
 
-Progress = Callable[[str], None]
+
+
+class Progress:
+    """What verify tells a person watching; this base tells nothing (scripts, tests)."""
+
+    def table(self, done: int, total: int, name: str) -> None:
+        """``done`` of ``total`` tables compared; ``name`` is next."""
+
+    def note(self, text: str) -> None:
+        """What verify is doing now."""
+
+    def close(self) -> None:
+        """Verify is done."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,7 @@ def differing_leaves(source: SourceSide, target: LakeSide, check: TableCheck, sa
     check.rows_target = sum(n for n, _ in tgt.values())
     diff = _differing(src, tgt)
     while diff and bits < HASH_BITS and _largest(src, tgt, diff) > LEAF_ROWS:
-        progress(f"{check.table}: {len(diff)} of {max(len(src), len(tgt))} ranges differ, splitting them")
+        progress.note(f"{check.table}: {len(diff)} of {max(len(src), len(tgt))} ranges differ, splitting them")
         more = max(1, math.ceil(math.log2(_largest(src, tgt, diff) / SPLIT_TO_ROWS)))
         scope = Ranges(bits, tuple(diff), sample)
         bits = min(HASH_BITS, bits + more)
@@ -173,7 +185,7 @@ def compare_table(source: SourceSide, target: LakeSide, current: SourceSide, che
     leaves = differing_leaves(source, target, check, sample, estimated_rows, progress)
     if leaves is None:
         return
-    progress(f"{check.table}: comparing the rows of {len(leaves.among or ())} ranges")
+    progress.note(f"{check.table}: comparing the rows of {len(leaves.among or ())} ranges")
     judge(check, source.rows(check.schema, leaves), target.rows(check.schema, leaves), position,
           lambda hashes: current.versions(check.schema, hashes))
 

@@ -93,7 +93,7 @@ def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[Tabl
     with psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS) as now_conn:
         current = SourceSide(now_conn)
         with source_snapshot(dsn) as (snap_conn, position):
-            progress(f"source snapshot at {format_lsn(position)}; waiting for the target to reach it")
+            progress.note(f"source snapshot at {format_lsn(position)}; waiting for the target to reach it")
             estimates = _estimates(snap_conn, [r.oid for r in rows])
             types = TypeCatalog(snap_conn, config.source.text_columns)
             live = []
@@ -111,12 +111,12 @@ def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[Tabl
         deadline = time.monotonic() + options.settle_seconds
         while (busy := [r for r in live if checks[r.oid].pending and checks[r.oid].error is None]) \
                 and time.monotonic() < deadline:
-            progress(f"{sum(len(checks[r.oid].pending) for r in busy)} rows changed while compared: again at a later point")
+            progress.note(f"{sum(len(checks[r.oid].pending) for r in busy)} rows changed while compared: again at a later point")
             with source_snapshot(dsn) as (snap_conn, position):
                 wait_for_target(dsn, state, busy, position, options.wait_seconds)
                 with pinned_target(config, [r.schema for r in busy]) as target:
                     source = SourceSide(snap_conn)
-                    progress(f"comparing them again at {format_lsn(position)}")
+                    progress.note(f"comparing them again at {format_lsn(position)}")
                     for r in busy:
                         _guarded(checks[r.oid], lambda c=checks[r.oid], s=source, t=target, p=position:
                                  recheck_table(s, t, current, c, p))
@@ -127,10 +127,11 @@ def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[Tabl
 def _first_round(checks: dict[int, TableCheck], rows: list[TableRow], source: SourceSide, target: LakeSide,
                  current: SourceSide, position: int, options: VerifyOptions, estimates: dict[int, int],
                  progress: Progress) -> None:
-    for i, r in enumerate(rows, 1):
-        progress(f"[{i}/{len(rows)}] {r.qualified_name}")
+    for i, r in enumerate(rows):
+        progress.table(i, len(rows), r.qualified_name)
         _guarded(checks[r.oid], lambda c=checks[r.oid], r=r: compare_table(
             source, target, current, c, position, options.sample, estimates.get(r.oid, 0), progress))
+    progress.table(len(rows), len(rows), "")
 
 
 def _guarded(check: TableCheck, compare: Any) -> None:

@@ -20,6 +20,7 @@ import yaml
 from headrace.config import parse_config
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.throwaway import free_port
+from headrace.verify.compare import Progress
 from headrace.verify.run import VerifyOptions, report, verify
 from tests.e2e.helpers import assert_same, raw_config, running, wait_until, workload
 
@@ -136,7 +137,7 @@ def test_verify_under_load_reports_nothing_false(source_dsn: str, tmp_path: Path
         wait_until(lambda: _same(pipeline, source_dsn, "public.items"), 120, "the copy")
         with workload(source_dsn, seed=39):
             for _ in range(2):
-                checks = verify(config, VerifyOptions(), lambda _text: None)
+                checks = verify(config, VerifyOptions(), Progress())
                 results = [report(c, 1.0) for c in checks]
                 assert [(r["table"], r["status"], r["differences"]) for r in results] == [
                     ("public.bag", "equal", []), ("public.items", "equal", []), ("public.lines", "equal", [])]
