@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from headrace.core.schema import TableSchema, TypeKind
@@ -119,14 +120,28 @@ def _group(rows: list[RowImage]) -> dict[str, list[RowImage]]:
     return out
 
 
+def shown_value(kind: TypeKind, text: str | None) -> Any:
+    """A compared text as the report shows it (JSON): numbers as numbers, timestamps in ISO 8601,
+    the rest as the text compared."""
+    if text is None:
+        return None
+    match kind:
+        case TypeKind.INT | TypeKind.LONG:
+            return int(text)
+        case TypeKind.FLOAT | TypeKind.DOUBLE:
+            return float(text) if text not in ("NaN", "Infinity", "-Infinity") else text
+        case TypeKind.BOOLEAN:
+            return text == "true"
+        case TypeKind.TIMESTAMP | TypeKind.TIMESTAMPTZ if text.lstrip("-").isdigit():
+            moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=int(text))
+            return moment.isoformat() if kind is TypeKind.TIMESTAMPTZ else moment.replace(tzinfo=None).isoformat()
+    return text
+
+
 def _key_values(table: TableSchema, row: RowImage) -> list[Any]:
-    """The identity's values as the report shows them: integers as numbers, the rest as text."""
+    """The identity's values (a keyless row's: all of them) as the report shows them."""
     names = table.column_names
-    out = []
-    for col in identity_columns(table):
-        text = row.values[names.index(col.name)]
-        out.append(int(text) if text is not None and col.type.kind in (TypeKind.INT, TypeKind.LONG) else text)
-    return out
+    return [shown_value(c.type.kind, row.values[names.index(c.name)]) for c in identity_columns(table)]
 
 
 def _changed_columns(table: TableSchema, a: RowImage, b: RowImage) -> list[str]:

@@ -87,3 +87,16 @@ def test_hash60_is_the_same_on_both_sides(source_dsn: str) -> None:
     duck = [con.execute(f"SELECT {hash60('?', 'duckdb')}", [t]).fetchone()[0] for t in texts]  # type: ignore[index]
     assert pg == duck
     assert all(0 <= h < 2**60 for h in pg)
+
+
+def test_keys_are_reported_as_json_values() -> None:
+    from headrace.verify.compare import shown_value
+
+    assert shown_value(TypeKind.LONG, "-12") == -12
+    assert shown_value(TypeKind.DOUBLE, "15e-1") == 1.5
+    assert shown_value(TypeKind.DOUBLE, "NaN") == "NaN"
+    assert shown_value(TypeKind.TIMESTAMPTZ, "1704110400500000") == "2024-01-01T12:00:00.500000+00:00"
+    assert shown_value(TypeKind.TIMESTAMP, "-1") == "1969-12-31T23:59:59.999999"
+    assert shown_value(TypeKind.TIMESTAMP, "infinity") == "infinity"
+    assert shown_value(TypeKind.BOOLEAN, "false") is False
+    assert shown_value(TypeKind.STRING, None) is None
