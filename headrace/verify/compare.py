@@ -23,7 +23,7 @@ from typing import Any
 
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.verify.canon import HASH_BITS, identity_columns
-from headrace.verify.sides import Checksums, LakeSide, Ranges, RowImage, SourceSide
+from headrace.verify.sides import Checksums, KeyTexts, LakeSide, Ranges, RowImage, SourceSide
 
 LEAF_ROWS = 256  # a differing range at most this large is compared row by row
 RANGE_ROWS = 4096  # rows per range at the first level
@@ -70,7 +70,8 @@ class TableCheck:
     rows_source: int = 0
     rows_target: int = 0
     differences: list[Difference] = field(default_factory=list)
-    pending: dict[str, int] = field(default_factory=dict)  # identity text -> hash, not settled yet
+    # identity text -> (its hash, its key's texts): rows not settled yet
+    pending: dict[str, tuple[int, KeyTexts]] = field(default_factory=dict)
     position: int | None = None  # the first point's position
     error: str | None = None
 
@@ -138,6 +139,12 @@ def shown_value(kind: TypeKind, text: str | None) -> Any:
     return text
 
 
+def key_texts(table: TableSchema, row: RowImage) -> KeyTexts:
+    """The compared texts of ``row``'s key columns (a keyless row's: all its columns)."""
+    names = table.column_names
+    return tuple(row.values[names.index(c.name)] for c in identity_columns(table))
+
+
 def _key_values(table: TableSchema, row: RowImage) -> list[Any]:
     """The identity's values (a keyless row's: all of them) as the report shows them."""
     names = table.column_names
@@ -153,7 +160,7 @@ def _older(tag: Any, position: int) -> bool:
 
 
 def judge(check: TableCheck, source_rows: list[RowImage], target_rows: list[RowImage], position: int,
-          now: Callable[[list[int]], dict[str, set[str]]]) -> None:
+          now: Callable[[Ranges], dict[str, set[str]]]) -> None:
     """Compare the rows of the differing leaves; add proven differences to ``check`` and keep the
     unproven ones in ``check.pending``. ``now`` reads the identities' source tuple versions anew."""
     table = check.schema
@@ -165,7 +172,8 @@ def judge(check: TableCheck, source_rows: list[RowImage], target_rows: list[RowI
         same = len(s) == len(t) == 1 and s[0].row_hash == t[0].row_hash if table.key else len(s) == len(t)
         if not same:
             unequal.append(ident)
-    versions = now([(src.get(i) or tgt[i])[0].ident_hash for i in unequal]) if unequal else {}
+    firsts = [(src.get(i) or tgt[i])[0] for i in unequal]
+    versions = now(_exactly(table, firsts)) if unequal else {}
     for ident in unequal:
         s, t = src.get(ident, []), tgt.get(ident, [])
         check.pending.pop(ident, None)
@@ -176,9 +184,15 @@ def judge(check: TableCheck, source_rows: list[RowImage], target_rows: list[RowI
         else:
             proven = old > len(s) or (unchanged and old == len(t))
         if not proven:
-            check.pending[ident] = (s or t)[0].ident_hash
+            check.pending[ident] = ((s or t)[0].ident_hash, key_texts(table, (s or t)[0]))
             continue
         check.differences.append(_difference(table, s, t))
+
+
+def _exactly(table: TableSchema, rows: list[RowImage]) -> Ranges:
+    """The identities of ``rows``, by whole hash and, for a keyed table, by key."""
+    return Ranges(HASH_BITS, tuple(sorted({r.ident_hash for r in rows})),
+                  keys=tuple(key_texts(table, r) for r in rows) if table.key else None)
 
 
 def _difference(table: TableSchema, s: list[RowImage], t: list[RowImage]) -> Difference:
@@ -202,16 +216,15 @@ def compare_table(source: SourceSide, target: LakeSide, current: SourceSide, che
         return
     progress.note(f"{check.table}: comparing the rows of {len(leaves.among or ())} ranges")
     judge(check, source.rows(check.schema, leaves), target.rows(check.schema, leaves), position,
-          lambda hashes: current.versions(check.schema, hashes))
+          lambda exact: current.versions(check.schema, exact))
 
 
 def recheck_table(source: SourceSide, target: LakeSide, current: SourceSide, check: TableCheck,
                   position: int) -> None:
     """A later round: only the identities not settled yet, at a new ``position``."""
-    hashes = tuple(sorted(set(check.pending.values())))
-    exact = Ranges(HASH_BITS, hashes)
     pending, check.pending = check.pending, {}
+    exact = Ranges(HASH_BITS, tuple(sorted({h for h, _ in pending.values()})),
+                   keys=tuple(k for _, k in pending.values()) if check.schema.key else None)
     src, tgt = source.rows(check.schema, exact), target.rows(check.schema, exact)
-    wanted = set(pending)
-    judge(check, [r for r in src if r.ident in wanted], [r for r in tgt if r.ident in wanted], position,
-          lambda hashes: current.versions(check.schema, hashes))
+    judge(check, [r for r in src if r.ident in pending], [r for r in tgt if r.ident in pending], position,
+          lambda exact: current.versions(check.schema, exact))

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from headrace.core.names import quote_ident
 from headrace.core.rows import HR_LSN
-from headrace.core.schema import TableSchema
+from headrace.core.schema import TableSchema, TypeKind
 from headrace.verify import canon
 from headrace.verify.canon import HASH_BITS, Dialect
 
@@ -34,14 +34,37 @@ class RowImage:
     tag: Any
 
 
+KeyTexts = tuple[str | None, ...]  # a key's columns as compared texts
+
+
 @dataclass(frozen=True)
 class Ranges:
     """Which rows a query covers: those whose identity hash's first ``bits`` bits are in ``among``
-    (every row when ``among`` is None), and with ``sample`` below 1 a fixed share of identities."""
+    (every row when ``among`` is None), and with ``sample`` below 1 a fixed share of identities.
+    ``keys``: the keys of those rows, when known, so a side with an index on them looks them up."""
 
     bits: int
     among: tuple[int, ...] | None = None
     sample: float = 1.0
+    keys: tuple[KeyTexts, ...] | None = None
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def key_literal(kind: TypeKind, text: str) -> str | None:
+    """PostgreSQL SQL for a key column's value from its compared text (None: no way back)."""
+    if kind in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
+        if not text.lstrip("-").isdigit():
+            return _literal(text)  # infinity, -infinity
+        epoch = "TIMESTAMPTZ 'epoch'" if kind is TypeKind.TIMESTAMPTZ else "TIMESTAMP 'epoch'"
+        return f"({epoch} + {int(text)} * interval '1 microsecond')"
+    if kind is TypeKind.BINARY:
+        return f"decode({_literal(text)}, 'hex')"
+    if kind is TypeKind.LIST:
+        return None
+    return _literal(text)  # PostgreSQL's own text, or a form its input takes (floats' 15e-1), coerced
 
 
 def _projection(table: TableSchema, dialect: Dialect) -> list[str]:
@@ -85,6 +108,10 @@ class Side(ABC):
     def fetch(self, query: str) -> list[tuple[Any, ...]]:
         """Run ``query`` at this side's point."""
 
+    def key_filter(self, table: TableSchema, ranges: Ranges) -> str:
+        """A WHERE clause on the table itself that finds ``ranges.keys`` by index ("": none)."""
+        return ""
+
     def checksums(self, table: TableSchema, ranges: Ranges, bits: int) -> Checksums:
         """Rows and hash sums per range of ``bits`` bits, over the rows ``ranges`` covers."""
         where = _filters(ranges, self.dialect)
@@ -99,7 +126,7 @@ class Side(ABC):
         cols = ", ".join(f"_v_c{i}" for i in range(len(table.columns)))
         extra = self.extra_columns()
         inner = (f"SELECT {', '.join(_projection(table, self.dialect) + [f'{e} AS _v_x{i}' for i, e in enumerate(extra)])}"
-                 f" FROM {self.relation(table)}")
+                 f" FROM {self.relation(table)}{self.key_filter(table, ranges)}")
         tags = ", ".join(f"_v_x{i}" for i in range(len(extra)))
         query = f"SELECT _v_ident, _v_kh, _v_rh, {tags}, {cols} FROM ({inner}) v WHERE {where}"
         out = []
@@ -127,12 +154,26 @@ class SourceSide(Side):
     def fetch(self, query: str) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql.SQL(query)).fetchall()  # type: ignore[arg-type]
 
-    def versions(self, table: TableSchema, ident_hashes: list[int]) -> dict[str, set[str]]:
-        """Identity text -> the tuple versions holding it now (a fresh read outside the snapshot)."""
+    def key_filter(self, table: TableSchema, ranges: Ranges) -> str:
+        if not ranges.keys or not table.key:
+            return ""
+        kinds = [table.column(k).type.kind for k in table.key]
+        rows = []
+        for key in ranges.keys:
+            values = [key_literal(kind, text) if text is not None else None for kind, text in zip(kinds, key, strict=True)]
+            if any(v is None for v in values):
+                return ""  # a key no literal gives back: found by hash alone
+            rows.append(f"({', '.join(v for v in values if v is not None)})")
+        columns = ", ".join(quote_ident(k) for k in table.key)
+        return f" WHERE ({columns}) IN ({', '.join(rows)})"
+
+    def versions(self, table: TableSchema, ranges: Ranges) -> dict[str, set[str]]:
+        """Identity text -> the tuple versions holding it now (a fresh read outside the snapshot) of the
+        identities ``ranges`` names (by their whole hash, and their keys when known)."""
         ident = canon.joined([canon.value_text(c, "postgres") for c in canon.identity_columns(table)], "postgres")
         query = (f"SELECT _v_ident, _v_x FROM (SELECT {ident} AS _v_ident, {canon.hash60(ident, 'postgres')} AS _v_kh,"
-                 f" tableoid::bigint || ':' || ctid::text || ':' || xmin::text AS _v_x FROM {self.relation(table)}) v"
-                 f" WHERE _v_kh = ANY({int_list(ident_hashes, 'postgres')})")
+                 f" tableoid::bigint || ':' || ctid::text || ':' || xmin::text AS _v_x FROM {self.relation(table)}"
+                 f"{self.key_filter(table, ranges)}) v WHERE {_filters(ranges, 'postgres')}")
         now: dict[str, set[str]] = {}
         for ident_text, version in self.fetch(query):
             now.setdefault(ident_text, set()).add(version)

@@ -100,3 +100,20 @@ def test_keys_are_reported_as_json_values() -> None:
     assert shown_value(TypeKind.TIMESTAMP, "infinity") == "infinity"
     assert shown_value(TypeKind.BOOLEAN, "false") is False
     assert shown_value(TypeKind.STRING, None) is None
+
+
+@pytest.mark.parametrize(("kind", "pg_type", "duck", "literals"),
+                         [c for c in CASES if c[0] not in (TypeKind.LIST, TypeKind.JSON)],
+                         ids=[f"{c[1]}-{c[2] or 'ducklake'}" for c in CASES if c[0] not in (TypeKind.LIST, TypeKind.JSON)])
+def test_a_key_is_found_again_from_its_compared_text(source_dsn: str, kind: TypeKind, pg_type: str, duck: str | None,
+                                                     literals: list[str]) -> None:
+    from headrace.verify.sides import key_literal
+
+    col = Column("v", ColumnType(kind, pg_type, *((10, 2) if kind is TypeKind.DECIMAL else (None, None))), 0)
+    texts = _pg_texts(source_dsn, col, literals)[:-1]
+    with psycopg.connect(source_dsn, options=SESSION_OPTIONS) as conn:
+        for literal, text in zip(literals, texts, strict=True):
+            assert text is not None
+            found = conn.execute(f"SELECT v IS NOT DISTINCT FROM {key_literal(kind, text)} OR v <> v"
+                                 f" FROM (SELECT ({literal})::{pg_type} AS v) t").fetchone()
+            assert found == (True,), (literal, text)
