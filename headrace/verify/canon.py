@@ -5,9 +5,9 @@ A value is compared as the target holds it. The target keeps the kinds Spark has
 with ``format('%s', ...)`` (which keeps ``char(n)`` padding) in a session with the settings
 pgoutput's walsender pins (``SOURCE_SETTINGS``). The other kinds get a form both engines can spell:
 - integers, decimals (fixed scale), booleans and dates: their text, which is the same in both;
-- floats: sign, shortest round-trip digits and decimal exponent (``-12345e3``), taken apart from
-  each engine's text, since both print the shortest digits but lay them out differently
-  (``100`` / ``100.0``, ``1e+15`` / ``1000000000000000.0``); NaN and infinities spelled once;
+- floats: PostgreSQL's text (12+: the shortest round-trip digits); DuckDB prints the same digits
+  laid out otherwise (``100.0``, ``1000000000000000.0``, ``nan``), which its side lays out again as
+  PostgreSQL does (``100``, ``1e+15``, ``NaN``): string work in the engine that does it fastest;
 - timestamps: microseconds since the epoch (timestamptz: of the instant; timestamp: of the wall clock);
 - bytea: lower-case hex; arrays: JSON.
 
@@ -40,39 +40,41 @@ def _text(expr: str, dialect: Dialect) -> str:
     return f"CAST({expr} AS {'text' if dialect == 'postgres' else 'VARCHAR'})"
 
 
-def _float_digits(text: str, dialect: Dialect) -> str:
-    """A float's text (finite) as ``[-]DIGITSeEXP`` with the digits' point after the last digit."""
+def _postgres_float(text: str, digits: int) -> str:
+    """DuckDB SQL laying out a finite float's DuckDB text as PostgreSQL (12+) prints it: the same
+    shortest digits, fixed notation for decimal exponents from -4 to below ``digits`` (15 for double,
+    6 for real), else ``d.ddde+XX``."""
     mant = f"split_part({text}, 'e', 1)"
-    exp = f"CAST(coalesce(nullif(split_part({text}, 'e', 2), ''), '0') AS integer)"
+    exp = f"CAST(coalesce(nullif(split_part({text}, 'e', 2), ''), '0') AS INTEGER)"
     absolute = f"ltrim({mant}, '-')"
     whole = f"split_part({absolute}, '.', 1)"
-    digits = f"({whole} || split_part({absolute}, '.', 2))"
-    lead = f"ltrim({digits}, '0')"
+    all_digits = f"({whole} || split_part({absolute}, '.', 2))"
+    lead = f"ltrim({all_digits}, '0')"
     sig = f"rtrim({lead}, '0')"
-    # value = 0.DIGITS × 10^(len(whole) + exp) = SIG × 10^(len(whole) + exp - zeros - len(sig))
-    power = f"(length({whole}) + {exp} - (length({digits}) - length({lead})) - length({sig}))"
+    # the value is SIG × 10^power; its scientific exponent (of the first digit) is e
+    power = f"(length({whole}) + {exp} - (length({all_digits}) - length({lead})) - length({sig}))"
+    e = f"(length({sig}) - 1 + {power})"
+    fixed = (f"CASE WHEN {power} >= 0 THEN {sig} || repeat('0', {power})"
+             f" WHEN {e} >= 0 THEN left({sig}, {e} + 1) || '.' || substr({sig}, {e} + 2)"
+             f" ELSE '0.' || repeat('0', -{e} - 1) || {sig} END")
+    scientific = (f"left({sig}, 1) || CASE WHEN length({sig}) > 1 THEN '.' || substr({sig}, 2) ELSE '' END"
+                  f" || 'e' || CASE WHEN {e} < 0 THEN '-' ELSE '+' END || CASE WHEN abs({e}) < 10 THEN '0' ELSE '' END"
+                  f" || CAST(abs({e}) AS VARCHAR)")
     sign = f"CASE WHEN left({text}, 1) = '-' THEN '-' ELSE '' END"
-    return (f"CASE WHEN {sig} = '' THEN {sign} || '0' ELSE {sign} || {sig} || 'e' || "
-            f"{_text(power, dialect)} END")
+    return (f"{sign} || CASE WHEN {sig} = '' THEN '0' WHEN {e} >= -4 AND {e} < {digits} THEN {fixed}"
+            f" ELSE {scientific} END")
 
 
-def value_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
-    """SQL giving column ``col``'s value (``expr``, default its quoted name) as the compared text;
-    NULL stays NULL."""
+def raw_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
+    """SQL, the first step of ``value_text``: one conversion of each value to text. Final for every
+    kind but floats, whose engine text ``float_text`` then lays out (the steps are separate so
+    each value is converted once: string work on a text is cheap, a float's conversion is not)."""
     q = expr or quote_ident(col.name)
     kind = col.type.kind
     pg = dialect == "postgres"
     if kind in _TEXT_KINDS:
         # format() calls the output function (char(n) keeps its padding) but makes NULL ''.
         return f"CASE WHEN {q} IS NOT NULL THEN format('%s', {q}) END" if pg else _text(q, dialect)
-    if kind in _FLOATS:
-        if pg:
-            special = (f"WHEN {q} = 'NaN' THEN 'NaN' WHEN {q} = 'Infinity' THEN 'Infinity'"
-                       f" WHEN {q} = '-Infinity' THEN '-Infinity'")
-        else:
-            special = (f"WHEN isnan({q}) THEN 'NaN' WHEN isinf({q}) AND {q} > 0 THEN 'Infinity'"
-                       f" WHEN isinf({q}) THEN '-Infinity'")
-        return f"CASE WHEN {q} IS NULL THEN NULL {special} ELSE {_float_digits(_text(q, dialect), dialect)} END"
     if kind in _TIMESTAMPS:
         micros = f"CAST(extract(epoch FROM {q}) * 1000000 AS bigint)" if pg else f"epoch_us({q})"
         return f"CASE WHEN isfinite({q}) THEN {_text(micros, dialect)} ELSE {_text(q, dialect)} END"
@@ -80,7 +82,24 @@ def value_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
         return f"encode({q}, 'hex')" if pg else f"lower(hex({q}))"
     if kind is TypeKind.LIST:
         return f"CAST(array_to_json({q}) AS text)" if pg else f"CAST(to_json({q}) AS VARCHAR)"
-    return _text(q, dialect)  # int, long, decimal, boolean, date
+    return _text(q, dialect)  # int, long, decimal, boolean, date; a float's own text
+
+
+def final_text(col: Column, dialect: Dialect, raw: str) -> str:
+    """SQL, the second step of ``value_text``, over ``raw`` (the first step's result): DuckDB's float
+    texts laid out as PostgreSQL's (the work is on the side that does it fastest)."""
+    if col.type.kind not in _FLOATS or dialect == "postgres":
+        return raw
+    digits = 15 if col.type.kind is TypeKind.DOUBLE else 6  # DBL_DIG, FLT_DIG
+    return (f"CASE WHEN {raw} IS NULL THEN NULL WHEN {raw} IN ('nan', '-nan') THEN 'NaN'"
+            f" WHEN {raw} = 'inf' THEN 'Infinity' WHEN {raw} = '-inf' THEN '-Infinity'"
+            f" ELSE {_postgres_float(raw, digits)} END")
+
+
+def value_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
+    """SQL giving column ``col``'s value (``expr``, default its quoted name) as the compared text;
+    NULL stays NULL."""
+    return final_text(col, dialect, raw_text(col, dialect, expr))
 
 
 def joined(texts: Sequence[str], dialect: Dialect) -> str:
@@ -101,13 +120,3 @@ def hash60(text: str, dialect: Dialect) -> str:
 def identity_columns(table: TableSchema) -> list[Column]:
     """The columns that identify a row: the key, or every column of a keyless table (a multiset)."""
     return [table.column(k) for k in table.key] if table.key else list(table.columns)
-
-
-def key_hash(table: TableSchema, dialect: Dialect) -> str:
-    """SQL: the hash that places a row in a range (its key's; a keyless row's whole text)."""
-    return hash60(joined([value_text(c, dialect) for c in identity_columns(table)], dialect), dialect)
-
-
-def row_hash(table: TableSchema, dialect: Dialect) -> str:
-    """SQL: the hash of a row's compared columns (all of the table's source columns)."""
-    return hash60(joined([value_text(c, dialect) for c in table.columns], dialect), dialect)

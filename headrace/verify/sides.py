@@ -67,11 +67,25 @@ def key_literal(kind: TypeKind, text: str) -> str | None:
     return _literal(text)  # PostgreSQL's own text, or a form its input takes (floats' 15e-1), coerced
 
 
-def _projection(table: TableSchema, dialect: Dialect) -> list[str]:
-    ident = canon.joined([canon.value_text(c, dialect) for c in canon.identity_columns(table)], dialect)
-    return [f"{ident} AS _v_ident", f"{canon.hash60(ident, dialect)} AS _v_kh",
-            f"{canon.row_hash(table, dialect)} AS _v_rh",
-            *[f"{canon.value_text(c, dialect)} AS _v_c{i}" for i, c in enumerate(table.columns)]]
+def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]) -> str:
+    """A FROM item of ``source`` (a table with its WHERE) with, per row, ``_v_ident`` (the identity's
+    text), ``_v_kh`` and ``_v_rh`` (identity and row hashes), ``_v_c<i>`` (the compared texts) and
+    ``_v_x<j>`` (``extras``). Each step is its own query level, fenced by ``OFFSET 0`` so PostgreSQL
+    does not fold them and compute a value's text once per use."""
+    n = len(table.columns)
+    xs = [f"_v_x{j}" for j in range(len(extras))]
+    raw = [f"{canon.raw_text(c, dialect)} AS _v_r{i}" for i, c in enumerate(table.columns)]
+    raw += [f"{e} AS {x}" for e, x in zip(extras, xs, strict=True)]
+    final = [f"{canon.final_text(c, dialect, f'_v_r{i}')} AS _v_c{i}" for i, c in enumerate(table.columns)]
+    names = table.column_names
+    ident = canon.joined([f"_v_c{names.index(c.name)}" for c in canon.identity_columns(table)], dialect)
+    row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
+    cs = [f"_v_c{i}" for i in range(n)]
+    return (f"(SELECT _v_ident, {canon.hash60('_v_ident', dialect)} AS _v_kh, {canon.hash60('_v_row', dialect)} AS _v_rh,"
+            f" {', '.join(cs + xs)} FROM"
+            f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM"
+            f" (SELECT {', '.join(final + xs)} FROM"
+            f" (SELECT {', '.join(raw)} FROM {source} OFFSET 0) r OFFSET 0) c OFFSET 0) j)")
 
 
 def int_list(values: list[int] | tuple[int, ...], dialect: Dialect) -> str:
@@ -115,9 +129,8 @@ class Side(ABC):
     def checksums(self, table: TableSchema, ranges: Ranges, bits: int) -> Checksums:
         """Rows and hash sums per range of ``bits`` bits, over the rows ``ranges`` covers."""
         where = _filters(ranges, self.dialect)
-        inner = f"SELECT {', '.join(_projection(table, self.dialect))} FROM {self.relation(table)}"
-        query = (f"SELECT _v_kh >> {HASH_BITS - bits} AS r, count(*), sum(_v_rh) FROM ({inner}) v"
-                 f" WHERE {where} GROUP BY 1")
+        rows = _layers(table, self.dialect, self.relation(table), [])
+        query = f"SELECT _v_kh >> {HASH_BITS - bits} AS r, count(*), sum(_v_rh) FROM {rows} v WHERE {where} GROUP BY 1"
         return {int(r): (int(n), int(s)) for r, n, s in self.fetch(query)}
 
     def rows(self, table: TableSchema, ranges: Ranges) -> list[RowImage]:
@@ -125,10 +138,9 @@ class Side(ABC):
         where = _filters(ranges, self.dialect)
         cols = ", ".join(f"_v_c{i}" for i in range(len(table.columns)))
         extra = self.extra_columns()
-        inner = (f"SELECT {', '.join(_projection(table, self.dialect) + [f'{e} AS _v_x{i}' for i, e in enumerate(extra)])}"
-                 f" FROM {self.relation(table)}{self.key_filter(table, ranges)}")
+        rows = _layers(table, self.dialect, self.relation(table) + self.key_filter(table, ranges), extra)
         tags = ", ".join(f"_v_x{i}" for i in range(len(extra)))
-        query = f"SELECT _v_ident, _v_kh, _v_rh, {tags}, {cols} FROM ({inner}) v WHERE {where}"
+        query = f"SELECT _v_ident, _v_kh, _v_rh, {tags}, {cols} FROM {rows} v WHERE {where}"
         out = []
         n = len(extra)
         for r in self.fetch(query):
@@ -170,10 +182,9 @@ class SourceSide(Side):
     def versions(self, table: TableSchema, ranges: Ranges) -> dict[str, set[str]]:
         """Identity text -> the tuple versions holding it now (a fresh read outside the snapshot) of the
         identities ``ranges`` names (by their whole hash, and their keys when known)."""
-        ident = canon.joined([canon.value_text(c, "postgres") for c in canon.identity_columns(table)], "postgres")
-        query = (f"SELECT _v_ident, _v_x FROM (SELECT {ident} AS _v_ident, {canon.hash60(ident, 'postgres')} AS _v_kh,"
-                 f" tableoid::bigint || ':' || ctid::text || ':' || xmin::text AS _v_x FROM {self.relation(table)}"
-                 f"{self.key_filter(table, ranges)}) v WHERE {_filters(ranges, 'postgres')}")
+        version = "tableoid::bigint || ':' || ctid::text || ':' || xmin::text"
+        rows = _layers(table, "postgres", self.relation(table) + self.key_filter(table, ranges), [version])
+        query = f"SELECT _v_ident, _v_x0 FROM {rows} v WHERE {_filters(ranges, 'postgres')}"
         now: dict[str, set[str]] = {}
         for ident_text, version in self.fetch(query):
             now.setdefault(ident_text, set()).add(version)
