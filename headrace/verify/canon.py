@@ -40,10 +40,9 @@ def _text(expr: str, dialect: Dialect) -> str:
     return f"CAST({expr} AS {'text' if dialect == 'postgres' else 'VARCHAR'})"
 
 
-def _postgres_float(text: str, digits: int) -> str:
-    """DuckDB SQL laying out a finite float's DuckDB text as PostgreSQL (12+) prints it: the same
-    shortest digits, fixed notation for decimal exponents from -4 to below ``digits`` (15 for double,
-    6 for real), else ``d.ddde+XX``."""
+def _float_parts(text: str) -> str:
+    """DuckDB SQL: a finite float's DuckDB text taken apart, as a struct: ``t`` the text, ``sig`` its
+    significant digits and ``power`` (the value is ±SIG × 10^power)."""
     mant = f"split_part({text}, 'e', 1)"
     exp = f"CAST(coalesce(nullif(split_part({text}, 'e', 2), ''), '0') AS INTEGER)"
     absolute = f"ltrim({mant}, '-')"
@@ -51,9 +50,16 @@ def _postgres_float(text: str, digits: int) -> str:
     all_digits = f"({whole} || split_part({absolute}, '.', 2))"
     lead = f"ltrim({all_digits}, '0')"
     sig = f"rtrim({lead}, '0')"
-    # the value is SIG × 10^power; its scientific exponent (of the first digit) is e
     power = f"(length({whole}) + {exp} - (length({all_digits}) - length({lead})) - length({sig}))"
-    e = f"(length({sig}) - 1 + {power})"
+    return f"struct_pack(t := {text}, sig := {sig}, power := {power})"
+
+
+def _postgres_float(parts: str, digits: int) -> str:
+    """DuckDB SQL laying out ``_float_parts`` as PostgreSQL (12+) prints a float: the same shortest
+    digits, fixed notation for decimal exponents from -4 to below ``digits`` (15 for double, 6 for
+    real), else ``d.ddde+XX``."""
+    text, sig, power = f"{parts}.t", f"{parts}.sig", f"{parts}.power"
+    e = f"(length({sig}) - 1 + {power})"  # the first digit's decimal exponent
     fixed = (f"CASE WHEN {power} >= 0 THEN {sig} || repeat('0', {power})"
              f" WHEN {e} >= 0 THEN left({sig}, {e} + 1) || '.' || substr({sig}, {e} + 2)"
              f" ELSE '0.' || repeat('0', -{e} - 1) || {sig} END")
@@ -85,21 +91,30 @@ def raw_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
     return _text(q, dialect)  # int, long, decimal, boolean, date; a float's own text
 
 
-def final_text(col: Column, dialect: Dialect, raw: str) -> str:
+def middle_text(col: Column, dialect: Dialect, raw: str) -> str:
     """SQL, the second step of ``value_text``, over ``raw`` (the first step's result): DuckDB's float
-    texts laid out as PostgreSQL's (the work is on the side that does it fastest)."""
+    texts taken apart (``_float_parts``); every other value as it is."""
     if col.type.kind not in _FLOATS or dialect == "postgres":
         return raw
+    return _float_parts(raw)
+
+
+def final_text(col: Column, dialect: Dialect, middle: str) -> str:
+    """SQL, the last step of ``value_text``, over ``middle``: DuckDB's floats laid out as PostgreSQL
+    prints them (the string work on the side that does it fastest); every other value as it is."""
+    if col.type.kind not in _FLOATS or dialect == "postgres":
+        return middle
     digits = 15 if col.type.kind is TypeKind.DOUBLE else 6  # DBL_DIG, FLT_DIG
-    return (f"CASE WHEN {raw} IS NULL THEN NULL WHEN {raw} IN ('nan', '-nan') THEN 'NaN'"
-            f" WHEN {raw} = 'inf' THEN 'Infinity' WHEN {raw} = '-inf' THEN '-Infinity'"
-            f" ELSE {_postgres_float(raw, digits)} END")
+    text = f"{middle}.t"
+    return (f"CASE WHEN {text} IS NULL THEN NULL WHEN {text} IN ('nan', '-nan') THEN 'NaN'"
+            f" WHEN {text} = 'inf' THEN 'Infinity' WHEN {text} = '-inf' THEN '-Infinity'"
+            f" ELSE {_postgres_float(middle, digits)} END")
 
 
 def value_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
     """SQL giving column ``col``'s value (``expr``, default its quoted name) as the compared text;
-    NULL stays NULL."""
-    return final_text(col, dialect, raw_text(col, dialect, expr))
+    NULL stays NULL. Queries over many rows take the steps one query level each (``verify.sides``)."""
+    return final_text(col, dialect, middle_text(col, dialect, raw_text(col, dialect, expr)))
 
 
 def joined(texts: Sequence[str], dialect: Dialect) -> str:

@@ -70,22 +70,25 @@ def key_literal(kind: TypeKind, text: str) -> str | None:
 def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]) -> str:
     """A FROM item of ``source`` (a table with its WHERE) with, per row, ``_v_ident`` (the identity's
     text), ``_v_kh`` and ``_v_rh`` (identity and row hashes), ``_v_c<i>`` (the compared texts) and
-    ``_v_x<j>`` (``extras``). Each step is its own query level, fenced by ``OFFSET 0`` so PostgreSQL
-    does not fold them and compute a value's text once per use."""
+    ``_v_x<j>`` (``extras``). Each step is its own query level, in PostgreSQL fenced by ``OFFSET 0``
+    so it does not fold them and convert a value once per use."""
     n = len(table.columns)
     xs = [f"_v_x{j}" for j in range(len(extras))]
     raw = [f"{canon.raw_text(c, dialect)} AS _v_r{i}" for i, c in enumerate(table.columns)]
     raw += [f"{e} AS {x}" for e, x in zip(extras, xs, strict=True)]
-    final = [f"{canon.final_text(c, dialect, f'_v_r{i}')} AS _v_c{i}" for i, c in enumerate(table.columns)]
+    middle = [f"{canon.middle_text(c, dialect, f'_v_r{i}')} AS _v_m{i}" for i, c in enumerate(table.columns)]
+    final = [f"{canon.final_text(c, dialect, f'_v_m{i}')} AS _v_c{i}" for i, c in enumerate(table.columns)]
     names = table.column_names
     ident = canon.joined([f"_v_c{names.index(c.name)}" for c in canon.identity_columns(table)], dialect)
     row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
     cs = [f"_v_c{i}" for i in range(n)]
+    fence = " OFFSET 0" if dialect == "postgres" else ""  # DuckDB computes each once anyway, in parallel
     return (f"(SELECT _v_ident, {canon.hash60('_v_ident', dialect)} AS _v_kh, {canon.hash60('_v_row', dialect)} AS _v_rh,"
             f" {', '.join(cs + xs)} FROM"
             f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM"
             f" (SELECT {', '.join(final + xs)} FROM"
-            f" (SELECT {', '.join(raw)} FROM {source} OFFSET 0) r OFFSET 0) c OFFSET 0) j)")
+            f" (SELECT {', '.join(middle + xs)} FROM"
+            f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) m{fence}) c{fence}) j)")
 
 
 def int_list(values: list[int] | tuple[int, ...], dialect: Dialect) -> str:
