@@ -17,16 +17,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.verify.canon import HASH_BITS, identity_columns
 from headrace.verify.sides import Checksums, KeyTexts, LakeSide, Ranges, RowImage, SourceSide
 
+A = TypeVar("A")
+B = TypeVar("B")
+
 LEAF_ROWS = 256  # a differing range at most this large is compared row by row
-RANGE_ROWS = 4096  # rows per range at the first level
+# Rows per range at the first level: leaf-sized, so a table that differs in a few rows costs two
+# scans a side (checksums, then the rows of the differing ranges); 20M rows make 2^17 ranges, whose
+# checksums are what the sides send.
+RANGE_ROWS = 256
+MAX_FIRST_BITS = 18
 SPLIT_TO_ROWS = 16  # a differing range is split into ranges of about this many rows
 
 
@@ -80,6 +88,18 @@ class TableCheck:
         return self.error is None and not self.differences and not self.pending
 
 
+def both(source: Callable[[], A], target: Callable[[], B]) -> tuple[A, B]:
+    """The two sides' queries at once (each engine works in its own process or threads)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="verify-target") as pool:
+        on_target = pool.submit(target)
+        return source(), on_target.result()
+
+
+def _checksums(source: SourceSide, target: LakeSide, table: TableSchema, scope: Ranges,
+               bits: int) -> tuple[Checksums, Checksums]:
+    return both(lambda: source.checksums(table, scope, bits), lambda: target.checksums(table, scope, bits))
+
+
 def _differing(src: Checksums, tgt: Checksums) -> list[int]:
     return sorted(r for r in src.keys() | tgt.keys() if src.get(r) != tgt.get(r))
 
@@ -90,7 +110,7 @@ def _largest(src: Checksums, tgt: Checksums, ranges: list[int]) -> int:
 
 def first_bits(estimated_rows: int) -> int:
     """Bits of the first level: ranges of about ``RANGE_ROWS`` rows."""
-    return 0 if estimated_rows <= RANGE_ROWS else min(20, math.ceil(math.log2(estimated_rows / RANGE_ROWS)))
+    return 0 if estimated_rows <= RANGE_ROWS else min(MAX_FIRST_BITS, math.ceil(math.log2(estimated_rows / RANGE_ROWS)))
 
 
 def differing_leaves(source: SourceSide, target: LakeSide, check: TableCheck, sample: float,
@@ -100,7 +120,7 @@ def differing_leaves(source: SourceSide, target: LakeSide, check: TableCheck, sa
     table = check.schema
     bits = first_bits(estimated_rows)
     scope = Ranges(0, None, sample)
-    src, tgt = source.checksums(table, scope, bits), target.checksums(table, scope, bits)
+    src, tgt = _checksums(source, target, table, scope, bits)
     check.rows_source = sum(n for n, _ in src.values())
     check.rows_target = sum(n for n, _ in tgt.values())
     diff = _differing(src, tgt)
@@ -109,7 +129,7 @@ def differing_leaves(source: SourceSide, target: LakeSide, check: TableCheck, sa
         more = max(1, math.ceil(math.log2(_largest(src, tgt, diff) / SPLIT_TO_ROWS)))
         scope = Ranges(bits, tuple(diff), sample)
         bits = min(HASH_BITS, bits + more)
-        src, tgt = source.checksums(table, scope, bits), target.checksums(table, scope, bits)
+        src, tgt = _checksums(source, target, table, scope, bits)
         diff = _differing(src, tgt)
     return Ranges(bits, tuple(diff), sample) if diff else None
 
@@ -215,8 +235,8 @@ def compare_table(source: SourceSide, target: LakeSide, current: SourceSide, che
     if leaves is None:
         return
     progress.note(f"{check.table}: comparing the rows of {len(leaves.among or ())} ranges")
-    judge(check, source.rows(check.schema, leaves), target.rows(check.schema, leaves), position,
-          lambda exact: current.versions(check.schema, exact))
+    src, tgt = both(lambda: source.rows(check.schema, leaves), lambda: target.rows(check.schema, leaves))
+    judge(check, src, tgt, position, lambda exact: current.versions(check.schema, exact))
 
 
 def recheck_table(source: SourceSide, target: LakeSide, current: SourceSide, check: TableCheck,
@@ -225,6 +245,6 @@ def recheck_table(source: SourceSide, target: LakeSide, current: SourceSide, che
     pending, check.pending = check.pending, {}
     exact = Ranges(HASH_BITS, tuple(sorted({h for h, _ in pending.values()})),
                    keys=tuple(k for _, k in pending.values()) if check.schema.key else None)
-    src, tgt = source.rows(check.schema, exact), target.rows(check.schema, exact)
+    src, tgt = both(lambda: source.rows(check.schema, exact), lambda: target.rows(check.schema, exact))
     judge(check, [r for r in src if r.ident in pending], [r for r in tgt if r.ident in pending], position,
           lambda exact: current.versions(check.schema, exact))
