@@ -55,7 +55,7 @@ class VerifyStore:
             " sampled = excluded.sampled, rows_source = excluded.rows_source, rows_target = excluded.rows_target,"
             " differences = excluded.differences, unsettled = excluded.unsettled, error = excluded.error,"
             " detail = excluded.detail",
-            {**result, "p": self.pipeline, "n": len(result["differences"]),
+            {**result, "p": self.pipeline, "n": len(result["differences"]) or result["differing_rows_not_listed"],
              "detail": json.dumps(result["differences"][:DETAIL_LIMIT])},
         )
 

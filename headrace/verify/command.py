@@ -95,7 +95,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(describe(r))
     if any(r["status"] == "error" for r in reports):
         return FAILED
-    if any(r["differences"] for r in reports):
+    if any(r["status"] == "different" for r in reports):
         return DIFFERENT
     return FAILED if any(r["unsettled"] for r in reports) else EQUAL
 
@@ -107,7 +107,7 @@ def _repair(config: Any, reports: list[dict[str, Any]]) -> None:
 
     client = ApiClient(config)
     for r in reports:
-        if not r["differences"]:
+        if r["status"] != "different":
             continue
         try:
             client.request("POST", client.table_path(r["table"], "resync"))
@@ -125,6 +125,9 @@ def describe(r: dict[str, Any]) -> str:
     counts = f"{r['rows_source']} source rows, {r['rows_target']} target rows at {r['position']}{share}"
     if r["status"] == "equal":
         return head + f"equal ({counts})"
+    if r["differing_rows_not_listed"]:
+        return head + (f"different: about {r['differing_rows_not_listed']} rows in differing ranges, too many to"
+                       f" list ({counts}): resync the table (--repair)")
     lines = [head + f"{len(r['differences'])} differences ({counts})"]
     for d in r["differences"][:SHOWN_PER_TABLE]:
         cols = f" columns {', '.join(d['columns'])}" if d["columns"] else ""

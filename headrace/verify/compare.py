@@ -36,7 +36,9 @@ LEAF_ROWS = 256  # a differing range at most this large is compared row by row
 RANGE_ROWS = 256
 MAX_FIRST_BITS = 18
 SPLIT_TO_ROWS = 16  # a differing range is split into ranges of about this many rows
-
+# Rows of differing ranges above which they are not read (a target far from its source, an empty
+# one): the table is reported as different with the count, not its keys; a resync is the cure.
+MAX_ROWS_COMPARED = 200_000
 
 
 class Progress:
@@ -82,10 +84,11 @@ class TableCheck:
     pending: dict[str, tuple[int, KeyTexts]] = field(default_factory=dict)
     position: int | None = None  # the first point's position
     error: str | None = None
+    unlisted: int = 0  # rows in differing ranges, when too many to read (MAX_ROWS_COMPARED)
 
     @property
-    def equal(self) -> bool:
-        return self.error is None and not self.differences and not self.pending
+    def differs(self) -> bool:
+        return bool(self.differences) or self.unlisted > 0
 
 
 def both(source: Callable[[], A], target: Callable[[], B]) -> tuple[A, B]:
@@ -131,6 +134,8 @@ def differing_leaves(source: SourceSide, target: LakeSide, check: TableCheck, sa
         bits = min(HASH_BITS, bits + more)
         src, tgt = _checksums(source, target, table, scope, bits)
         diff = _differing(src, tgt)
+    if diff and (rows := sum(max(src.get(r, (0, 0))[0], tgt.get(r, (0, 0))[0]) for r in diff)) > MAX_ROWS_COMPARED:
+        check.unlisted = rows
     return Ranges(bits, tuple(diff), sample) if diff else None
 
 
@@ -233,6 +238,8 @@ def compare_table(source: SourceSide, target: LakeSide, current: SourceSide, che
     """The first round for one table: every range (or the sampled share), at ``position``."""
     leaves = differing_leaves(source, target, check, sample, estimated_rows, progress)
     if leaves is None:
+        return
+    if check.unlisted:
         return
     progress.note(f"{check.table}: comparing the rows of {len(leaves.among or ())} ranges")
     src, tgt = both(lambda: source.rows(check.schema, leaves), lambda: target.rows(check.schema, leaves))

@@ -146,7 +146,7 @@ def report(check: TableCheck, sample: float) -> dict[str, Any]:
     """One table's result as ``--json`` prints it and state records it."""
     if check.error is not None:
         status = "error"
-    elif check.differences:
+    elif check.differs:
         status = "different"
     elif check.pending:
         status = "unsettled"
@@ -157,6 +157,7 @@ def report(check: TableCheck, sample: float) -> dict[str, Any]:
             "position_int": check.position, "sample": sample,
             "rows_source": check.rows_source, "rows_target": check.rows_target,
             "differences": [d.as_dict() for d in check.differences], "unsettled": len(check.pending),
+            "differing_rows_not_listed": check.unlisted,
             "error": check.error}
 
 

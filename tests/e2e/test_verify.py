@@ -20,6 +20,7 @@ import yaml
 from headrace.config import parse_config
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.throwaway import free_port
+from headrace.verify import compare
 from headrace.verify.compare import Progress
 from headrace.verify.run import VerifyOptions, report, verify
 from tests.e2e.helpers import assert_same, raw_config, running, wait_until, workload
@@ -143,7 +144,8 @@ def test_verify_under_load_reports_nothing_false(source_dsn: str, tmp_path: Path
                     ("public.bag", "equal", []), ("public.items", "equal", []), ("public.lines", "equal", [])]
 
 
-def test_verify_keyless_tables_as_multisets(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+def test_verify_keyless_tables_as_multisets(source_dsn: str, tmp_path: Path, spark: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
             CREATE TABLE bag (a int, b text);
@@ -174,3 +176,8 @@ def test_verify_keyless_tables_as_multisets(source_dsn: str, tmp_path: Path, spa
         assert found == [([7, None], 1, 0), ([8, "b"], 3, 6)]
         code, tables, err = _verify_cli(path, "--tables", "public.other", "--sample", "0.5")
         assert (code, [(t["table"], t["status"], t["sample"]) for t in tables]) == (0, [("public.other", "equal", 0.5)])
+        monkeypatch.setattr(compare, "MAX_ROWS_COMPARED", 1)  # as for a target far from its source
+        (check,) = verify(pipeline.config, VerifyOptions(tables=("public.bag",)), Progress())
+        shown = report(check, 1.0)
+        assert (shown["status"], shown["differences"]) == ("different", [])
+        assert shown["differing_rows_not_listed"] >= 7
