@@ -42,11 +42,13 @@ def source_snapshot(dsn: str) -> Iterator[tuple[psycopg.Connection[Any], int]]:
         conn.close()
 
 
-def _waiting_for(state: StateStore, rows: list[TableRow], position: int) -> dict[str, str]:
-    """Tables whose target does not yet hold everything committed before ``position``, and why."""
+def _waiting_for(state: StateStore, rows: list[TableRow], position: int) -> tuple[dict[int, str], set[int]]:
+    """Tables (oids) whose target does not yet hold everything committed before ``position``, and
+    why; and those of them that will not get there without the operator (paused, or failed with no
+    retry planned)."""
     captured = state.captured_lsn()
     if captured < position:
-        return {r.qualified_name: f"capture is at {format_lsn(captured)}" for r in rows}
+        return {r.oid: f"capture is at {format_lsn(captured)}" for r in rows}, set()
     pending = state.conn.execute(
         "SELECT l.table_oid, count(*) AS n FROM _headrace.log_index l"
         " LEFT JOIN _headrace.mat_cursor c ON c.pipeline = l.pipeline AND c.table_oid = l.table_oid"
@@ -54,23 +56,28 @@ def _waiting_for(state: StateStore, rows: list[TableRow], position: int) -> dict
         " GROUP BY l.table_oid", (state.pipeline, position)).fetchall()
     behind = {int(r["table_oid"]): int(r["n"]) for r in pending}
     current = {r.oid: r for r in state.tables()}
-    out = {}
+    out, stuck = {}, set()
     for row in rows:
         now = current.get(row.oid)
         if now is None:
-            out[row.qualified_name] = "no longer replicated"
+            out[row.oid] = "no longer replicated"
+            stuck.add(row.oid)
         elif now.state not in (TableState.STREAMING, TableState.CATCHUP):
-            out[row.qualified_name] = f"the table is {now.state.value}"
+            out[row.oid] = f"the table is {now.state.value}" + (f" ({now.error})" if now.error else "")
+            if now.state is TableState.PAUSED or now.waits_for_operator:
+                stuck.add(row.oid)
         elif behind.get(row.oid):
-            out[row.qualified_name] = f"{behind[row.oid]} staged files before it are not applied yet"
-    return out
+            out[row.oid] = f"{behind[row.oid]} staged files before it are not applied yet"
+    return out, stuck
 
 
-def wait_for_target(dsn: str, state: StateStore, rows: list[TableRow], position: int, seconds: float) -> None:
-    """Return once every table's target holds every change committed before ``position``.
+def wait_for_target(dsn: str, state: StateStore, rows: list[TableRow], position: int,
+                    seconds: float) -> dict[int, str]:
+    """Wait until each table's target holds every change committed before ``position``; return the
+    tables (oids) that did not within ``seconds``, each with a sentence saying why and what to do.
+    A table that cannot get there without the operator (paused, failed for good) is not waited for.
 
-    A heartbeat message moves capture past ``position`` even when the tables are idle. VerifyError
-    after ``seconds``, naming each table still behind and why.
+    A heartbeat message moves capture past ``position`` even when the tables are idle.
     """
     deadline = time.monotonic() + seconds
     beat = 0.0
@@ -79,13 +86,10 @@ def wait_for_target(dsn: str, state: StateStore, rows: list[TableRow], position:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 emit_heartbeat(conn)
             beat = time.monotonic() + 2.0
-        behind = _waiting_for(state, rows, position)
-        if not behind:
-            return
-        if time.monotonic() >= deadline:
-            reasons = "; ".join(f"{t}: {why}" for t, why in sorted(behind.items()))
-            raise VerifyError(
-                f"the target did not reach the source's position {format_lsn(position)} within {seconds:g} s"
-                f" ({reasons}): verify compares a running pipeline; start `headrace run`, resume paused"
-                " tables, or wait longer with --wait")
+        behind, stuck = _waiting_for(state, rows, position)
+        if set(behind) <= stuck or time.monotonic() >= deadline:
+            return {oid: (f"the target did not reach the source's position {format_lsn(position)}"
+                          f"{'' if oid in stuck else f' within {seconds:g} s'} ({why}): verify compares a running"
+                          " pipeline; start `headrace run`, resume the table, or wait longer with --wait")
+                    for oid, why in behind.items()}
         time.sleep(0.2)

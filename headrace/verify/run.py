@@ -103,17 +103,20 @@ def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[Tabl
                     checks[r.oid].error = f"{r.qualified_name}: {problem}"
                 else:
                     live.append(r)
-            wait_for_target(dsn, state, live, position, options.wait_seconds)
-            with pinned_target(config, [r.schema for r in live]) as target:
-                _first_round(checks, live, SourceSide(snap_conn), target, current, position, options, estimates,
-                             progress)
+            live = _reached(checks, live, wait_for_target(dsn, state, live, position, options.wait_seconds))
+            if live:
+                with pinned_target(config, [r.schema for r in live]) as target:
+                    _first_round(checks, live, SourceSide(snap_conn), target, current, position, options,
+                                 estimates, progress)
 
         deadline = time.monotonic() + options.settle_seconds
         while (busy := [r for r in live if checks[r.oid].pending and checks[r.oid].error is None]) \
                 and time.monotonic() < deadline:
             progress.note(f"{sum(len(checks[r.oid].pending) for r in busy)} rows changed while compared: again at a later point")
             with source_snapshot(dsn) as (snap_conn, position):
-                wait_for_target(dsn, state, busy, position, options.wait_seconds)
+                busy = _reached(checks, busy, wait_for_target(dsn, state, busy, position, options.wait_seconds))
+                if not busy:
+                    break
                 with pinned_target(config, [r.schema for r in busy]) as target:
                     source = SourceSide(snap_conn)
                     progress.note(f"comparing them again at {format_lsn(position)}")
@@ -122,6 +125,13 @@ def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[Tabl
                                  recheck_table(s, t, current, c, p))
             time.sleep(0.2)
     return [checks[r.oid] for r in rows]
+
+
+def _reached(checks: dict[int, TableCheck], rows: list[TableRow], behind: dict[int, str]) -> list[TableRow]:
+    """The tables whose target reached the point; the others get their reason as their error."""
+    for oid, why in behind.items():
+        checks[oid].error = f"{checks[oid].table}: {why}"
+    return [r for r in rows if r.oid not in behind]
 
 
 def _first_round(checks: dict[int, TableCheck], rows: list[TableRow], source: SourceSide, target: LakeSide,

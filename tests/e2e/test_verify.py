@@ -154,7 +154,8 @@ def test_verify_keyless_tables_as_multisets(source_dsn: str, tmp_path: Path, spa
             CREATE TABLE other (id int PRIMARY KEY);
             INSERT INTO other VALUES (1);
         """)
-    raw = raw_config(source_dsn, tmp_path, ["public.bag", "public.other"], "ducklake-sqlite")
+    raw = raw_config(source_dsn, tmp_path, ["public.bag", "public.other"], "ducklake-sqlite",
+                     api={"listen": f"127.0.0.1:{free_port()}"})
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(raw))
     pipeline = Pipeline(parse_config(raw), spark=spark)
@@ -176,6 +177,14 @@ def test_verify_keyless_tables_as_multisets(source_dsn: str, tmp_path: Path, spa
         assert found == [([7, None], 1, 0), ([8, "b"], 3, 6)]
         code, tables, err = _verify_cli(path, "--tables", "public.other", "--sample", "0.5")
         assert (code, [(t["table"], t["status"], t["sample"]) for t in tables]) == (0, [("public.other", "equal", 0.5)])
+        subprocess.run([sys.executable, "-m", "headrace.cli", "pause", "-c", str(path), "public.other"],
+                       check=True, capture_output=True, timeout=60)
+        wait_until(lambda: _verify_cli(path, "--tables", "other", "--wait", "1")[1][0]["status"] == "error", 30,
+                   "the pause")
+        code, tables, err = _verify_cli(path, "--tables", "bag", "other")  # not waiting --wait for a paused table
+        assert code == 2, err
+        assert [(t["table"], t["status"]) for t in tables] == [("public.bag", "different"), ("public.other", "error")]
+        assert "(the table is PAUSED): verify compares a running pipeline" in tables[1]["error"]
         monkeypatch.setattr(compare, "MAX_ROWS_COMPARED", 1)  # as for a target far from its source
         (check,) = verify(pipeline.config, VerifyOptions(tables=("public.bag",)), Progress())
         shown = report(check, 1.0)
