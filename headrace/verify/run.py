@@ -88,7 +88,10 @@ def verify(config: PipelineConfig, options: VerifyOptions, progress: Progress) -
         state.close()
 
 
-def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[TableRow], options: VerifyOptions, progress: Progress) -> list[TableCheck]:
+def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[TableRow], options: VerifyOptions,
+            progress: Progress) -> list[TableCheck]:
+    """The first round at one point, every table; then ``_settle``. One connection reads the source
+    in the snapshot, one reads it as it is now (tuple versions), one exports the snapshot for a moment."""
     checks = {r.oid: TableCheck(r.qualified_name, r.schema) for r in rows}
     with psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS) as now_conn:
         current = SourceSide(now_conn)
@@ -108,23 +111,29 @@ def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[Tabl
                 with pinned_target(config, [r.schema for r in live]) as target:
                     _first_round(checks, live, SourceSide(snap_conn), target, current, position, options,
                                  estimates, progress)
-
-        deadline = time.monotonic() + options.settle_seconds
-        while (busy := [r for r in live if checks[r.oid].pending and checks[r.oid].error is None]) \
-                and time.monotonic() < deadline:
-            progress.note(f"{sum(len(checks[r.oid].pending) for r in busy)} rows changed while compared: again at a later point")
-            with source_snapshot(dsn) as (snap_conn, position):
-                busy = _reached(checks, busy, wait_for_target(dsn, state, busy, position, options.wait_seconds))
-                if not busy:
-                    break
-                with pinned_target(config, [r.schema for r in busy]) as target:
-                    source = SourceSide(snap_conn)
-                    progress.note(f"comparing them again at {format_lsn(position)}")
-                    for r in busy:
-                        _guarded(checks[r.oid], lambda c=checks[r.oid], s=source, t=target, p=position:
-                                 recheck_table(s, t, current, c, p))
-            time.sleep(0.2)
+        _settle(config, dsn, state, current, checks, live, options, progress)
     return [checks[r.oid] for r in rows]
+
+
+def _settle(config: PipelineConfig, dsn: str, state: StateStore, current: SourceSide, checks: dict[int, TableCheck],
+            rows: list[TableRow], options: VerifyOptions, progress: Progress) -> None:
+    """Later rounds: the rows that changed while compared, again at new points, until they settle
+    or ``options.settle_seconds`` have passed."""
+    deadline = time.monotonic() + options.settle_seconds
+    while (busy := [r for r in rows if checks[r.oid].pending and checks[r.oid].error is None]) \
+            and time.monotonic() < deadline:
+        progress.note(f"{sum(len(checks[r.oid].pending) for r in busy)} rows changed while compared: again later")
+        with source_snapshot(dsn) as (snap_conn, position):
+            busy = _reached(checks, busy, wait_for_target(dsn, state, busy, position, options.wait_seconds))
+            if not busy:
+                return
+            with pinned_target(config, [r.schema for r in busy]) as target:
+                source = SourceSide(snap_conn)
+                progress.note(f"comparing them again at {format_lsn(position)}")
+                for r in busy:
+                    _guarded(checks[r.oid], lambda c=checks[r.oid], s=source, t=target, p=position:
+                             recheck_table(s, t, current, c, p))
+        time.sleep(0.2)
 
 
 def _reached(checks: dict[int, TableCheck], rows: list[TableRow], behind: dict[int, str]) -> list[TableRow]:
