@@ -262,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     from headrace.teardown_cli import add_commands as add_teardown_commands
 
     add_teardown_commands(sub)  # drop, reset
+    from headrace.verify.command import add_command as add_verify_command
+
+    add_verify_command(sub)
     return parser
 
 

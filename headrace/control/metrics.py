@@ -320,6 +320,27 @@ def _maintenance_gauges(tables: list[dict[str, Any]]) -> Iterator[Metric]:
     yield last
 
 
+def _verify_gauges(tables: list[dict[str, Any]]) -> Iterator[Metric]:
+    """The last ``headrace verify`` of each table, from ``_headrace.verify_results``."""
+    differences = GaugeMetricFamily("headrace_verify_differences",
+                                    "Differing keys the table's last verify found", labels=["table"])
+    equal = GaugeMetricFamily("headrace_verify_equal", "1 when the table's last verify found source and target"
+                              " equal, 0 when not (or it could not compare)", labels=["table"])
+    last = GaugeMetricFamily("headrace_verify_last_run_timestamp_seconds",
+                             "Unix time of the table's last verify", labels=["table"])
+    for t in tables:
+        v = t.get("verify")
+        if not v:
+            continue
+        differences.add_metric([t["table"]], float(v["differences"]))
+        equal.add_metric([t["table"]], 1.0 if v["status"] == "equal" else 0.0)
+        if v.get("checked_at"):
+            last.add_metric([t["table"]], datetime.fromisoformat(v["checked_at"]).timestamp())
+    yield differences
+    yield equal
+    yield last
+
+
 class _LiveCollector(Collector):
     """Positions, backlogs and states, read from the source and the state tables at scrape time."""
 
@@ -401,6 +422,7 @@ class _LiveCollector(Collector):
                 fams["headrace_apply_lag_seconds"].add_metric([name], float(t["lag_seconds"]))
         yield from fams.values()
         yield from _maintenance_gauges(status["tables"])
+        yield from _verify_gauges(status["tables"])
 
 
 class MeteredRun(RunView, Protocol):

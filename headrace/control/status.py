@@ -56,6 +56,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
         pending = state.log_index.pending_changes()
         progress = _copy_progress(config.source.state_dsn or dsn, config.name)
         maintained = _maintenance(config.source.state_dsn or dsn, config.name)
+        verified = _verify_results(config.source.state_dsn or dsn, config.name)
         tables = []
         for row in state.tables():
             caught_up = pending.get(row.oid, 0) == 0 and row.state.applies_changes
@@ -82,6 +83,7 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
                 "maintenance": maintained.get(row.oid),  # files, snapshots, bytes; last pass
                 # The last batch's lanes (build, apply) and why, as last recorded when they changed.
                 "lanes": row.lanes,
+                "verify": verified.get(row.oid),  # the last `headrace verify` of the table
             })
         return {
             "pipeline": config.name,
@@ -142,6 +144,23 @@ def _maintenance(dsn: str, pipeline: str) -> dict[int, dict[str, Any]]:
         store.close()
 
 
+def _verify_results(dsn: str, pipeline: str) -> dict[int, dict[str, Any]]:
+    """The last ``headrace verify`` result per table (``headrace.verify``)."""
+    from headrace.state.verify import VerifyStore
+
+    store = VerifyStore(dsn, pipeline)
+    try:
+        return store.all()
+    finally:
+        store.close()
+
+
+def _verify_line(v: dict[str, Any]) -> str:
+    what = {"equal": "equal", "different": f"{v['differences']} differences",
+            "unsettled": f"{v['unsettled']} rows kept changing", "error": f"could not compare: {v['error']}"}
+    return f"  verified {v['checked_at']}: {what.get(v['status'], v['status'])}"
+
+
 def _maintenance_line(m: dict[str, Any]) -> str:
     error = f"  last pass failed: {m['last_error']}" if m.get("last_error") else ""
     return (f"  files: data={m['data_files']} delete={m['delete_files']} snapshots={m['snapshots']} "
@@ -181,6 +200,8 @@ def format_status(status: dict[str, Any]) -> str:
                 lines.append(f"  {error_summary(t)}")
             if t.get("maintenance"):
                 lines.append(_maintenance_line(t["maintenance"]))
+            if t.get("verify"):
+                lines.append(_verify_line(t["verify"]))
             if t.get("target_name_mapped"):
                 lines.append(f"  {t['table']} is {t['target_table']} in the target (a name a file path cannot hold)")
     for r in status.get("refused_tables") or []:

@@ -1,0 +1,213 @@
+"""The two sides of a comparison, each computing its own checksums: PostgreSQL in a snapshot at a
+known position, and the lake through DuckDB at one pinned snapshot (DuckLake version, Iceberg
+metadata file). Only per-range aggregates leave each side, and the rows of ranges found to differ.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import psycopg
+from psycopg import sql
+
+from headrace.core.names import quote_ident
+from headrace.core.rows import HR_LSN
+from headrace.core.schema import TableSchema, TypeKind
+from headrace.verify import canon
+from headrace.verify.canon import HASH_BITS, Dialect
+
+Checksums = dict[int, tuple[int, int]]  # range number -> (rows, sum of row hashes)
+
+
+@dataclass(frozen=True)
+class RowImage:
+    """One row of a range that differs: its identity (key text), row hash and column texts;
+    ``tag`` is the source tuple's version (``tableoid:ctid:xmin``) or the target row's ``_hr_lsn``."""
+
+    ident: str
+    ident_hash: int
+    row_hash: int
+    values: tuple[str | None, ...]
+    tag: Any
+
+
+KeyTexts = tuple[str | None, ...]  # a key's columns as compared texts
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """Which rows a query covers: those whose identity hash's first ``bits`` bits are in ``among``
+    (every row when ``among`` is None), and with ``sample`` below 1 a fixed share of identities.
+    ``keys``: the keys of those rows, when known, so a side with an index on them looks them up."""
+
+    bits: int
+    among: tuple[int, ...] | None = None
+    sample: float = 1.0
+    keys: tuple[KeyTexts, ...] | None = None
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def key_literal(kind: TypeKind, text: str) -> str | None:
+    """PostgreSQL SQL for a key column's value from its compared text (None: no way back)."""
+    if kind in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
+        if not text.lstrip("-").isdigit():
+            return _literal(text)  # infinity, -infinity
+        epoch = "TIMESTAMPTZ 'epoch'" if kind is TypeKind.TIMESTAMPTZ else "TIMESTAMP 'epoch'"
+        return f"({epoch} + {int(text)} * interval '1 microsecond')"
+    if kind is TypeKind.BINARY:
+        return f"decode({_literal(text)}, 'hex')"
+    if kind is TypeKind.LIST:
+        return None
+    return _literal(text)  # PostgreSQL's own text, or a form its input takes (floats' 15e-1), coerced
+
+
+def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]) -> str:
+    """A FROM item of ``source`` (a table with its WHERE) with, per row, ``_v_ident`` (the identity's
+    text), ``_v_kh`` and ``_v_rh`` (identity and row hashes), ``_v_c<i>`` (the compared texts) and
+    ``_v_x<j>`` (``extras``). Each step is its own query level, in PostgreSQL fenced by ``OFFSET 0``
+    so it does not fold them and convert a value once per use."""
+    n = len(table.columns)
+    xs = [f"_v_x{j}" for j in range(len(extras))]
+    raw = [f"{canon.raw_text(c, dialect)} AS _v_r{i}" for i, c in enumerate(table.columns)]
+    raw += [f"{e} AS {x}" for e, x in zip(extras, xs, strict=True)]
+    middle = [f"{canon.middle_text(c, dialect, f'_v_r{i}')} AS _v_m{i}" for i, c in enumerate(table.columns)]
+    final = [f"{canon.final_text(c, dialect, f'_v_m{i}')} AS _v_c{i}" for i, c in enumerate(table.columns)]
+    names = table.column_names
+    ident = canon.joined([f"_v_c{names.index(c.name)}" for c in canon.identity_columns(table)], dialect)
+    row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
+    cs = [f"_v_c{i}" for i in range(n)]
+    fence = " OFFSET 0" if dialect == "postgres" else ""  # DuckDB computes each once anyway, in parallel
+    return (f"(SELECT _v_ident, {canon.hash60('_v_ident', dialect)} AS _v_kh, {canon.hash60('_v_row', dialect)} AS _v_rh,"
+            f" {', '.join(cs + xs)} FROM"
+            f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM"
+            f" (SELECT {', '.join(final + xs)} FROM"
+            f" (SELECT {', '.join(middle + xs)} FROM"
+            f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) m{fence}) c{fence}) j)")
+
+
+def int_list(values: list[int] | tuple[int, ...], dialect: Dialect) -> str:
+    """A literal list of integers (inlined: no placeholders, so ``%`` in the SQL stays itself)."""
+    items = ", ".join(str(int(v)) for v in values)
+    return f"ARRAY[{items}]::bigint[]" if dialect == "postgres" else f"[{items}]::BIGINT[]"
+
+
+def _filters(ranges: Ranges, dialect: Dialect) -> str:
+    where = ["true"]
+    if ranges.sample < 1.0:
+        where.append(f"_v_kh % 1000000 < {int(ranges.sample * 1_000_000)}")
+    if ranges.among is not None:
+        shift = HASH_BITS - ranges.bits
+        where.append(f"list_contains({int_list(ranges.among, dialect)}, _v_kh >> {shift})" if dialect == "duckdb"
+                     else f"(_v_kh >> {shift}) = ANY({int_list(ranges.among, dialect)})")
+    return " AND ".join(where)
+
+
+class Side(ABC):
+    """What a comparison asks of each side."""
+
+    dialect: Dialect
+
+    @abstractmethod
+    def relation(self, table: TableSchema) -> str:
+        """The FROM item that reads ``table`` at this side's point."""
+
+    @abstractmethod
+    def extra_columns(self) -> list[str]:
+        """The columns that give each row's ``RowImage.tag``."""
+
+    @abstractmethod
+    def fetch(self, query: str) -> list[tuple[Any, ...]]:
+        """Run ``query`` at this side's point."""
+
+    def key_filter(self, table: TableSchema, ranges: Ranges) -> str:
+        """A WHERE clause on the table itself that finds ``ranges.keys`` by index ("": none)."""
+        return ""
+
+    def checksums(self, table: TableSchema, ranges: Ranges, bits: int) -> Checksums:
+        """Rows and hash sums per range of ``bits`` bits, over the rows ``ranges`` covers."""
+        where = _filters(ranges, self.dialect)
+        rows = _layers(table, self.dialect, self.relation(table), [])
+        query = f"SELECT _v_kh >> {HASH_BITS - bits} AS r, count(*), sum(_v_rh) FROM {rows} v WHERE {where} GROUP BY 1"
+        return {int(r): (int(n), int(s)) for r, n, s in self.fetch(query)}
+
+    def rows(self, table: TableSchema, ranges: Ranges) -> list[RowImage]:
+        """The rows ``ranges`` covers, with their column texts."""
+        where = _filters(ranges, self.dialect)
+        cols = ", ".join(f"_v_c{i}" for i in range(len(table.columns)))
+        extra = self.extra_columns()
+        rows = _layers(table, self.dialect, self.relation(table) + self.key_filter(table, ranges), extra)
+        tags = ", ".join(f"_v_x{i}" for i in range(len(extra)))
+        query = f"SELECT _v_ident, _v_kh, _v_rh, {tags}, {cols} FROM {rows} v WHERE {where}"
+        out = []
+        n = len(extra)
+        for r in self.fetch(query):
+            tag = r[3] if n == 1 else ":".join(str(x) for x in r[3:3 + n])
+            out.append(RowImage(r[0], int(r[1]), int(r[2]), tuple(r[3 + n:]), tag))
+        return out
+
+
+class SourceSide(Side):
+    """PostgreSQL in one REPEATABLE READ transaction that imported an exported snapshot."""
+
+    dialect: Dialect = "postgres"
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def relation(self, table: TableSchema) -> str:
+        return f"{quote_ident(table.schema)}.{quote_ident(table.name)}"
+
+    def extra_columns(self) -> list[str]:
+        return ["tableoid::bigint", "ctid::text", "xmin::text"]
+
+    def fetch(self, query: str) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql.SQL(query)).fetchall()  # type: ignore[arg-type]
+
+    def key_filter(self, table: TableSchema, ranges: Ranges) -> str:
+        if not ranges.keys or not table.key:
+            return ""
+        kinds = [table.column(k).type.kind for k in table.key]
+        rows = []
+        for key in ranges.keys:
+            values = [key_literal(kind, text) if text is not None else None for kind, text in zip(kinds, key, strict=True)]
+            if any(v is None for v in values):
+                return ""  # a key no literal gives back: found by hash alone
+            rows.append(f"({', '.join(v for v in values if v is not None)})")
+        columns = ", ".join(quote_ident(k) for k in table.key)
+        return f" WHERE ({columns}) IN ({', '.join(rows)})"
+
+    def versions(self, table: TableSchema, ranges: Ranges) -> dict[str, set[str]]:
+        """Identity text -> the tuple versions holding it now (a fresh read outside the snapshot) of the
+        identities ``ranges`` names (by their whole hash, and their keys when known)."""
+        version = "tableoid::bigint || ':' || ctid::text || ':' || xmin::text"
+        rows = _layers(table, "postgres", self.relation(table) + self.key_filter(table, ranges), [version])
+        query = f"SELECT _v_ident, _v_x0 FROM {rows} v WHERE {_filters(ranges, 'postgres')}"
+        now: dict[str, set[str]] = {}
+        for ident_text, version in self.fetch(query):
+            now.setdefault(ident_text, set()).add(version)
+        return now
+
+
+class LakeSide(Side):
+    """The target through DuckDB: ``relations`` maps a table's oid to its pinned FROM item."""
+
+    dialect: Dialect = "duckdb"
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, relations: dict[int, str]) -> None:
+        self.con = con
+        self.relations = relations
+
+    def relation(self, table: TableSchema) -> str:
+        return self.relations[table.oid]
+
+    def extra_columns(self) -> list[str]:
+        return [HR_LSN]
+
+    def fetch(self, query: str) -> list[tuple[Any, ...]]:
+        return self.con.execute(query).fetchall()
