@@ -299,14 +299,31 @@ def capture_while(config: PipelineConfig, dsn: str, work: list[str], pause: floa
         state.close()
 
 
+# A copy session the source counts as held: in a statement or a transaction, or idle after a
+# statement of the copy's own (a session just opened, its settings made). Not held: one idle after its
+# ROLLBACK (released: the backend takes a while to see the close and exit, 20-30 ms on a loaded
+# machine), nor the short connection ADBC's driver opens and closes before each session to read the
+# server's type catalog (seen exiting, idle after a catalog query, the count went one over).
+# (Its % are doubled: the queries it goes into take parameters.)
+HELD = ("NOT (state = 'idle' AND (query = 'ROLLBACK' OR query NOT LIKE ALL (ARRAY['SET %%', 'BEGIN%%', 'COPY %%'])))"
+        " AND state IS NOT NULL")
+
+
+class Samples(list[int]):
+    """Counts sampled over time; ``sessions``: the copy's sessions as the source saw them at the highest."""
+
+    sessions: list[Any] | None = None
+    highest = 0
+
+
 @contextlib.contextmanager
-def copy_connections(source_dsn: str) -> Iterator[list[int]]:
+def copy_connections(source_dsn: str) -> Iterator[Samples]:
     """While the block runs, sample every 5 ms the source connections a copy holds: its chunk reads
     and the session holding its exported snapshot. A read closes its connection right after its
     ROLLBACK and the backend takes a while to exit (shown idle after that ROLLBACK): released, not
     held, so not counted."""
     dbname = psycopg.conninfo.conninfo_to_dict(source_dsn)["dbname"]
-    seen: list[int] = []
+    seen = Samples()
     done = threading.Event()
 
     def sample() -> None:
@@ -314,9 +331,15 @@ def copy_connections(source_dsn: str) -> Iterator[list[int]]:
             while not done.is_set():
                 seen.append(conn.execute(
                     "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
-                    " AND NOT (state = 'idle' AND query = 'ROLLBACK')) + (SELECT count(*) FROM"
+                    f" AND {HELD}) + (SELECT count(*) FROM"
                     " pg_replication_slots WHERE database = %s AND slot_name LIKE %s AND active)",
                     (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()[0])  # type: ignore[index]
+                if seen[-1] > seen.highest and seen[-1] >= 3:
+                    seen.highest = seen[-1]
+                    # What the connections were doing at the highest count yet, for a failure's message.
+                    seen.sessions = conn.execute(
+                        "SELECT pid, state, left(query, 50), now() - state_change FROM pg_stat_activity"
+                        " WHERE datname = %s AND application_name = %s", (dbname, APPLICATION_NAME)).fetchall()
                 done.wait(0.005)
 
     sampler = threading.Thread(target=sample)

@@ -182,7 +182,7 @@ def test_a_big_table_copies_in_overlapping_jobs_within_max_connections(
     (table,) = pipeline_status(config)["tables"]
     assert table["snapshot"]["chunks_total"] >= 3 * 2 * CHUNKS_PER_TASK  # 3+ groups of 2 tasks' chunks
     assert len(progress) == -(-table["snapshot"]["chunks_total"] // (2 * CHUNKS_PER_TASK))
-    assert max(seen) <= 3, f"the copy held {max(seen)} source connections with max_connections 3"
+    assert max(seen) <= 3, f"the copy held {max(seen)} source connections with max_connections 3: {seen.sessions}"
     assert assert_same(pipeline, source_dsn, "public.wide") == 600
     copies = Path(config.target.settings.data_path) / SNAPSHOT_FOLDER  # type: ignore[union-attr]
     assert not [f for f in copies.rglob("*") if f.is_file()], "copied-in files left behind"

@@ -20,7 +20,7 @@ from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
 from headrace.targets.ducklake.files import SNAPSHOT_FOLDER
 from headrace.targets.ducklake.types import cast_out
-from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.helpers import HELD, assert_same, make_config
 from tests.e2e.test_copy_on_driver import create_cell_table
 from tests.e2e.test_pipeline import run_caught_up
 from tests.e2e.test_type_matrix import _arrow_values, _source
@@ -144,7 +144,7 @@ def test_small_tables_copy_within_max_connections(source_dsn: str, tmp_path: Pat
                     # that ROLLBACK. With reads no longer a Spark job apart, the sampler saw one beside
                     # the next read: a connection released, not held, so not counted.
                     "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
-                    " AND NOT (state = 'idle' AND query = 'ROLLBACK')),"
+                    f" AND {HELD}),"
                     " (SELECT count(*) FROM pg_replication_slots WHERE database = %s AND slot_name LIKE %s"
                     " AND active)", (dbname, APPLICATION_NAME, dbname, "%\\_copy")).fetchone()  # type: ignore[misc]
                 seen.append(n_reads + n_snapshot)
