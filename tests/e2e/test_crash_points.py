@@ -69,9 +69,11 @@ def _workload(dsn: str, stop: threading.Event, seed: int) -> None:
             time.sleep(0.03)
 
 
-# The Spark lane (engine: spark) at the points where the lanes differ: a batch's commit, a copy's group.
+# The Spark lane (engine: spark) at a batch's commit, where the lanes differ most. A copy group killed
+# on the Spark lane (snapshot.after_chunk with engine: spark) passed too, and is left out for the
+# suite's time (36 s).
 @pytest.mark.parametrize(("point", "engine"), [(p, "auto") for p in POINTS]
-                         + [("apply.after_target_commit", "spark"), ("snapshot.after_chunk", "spark")])
+                         + [("apply.after_target_commit", "spark")])
 def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp_path: Path, spark: Any) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
