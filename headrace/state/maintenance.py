@@ -5,10 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row
-
 from headrace.core.maintenance import TableFiles
+from headrace.state.own_table import OwnTableStore
 
 DDL = """
 CREATE TABLE IF NOT EXISTS _headrace.maintenance (
@@ -26,17 +24,10 @@ CREATE TABLE IF NOT EXISTS _headrace.maintenance (
 """
 
 
-class MaintenanceStore:
+class MaintenanceStore(OwnTableStore):
     """Reads and writes ``_headrace.maintenance`` for one pipeline."""
 
-    def __init__(self, dsn: str, pipeline: str) -> None:
-        self.pipeline = pipeline
-        self.conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
-        self.conn.execute("CREATE SCHEMA IF NOT EXISTS _headrace")
-        self.conn.execute(DDL)
-
-    def close(self) -> None:
-        self.conn.close()
+    DDL = DDL
 
     def record(self, oid: int, files: TableFiles | None, ran: bool, error: str | None = None) -> None:
         """Store a measurement; ``ran``: a maintenance pass finished (or failed, with ``error``)."""

@@ -6,8 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row
+from headrace.state.own_table import OwnTableStore
 
 DDL = """
 CREATE TABLE IF NOT EXISTS _headrace.verify_results (
@@ -31,17 +30,10 @@ CREATE TABLE IF NOT EXISTS _headrace.verify_results (
 DETAIL_LIMIT = 100  # differences kept per table (the count is always whole)
 
 
-class VerifyStore:
+class VerifyStore(OwnTableStore):
     """Reads and writes ``_headrace.verify_results`` for one pipeline."""
 
-    def __init__(self, dsn: str, pipeline: str) -> None:
-        self.pipeline = pipeline
-        self.conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
-        self.conn.execute("CREATE SCHEMA IF NOT EXISTS _headrace")
-        self.conn.execute(DDL)
-
-    def close(self) -> None:
-        self.conn.close()
+    DDL = DDL
 
     def record(self, result: dict[str, Any]) -> None:
         """Store one table's result (``TableReport.as_dict``'s shape), replacing the last."""
