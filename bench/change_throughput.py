@@ -139,7 +139,7 @@ def main() -> int:
         )
         config = parse_config({
             "name": "bench", "source": {"dsn": dsn, "tables": ["public.bench_items", "public.bench_probe"]},
-            "target": target, "staging": {"path": str(work / "staging"), "flush_seconds": 1.0},
+            "target": target, "staging": {"path": str(work / "staging")},
             "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[2]"},
         })
         pipeline = Pipeline(config)

@@ -92,7 +92,7 @@ def one_run(dsn: str, work: Path, target_kind: str, concurrency: int, seconds: f
     )
     config = parse_config({
         "name": f"conc{concurrency}", "source": {"dsn": dsn, "tables": [f"public.{t}" for t in TABLES]},
-        "target": target, "staging": {"path": str(work / "staging"), "flush_seconds": 1.0},
+        "target": target, "staging": {"path": str(work / "staging")},
         "apply": {"idle_sleep_seconds": 0.1, "concurrency": concurrency}, "spark": {"master": "local[2]"},
     })
     pipeline = Pipeline(config)

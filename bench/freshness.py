@@ -132,7 +132,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     if kind == "iceberg" and args.iceberg_cow_below is not None:
         target = {"iceberg": {**target_config(kind, work)["iceberg"], "copy_on_write_below_rows": args.iceberg_cow_below}}
     config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind,
-                          staging={"flush_seconds": args.flush_seconds}, apply=apply, target=target)
+                          staging=({} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}), apply=apply, target=target)
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     try:
@@ -159,7 +159,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
               if d is not None and c.at - load_started >= args.warmup]
     seen = sorted(d for _, d in series)
     result: dict[str, Any] = {
-        "target": kind, "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds,
+        "target": kind, "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds or "default",
         "ready_s": round(ready, 1), "transactions": len(commits), "changes": sum(c.changes for c in commits),
         "rate_offered": round(sum(c.changes for c in commits) / args.seconds),
         "samples": len(seen), "not_applied": len(measured) - len(seen),
@@ -205,7 +205,7 @@ def main() -> int:
     ap.add_argument("--txn-changes", type=int, default=10, help="changes per transaction")
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
-    ap.add_argument("--flush-seconds", type=float, default=1.0, help="staging.flush_seconds")
+    ap.add_argument("--flush-seconds", type=float, default=None, help="staging.flush_seconds (unset: the default)")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")
     ap.add_argument("--iceberg-cow-below", type=int, help="target.iceberg.copy_on_write_below_rows (0: every"

@@ -101,7 +101,7 @@ def pipeline_config(server: ThrowawayMariaDB, state_dsn: str, work: Path, name: 
         "source": {"dsn": server.dsn_for(DATABASE), "state_dsn": state_dsn, "tables": [f"{DATABASE}.{TABLE}"],
                    "server_id": 1000 + connections},
         "target": {"ducklake": {"catalog": str(folder / "meta.ducklake"), "data_path": str(folder / "data")}},
-        "staging": {"path": str(folder / "staging"), "flush_seconds": 1.0},
+        "staging": {"path": str(folder / "staging")},
         "apply": {"idle_sleep_seconds": 0.1},
         "snapshot": {"max_connections": connections},
         "spark": {"master": "local[2]"},

@@ -60,7 +60,7 @@ def run_pgbench(server: ThrowawayPostgres, kind: str, args: argparse.Namespace) 
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
     config = write_config(work, name, server.dsn, {"tables": TABLES}, kind,
-                          staging={"flush_seconds": args.flush_seconds})
+                          staging=({} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}))
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     slot = f"headrace_{name}"
@@ -96,7 +96,7 @@ def run_pgbench(server: ThrowawayPostgres, kind: str, args: argparse.Namespace) 
     return {
         "target": kind, "mode": "pgbench", "scale": args.pgbench_scale, "clients": args.pgbench_clients,
         "rate_limit_tps": args.pgbench_rate,
-        "seconds": seconds, "flush_seconds": args.flush_seconds, "ready_s": round(ready, 1),
+        "seconds": seconds, "flush_seconds": args.flush_seconds or "default", "ready_s": round(ready, 1),
         "tps": round(float(tps.group(1))) if tps else None,
         "lag_mib_peak_first_half": round(max(first, default=0.0), 1),
         "lag_mib_peak_second_half": round(max((s["slot_lag_mib"] for s in second), default=0.0), 1),

@@ -84,7 +84,7 @@ def run_one(server: ThrowawayPostgres, kind: str, rows: int, args: argparse.Name
     name = f"size_{kind}_{rows}"
     work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
     config = write_config(work, name, server.dsn, {"tables": ["public.sized"]}, kind,
-                          staging={"flush_seconds": args.flush_seconds})
+                          staging=({} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}))
     if args.driver_key_rows is not None:
         raw = yaml.safe_load(config.read_text())
         raw["target"][kind]["driver_key_rows"] = args.driver_key_rows
@@ -148,7 +148,7 @@ def main() -> int:
     ap.add_argument("--targets", default="iceberg,ducklake")
     ap.add_argument("--burst", type=int, default=25_000)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--flush-seconds", type=float, default=1.0, help="staging.flush_seconds")
+    ap.add_argument("--flush-seconds", type=float, default=None, help="staging.flush_seconds (unset: the default)")
     ap.add_argument("--driver-key-rows", type=int, default=None,
                     help="target.<iceberg|ducklake>.driver_key_rows (default: headrace's, 20M)")
     ap.add_argument("--json", default=str(ROOT / "docs" / "table_size.json"))

@@ -57,7 +57,11 @@ class StagingConfig(_Frozen):
         " hands the next flush over: fewer, larger files under load, the same small ones when quiet; unset:"
         " 4 x flush_rows (at most a quarter of max_pending_rows when that is set)"
     )
-    flush_seconds: float = Field(2.0, gt=0, description="flush at most this long after the first change")
+    flush_seconds: float = Field(
+        1.0, gt=0, description="the longest a buffered change waits for its flush while the flusher is free;"
+        " a flush comes sooner, once the buffered changes are twice as old as the last flush took to write"
+        " (at least 0.05 s): a quiet stream's changes are staged at once, a busy stream's in larger files"
+        " (capture/flusher.py, Flusher.linger)")
     heartbeat_seconds: float = Field(
         10.0, gt=0, description="when idle, emit a heartbeat so the slot advances past others' WAL"
     )

@@ -95,7 +95,7 @@ def run_demo(output: str = "demo-output", target: str = "iceberg", seconds: floa
             "name": "demo",
             "source": {"dsn": pg.dsn, "tables": TABLES},
             "target": target_cfg,
-            "staging": {"path": str(out / "staging"), "flush_seconds": 1.0},
+            "staging": {"path": str(out / "staging")},
             "spark": {"master": "local[2]"},
         }
         (out / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

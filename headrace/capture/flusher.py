@@ -24,6 +24,7 @@ server does not time the connection out).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from headrace.capture.buffer import TableBuffer
 from headrace.log.index import StagedFile
 
 KEEP_ALIVE_S = 1.0  # while capture waits for the flusher, confirm this often (wal_sender_timeout)
+MIN_LINGER_S = 0.05  # the shortest wait before a flush (``Flusher.linger``): transactions arriving together share it
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Flusher:
         self._spilled: list[StagedFile] = []  # written by spill jobs, registered with the next flush
         self.halt = threading.Event()  # ends a wait for staging space: the attempt is over
         self.error: BaseException | None = None  # what failed; later jobs are dropped
+        self.last_seconds = 0.0  # how long the last flush took to write and register (``linger``)
         self._thread = threading.Thread(target=self._run, name="capture-flush", daemon=True)
         self._thread.start()
 
@@ -73,6 +76,16 @@ class Flusher:
         """Nothing waits or is being written: a flush handed over now starts at once."""
         with self._cond:
             return not self._jobs and not self._busy
+
+    def linger(self, longest: float) -> float:
+        """How old buffered changes get before a flush while this thread is free: twice what the
+        last flush took (at least ``MIN_LINGER_S``), at most ``longest`` (``staging.flush_seconds``).
+
+        A quiet stream's flushes are cheap, so its changes leave at once; under load each flush
+        writes more and costs more, so the next one waits longer and is larger: the flusher spends
+        at most about a third of its time flushing, and the files grow with the load by themselves.
+        """
+        return min(longest, max(MIN_LINGER_S, 2 * self.last_seconds))
 
     def check(self) -> None:
         """Raise what made a flush fail (capture's thread: the attempt ends there)."""
@@ -127,9 +140,12 @@ class Flusher:
                     self._cond.notify_all()
 
     def _flush(self, job: FlushJob) -> None:
+        started = time.monotonic()
         files = self._write(job.buffers) if job.buffers else []
         if job.end_lsn is None:
             self._spilled += files
             return
         files, self._spilled = self._spilled + files, []
         self._register(files, job.end_lsn)
+        if job.buffers:  # an empty job only moves the position (an idle stream's acknowledgement)
+            self.last_seconds = time.monotonic() - started

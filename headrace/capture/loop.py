@@ -284,7 +284,7 @@ class Capture:
                 due = rows > 0 and (
                     self._full(buffers, spilled_rows, idle)
                     or (idle and first_change_at is not None
-                        and time.monotonic() - first_change_at >= policy.flush_seconds)
+                        and time.monotonic() - first_change_at >= flusher.linger(policy.flush_seconds))
                     or stop.is_set()
                 )
                 idle_ack = rows == 0 and pending_end > self._submitted and (

@@ -248,9 +248,10 @@ class ReplicationStream:
     def read(self, max_messages: int, timeout: float) -> list[tuple[int, Event | bytes]]:
         """Up to ``max_messages`` events with their message's data_start LSN, waiting up to ``timeout`` s.
 
-        Returns when ``max_messages`` are read or ``timeout`` has passed, whichever comes first
-        (possibly with an empty list): messages already buffered are drained without sleeping,
-        and the process only sleeps in ``select`` when nothing is buffered.
+        Returns when ``max_messages`` are read, when messages were read and no more are buffered
+        (a quiet stream's change reaches capture at once, not at the end of ``timeout``), or when
+        ``timeout`` has passed with none (an empty list); the process only sleeps in ``select``
+        while it has read nothing.
         """
         events: list[tuple[int, Event | bytes]] = []
         append = events.append
@@ -278,7 +279,7 @@ class ReplicationStream:
                         append((msg.data_start, event))
                     continue
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or events:
                     break
                 # Wake for the next status update even if the server stays silent.
                 select.select([self._fd], [], [], min(remaining, self._status_interval))

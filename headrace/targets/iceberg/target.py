@@ -64,6 +64,11 @@ TABLE_PROPERTIES = {
     # files, 130 at 130) and its cost grew with every batch until compaction. Readers (DuckDB,
     # pyiceberg, Spark) apply either kind; compaction (``maintenance``) removes both.
     "write.delete.granularity": "partition",
+    # Every commit writes a new metadata file and by default keeps the old ones: a table committed
+    # each second (the freshness the defaults give) piled up one per commit, each listing every
+    # snapshot. Iceberg (Java and pyiceberg) deletes the oldest after each commit beyond this many.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "20",
 }
 
 
