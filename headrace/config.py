@@ -143,6 +143,13 @@ class ApplyConfig(_Frozen):
         " staged file); unset: driver_batch_rows (a backlog then drains as a row of driver batches beside"
         " capture, not as Spark batches of everything staged)")
 
+    consistency: Literal["table", "transaction"] = Field(
+        "table", description="table: each table's batches become visible on their own (the freshest); transaction:"
+        " the streaming tables' batches up to one common point of the source's log (a flush's end: whole source"
+        " transactions) commit together in one target transaction, so a source transaction that wrote several"
+        " tables becomes visible in all of them at once (DuckLake only: Iceberg's Hadoop and JDBC catalogs"
+        " commit one table at a time). Tables still copying or catching up apply on their own until they stream")
+
     def batch_rows(self, caps_batches: bool) -> int | None:
         """``max_batch_rows``, or when unset ``driver_batch_rows`` for a target that ``caps_batches``
         (None: no cap)."""
@@ -283,6 +290,13 @@ class PipelineConfig(_Frozen):
         if not _NAME_RE.match(name):
             raise ValueError("name must be lowercase letters, digits and _, starting with a letter (≤41 chars)")
         return name
+
+    @model_validator(mode="after")
+    def _consistency_supported(self) -> PipelineConfig:
+        if self.apply.consistency == "transaction" and self.target.kind != "ducklake":
+            raise ValueError(f"apply.consistency: transaction is not possible with target.{self.target.kind}: its"
+                             " catalog commits one table at a time; use a DuckLake target, or consistency: table")
+        return self
 
     @model_validator(mode="after")
     def _renames_supported(self) -> PipelineConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from headrace.core.filesink import FileSink, WrittenFile
@@ -54,6 +55,9 @@ class Target(ABC):
     # rows (a backlog then drains as a row of driver batches beside capture); False: no cap (a MERGE's
     # fixed cost is better spread over large batches).
     caps_batches: bool = False
+    # True when batches of several tables can commit in one transaction (``cut``):
+    # ``apply.consistency: transaction``.
+    commits_across_tables: bool = False
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:
@@ -102,6 +106,12 @@ class Target(ABC):
         ``log_offset`` is the staged-log offset this batch reaches: a target that can commit it
         with the data (``stores_cursor``) does so, and returns it from ``read_cursor``.
         """
+
+    def cut(self) -> AbstractContextManager[None]:
+        """A block whose batches (``apply_batch``, ``apply_arrow_batch`` on this thread) commit together
+        when it ends, in one transaction with their cursors, or not at all (an error in the block: none
+        is committed). Only targets with ``commits_across_tables`` implement it."""
+        raise NotImplementedError(f"target {self.name} commits one table at a time")
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
                           log_offset: int) -> LaneChoice:

@@ -121,14 +121,27 @@ class LogIndex:
         return {r["path"] for r in rows.fetchall()}
 
     # -- reading --------------------------------------------------------------------------------
-    def entries(self, oid: int, after: int, limit: int) -> list[LogEntry]:
-        """The table's first ``limit`` entries after offset ``after``, oldest first."""
+    def entries(self, oid: int, after: int, limit: int, through: int | None = None) -> list[LogEntry]:
+        """The table's first ``limit`` entries after offset ``after`` (and at most ``through``), oldest first."""
         rows = self.conn.execute(
             "SELECT * FROM _headrace.log_index WHERE pipeline = %s AND table_oid = %s AND log_offset > %s"
-            " ORDER BY log_offset LIMIT %s",
-            (self.pipeline, oid, after, limit),
+            " AND (%s::bigint IS NULL OR log_offset <= %s::bigint) ORDER BY log_offset LIMIT %s",
+            (self.pipeline, oid, after, through, through, limit),
         ).fetchall()
         return [_entry(r) for r in rows]
+
+    def flush_bounds(self, offset: int) -> tuple[int, int]:
+        """The first and last offsets of the flush that registered ``offset``: one registering
+        transaction, so one ``created_at`` (its ``now()``). Whole flushes hold whole source
+        transactions, so every table's entries up to a flush's last offset are a consistent cut."""
+        row = self.conn.execute(
+            "SELECT min(log_offset) AS lo, max(log_offset) AS hi FROM _headrace.log_index WHERE pipeline = %s"
+            " AND created_at = (SELECT created_at FROM _headrace.log_index WHERE pipeline = %s AND log_offset = %s)",
+            (self.pipeline, self.pipeline, offset),
+        ).fetchone()
+        if row is None or row["lo"] is None:
+            return offset, offset
+        return int(row["lo"]), int(row["hi"])
 
     def entries_through(self, oid: int, through: int, count: int) -> list[LogEntry]:
         """The last ``count`` entries of the table at or below offset ``through``, oldest first."""

@@ -111,10 +111,11 @@ def current_cursor(state: StateStore, target: Target, row: TableRow, cache: Curs
 
 
 def next_batch(state: StateStore, row: TableRow, cursor: int, max_files: int,
-               max_rows: int | None = None) -> list[LogEntry]:
-    """Consecutive entries after ``cursor`` that share one schema, at most ``max_files`` of them
-    and, with ``max_rows``, no more staged rows than that (but always the first entry)."""
-    entries = state.log_index.entries(row.oid, cursor, max_files)
+               max_rows: int | None = None, through: int | None = None) -> list[LogEntry]:
+    """Consecutive entries after ``cursor`` (up to offset ``through``, a cut) that share one schema,
+    at most ``max_files`` of them and, with ``max_rows``, no more staged rows than that (but always
+    the first entry)."""
+    entries = state.log_index.entries(row.oid, cursor, max_files, through)
     if not entries:
         return []
     first = entries[0].schema
@@ -148,16 +149,17 @@ class PlannedBatch:
 def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
                policy: SchemaChangesConfig | None = None, values: ValuesConfig | None = None,
                cursors: CursorCache | None = None, driver_rows: int = DRIVER_BATCH_ROWS,
-               max_rows: int | None = None, engine: Engine = "auto") -> PlannedBatch | None:
+               max_rows: int | None = None, engine: Engine = "auto", through: int | None = None) -> PlannedBatch | None:
     """The table's next batch, or None when it is caught up with the staged log. Touches the state
     store and runs the schema change DDL, so it runs where the state store's connection lives (the
     run loop's thread); ``execute_batch`` may then run on another thread. ``driver_rows`` is
     ``apply.driver_batch_rows`` and ``engine`` the pipeline's (``lanes.batch_build_lane``); ``max_rows``
     ``apply.max_batch_rows``, the most staged rows a keyed table's batch takes (a keyless table's
-    goes through Spark whatever its size: not capped)."""
+    goes through Spark whatever its size: not capped); ``through``: no entry past this offset (a cut,
+    ``consistency``)."""
     cursor = current_cursor(state, target, row, cursors)
     tail = state.log_index.last_offset(row.oid)
-    entries = next_batch(state, row, cursor, max_files, max_rows if row.schema.key else None)
+    entries = next_batch(state, row, cursor, max_files, max_rows if row.schema.key else None, through)
     if not entries:
         return None
     started = time.monotonic()

@@ -38,6 +38,7 @@ from headrace.materialize.apply import (
     plan_batch,
 )
 from headrace.materialize.initial_copy import FailHandler
+from headrace.run.cuts import cut_offset
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import RunObserver
 from headrace.run.outage import OutageWatch
@@ -62,8 +63,9 @@ class RunStats:
 @dataclass(frozen=True)
 class _InFlight:
     planned: PlannedBatch
-    future: Future[Executed]
+    future: Future[list[Executed]]  # a cut's batches (``consistency: transaction``), or this one alone
     captured_lsn: int  # capture's position when the batch was planned (for the STREAMING transition)
+    index: int = 0  # this batch's place in what the future gives
 
 
 class ApplyPass:
@@ -112,8 +114,11 @@ class ApplyPass:
         tails = state.log_index.tails()
         self.settled = all(r.state in (TableState.STREAMING, TableState.PAUSED) for r in rows)
         limit = self.config.apply.concurrency
+        cut = set[int]()
+        if self.config.apply.consistency == "transaction":
+            cut = self._dispatch_cut(spark, state, target, rows, tails, captured_lsn)
         for row in sorted(rows, key=lambda r: self._dispatched.get(r.oid, 0)):
-            if row.oid in self._in_flight:
+            if row.oid in self._in_flight or row.oid in cut:
                 continue  # one batch per table: the next is planned once this one is harvested
             retry = retry_apply(row, now)
             if not (row.state.applies_changes or retry):
@@ -146,12 +151,50 @@ class ApplyPass:
         return did_work
 
     def _dispatch(self, spark: SparkSession, target: Target, planned: PlannedBatch, captured_lsn: int) -> None:
+        self._submit(spark, target, [planned], captured_lsn)
+
+    def _submit(self, spark: SparkSession, target: Target, batches: list[PlannedBatch], captured_lsn: int) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.config.apply.concurrency, "headrace-apply")
-        self._dispatched[planned.row.oid] = self._passes
-        future = self._pool.submit(_execute, spark, target, planned)
-        self._in_flight[planned.row.oid] = _InFlight(planned, future, captured_lsn)
+        future = self._pool.submit(_execute, spark, target, batches)
+        for index, planned in enumerate(batches):
+            self._dispatched[planned.row.oid] = self._passes
+            self._in_flight[planned.row.oid] = _InFlight(planned, future, captured_lsn, index)
         future.add_done_callback(lambda _done: self.wake())
+
+    def _dispatch_cut(self, spark: SparkSession, state: StateStore, target: Target, rows: list[TableRow],
+                      tails: dict[int, int], captured_lsn: int) -> set[int]:
+        """``apply.consistency: transaction``: the streaming tables' next batches up to one cut
+        (``run.cuts``), built and committed together on one worker; the tables it holds (all the
+        streaming ones: none applies on its own meanwhile)."""
+        streaming = [r for r in rows if r.state is TableState.STREAMING]
+        members = {r.oid for r in streaming}
+        if any(oid in self._in_flight for oid in members):
+            return members  # the last cut is still being applied
+        due = [r for r in streaming if (tail := tails.get(r.oid)) is not None
+               and ((cursor := self.cursors.get(target, r)) is None or tail > cursor)]
+        if not due or any(self.maintenance.busy(r.oid) for r in due):
+            return members  # nothing staged, or a table is being compacted: the cut waits for it
+        apply = self.config.apply
+        through, whole = cut_offset(state, target, due, tails, self.cursors, apply)
+        batches = []
+        for row in due:
+            try:
+                planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
+                                     self.config.values, self.cursors, apply.driver_batch_rows,
+                                     apply.batch_rows(target.caps_batches), self.config.engine, through)
+            except Exception as exc:
+                self._failed(state, row, exc)
+                continue
+            if planned is not None:
+                batches.append(planned)
+        if batches:
+            if not whole:
+                event(log, "apply.cut_split", logging.WARNING, through=through, tables=len(batches),
+                      reason="one flush holds more than a batch (or a shape change): its transactions land in"
+                             " two commits")
+            self._submit(spark, target, batches, captured_lsn)
+        return members
 
     def harvest(self, state: StateStore, target: Target, wait: bool = False) -> bool:
         """Finish the batches whose target commit ended (with ``wait``: every batch in flight, once
@@ -166,7 +209,8 @@ class ApplyPass:
             del self._in_flight[oid]
             row = flight.planned.row
             try:
-                applied = finish_batch(state, target, flight.planned, flight.future.result(), self.cursors)
+                applied = finish_batch(state, target, flight.planned, flight.future.result()[flight.index],
+                                       self.cursors)
             except Exception as exc:
                 self._failed(state, row, exc)
                 continue
@@ -234,16 +278,20 @@ class ApplyPass:
 _worker = threading.local()
 
 
-def _execute(spark: SparkSession, target: Target, planned: PlannedBatch) -> Executed:
+def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch]) -> list[Executed]:
     """``execute_batch`` on an apply worker, whose Spark jobs run in a FAIR pool of its own (one big
     MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
-    batches are all built on the driver never starts it (``run.spark_on_demand``)."""
+    batches are all built on the driver never starts it (``run.spark_on_demand``). Several batches
+    are a cut (``consistency: transaction``): they commit together when the last is built."""
     if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
         from headrace.spark import use_pool
 
         use_pool(spark, threading.current_thread().name)
         _worker.pool_set = True
-    return execute_batch(spark, target, planned)
+    if len(batches) == 1:
+        return [execute_batch(spark, target, batches[0])]
+    with target.cut():
+        return [execute_batch(spark, target, planned) for planned in batches]
 
 
 def past_snapshot(row: TableRow, captured_lsn: int) -> bool:

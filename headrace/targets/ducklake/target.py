@@ -60,6 +60,7 @@ class DuckLakeTarget(Target):
     # the driver; Spark's JSON parsing, window and collect are the difference); 200,000 staged rows are
     # ~40 MiB of Arrow per apply worker in the backlog bench.
     caps_batches = True
+    commits_across_tables = True  # one DuckLake transaction spans tables (``cut``)
 
     def __init__(self, spark: SparkSession, settings: DuckLakeConfig, pipeline: str) -> None:
         self.spark = spark
@@ -72,6 +73,7 @@ class DuckLakeTarget(Target):
         self._copies: GroupQueue[CopyWrite, int] = GroupQueue()  # copies written on the driver, waiting for a commit
         self._batches: GroupQueue[ChangeWrite, None] = GroupQueue()  # change batches waiting for a commit
         self._keys = KeptKeys(L, settings.driver_key_rows)  # large tables' keys between batches
+        self._cut = threading.local()  # .writes: the batches of this thread's open cut (``cut``)
         self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}._headrace")
         self._con.execute(
             f"CREATE TABLE IF NOT EXISTS {CURSOR_TABLE} (pipeline VARCHAR, table_oid BIGINT, "
@@ -231,12 +233,30 @@ class DuckLakeTarget(Target):
         committed again one write at a time.
         """
         write = ChangeWrite(table, changes, truncate_before, log_offset)
+        if (cut := getattr(self._cut, "writes", None)) is not None:
+            cut.append(write)  # committed with the cut's other batches when it ends (``cut``)
+            return APPLIED_IN_DUCKDB
         if not table.key:
             with self._lock:
                 self._commit_batches([write])
             return APPLIED_IN_DUCKDB
         write_through(self._batches, self._lock, write, self._commit_batches)
         return APPLIED_IN_DUCKDB
+
+    @contextmanager
+    def cut(self) -> Iterator[None]:
+        """The batches this thread applies in the block commit in one DuckLake transaction when it ends
+        (``apply.consistency: transaction``): one snapshot holds them all, with their cursors, so a
+        reader sees every table of the cut at the same source transaction, or none of it."""
+        writes: list[ChangeWrite] = []
+        self._cut.writes = writes
+        try:
+            yield
+        finally:
+            self._cut.writes = None
+        if writes:
+            with self._lock:
+                self._commit_batches(writes)
 
     def _commit_batches(self, group: list[ChangeWrite]) -> list[None]:
         """Apply each batch of ``group`` and write their cursors in one transaction (lock held); a
