@@ -8,8 +8,8 @@ Applied in one target transaction (``Target.cut``), that cut is what readers see
 
 Where the cut falls: at the newest registered offset, unless a table's batch stops short of it (its
 ``max_batch_files`` or row cap, or a new shape: one batch holds one schema). Then the cut moves back
-to the end of the flush before the first entry that table leaves out, so every table stops at the
-same transaction. When that would leave the short table nothing (one flush over the caps, or a shape
+to the end of the last flush whose entries of that table the batch holds whole, so every table stops
+at the same transaction. When that would leave the short table nothing (one flush over the caps, or a shape
 change inside a flush), the cut falls right after the short table's batch instead: that flush's
 transactions then appear in two steps (the closing note of the pass's event says so).
 """
@@ -38,8 +38,9 @@ def cut_offset(state: StateStore, target: Target, rows: Sequence[TableRow], tail
             continue  # takes all it has up to the cut
         first, last = entries[0].offset, entries[-1].offset
         start, end = state.log_index.flush_bounds(last)
-        if end == last:
-            point, at_flush = last, True  # its batch ends where a flush does
+        left_out = state.log_index.entries(row.oid, last, 1, cut)[0].offset  # its first entry not taken
+        if left_out > end:
+            point, at_flush = end, True  # its batch holds all it has in that flush: cut at the flush's end
         elif start - 1 >= first:
             point, at_flush = start - 1, True  # back to the end of the flush before
         else:

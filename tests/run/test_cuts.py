@@ -1,0 +1,75 @@
+"""Where ``apply.consistency: transaction`` cuts the staged log (``run.cuts.cut_offset``), on a real
+PostgreSQL state store: at a flush's end, even when a table's batch is capped, and splitting a flush
+only when one flush of a table is more than a batch."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from headrace.config import ApplyConfig
+from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.log.index import StagedFile
+from headrace.materialize.apply import CursorCache
+from headrace.run.cuts import cut_offset
+from headrace.state.store import StateStore, TableRow
+
+A = TableSchema(31, "public", "a", (Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),), ("id",))
+B = TableSchema(32, "public", "b", (Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),), ("id",))
+
+
+class _Lake:
+    """What ``cut_offset`` asks of a target: whether it caps batches (the cursors come from the cache)."""
+
+    caps_batches = True
+    stores_cursor = False
+
+
+@pytest.fixture
+def state(source_dsn: str) -> Iterator[StateStore]:
+    store = StateStore(source_dsn, f"cut_{uuid.uuid4().hex[:8]}")
+    store.install()
+    store.ensure_meta("sysid", "slot", "pub", 0)
+    store.add_table(A)
+    store.add_table(B)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _flush(state: StateStore, lsn: int, *tables: TableSchema) -> list[int]:
+    files = [StagedFile(t.oid, f"/staging/{uuid.uuid4().hex}.parquet", 10, 1000, lsn, lsn + 5, t) for t in tables]
+    return state.log_index.register(files, captured_lsn=lsn + 10)
+
+
+def _cut(state: StateStore, **apply: int) -> tuple[int, bool]:
+    target, cursors = _Lake(), CursorCache()
+    rows: list[TableRow] = [r for r in state.tables()]
+    for row in rows:
+        cursors.put(target, row, 0)  # type: ignore[arg-type]
+    return cut_offset(state, target, rows, state.log_index.tails(), cursors, ApplyConfig(**apply))  # type: ignore[arg-type]
+
+
+def test_the_cut_is_the_newest_flush_when_every_batch_reaches_it(state: StateStore) -> None:
+    _flush(state, 100, A, B)
+    last = _flush(state, 200, A, B)
+    assert _cut(state) == (last[-1], True)
+
+
+def test_a_capped_table_moves_the_cut_back_to_a_flush_end(state: StateStore) -> None:
+    first = _flush(state, 100, A, B)
+    second = _flush(state, 200, A, B)
+    # One file per batch: A takes its file of the first flush, so both stop at that flush's end.
+    assert _cut(state, max_batch_files=1) == (first[-1], True)
+    # A third flush holds two files of A (a spill): three files per batch reach into it but not
+    # through it, so the cut is the end of the flush before.
+    _flush(state, 300, A, A, B)
+    assert _cut(state, max_batch_files=3) == (second[-1], True)
+
+
+def test_one_flush_over_the_cap_is_split(state: StateStore) -> None:
+    offsets = _flush(state, 100, A, A, A, B)
+    assert _cut(state, max_batch_files=2) == (offsets[1], False)
