@@ -292,13 +292,6 @@ class PipelineConfig(_Frozen):
         return name
 
     @model_validator(mode="after")
-    def _consistency_supported(self) -> PipelineConfig:
-        if self.apply.consistency == "transaction" and self.target.kind != "ducklake":
-            raise ValueError(f"apply.consistency: transaction is not possible with target.{self.target.kind}: its"
-                             " catalog commits one table at a time; use a DuckLake target, or consistency: table")
-        return self
-
-    @model_validator(mode="after")
     def _renames_supported(self) -> PipelineConfig:
         refusal = self.target.plugin.rename_refusal(self.target.settings)
         if refusal and self.schema_changes.rename_table == "follow":

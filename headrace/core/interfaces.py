@@ -55,8 +55,9 @@ class Target(ABC):
     # rows (a backlog then drains as a row of driver batches beside capture); False: no cap (a MERGE's
     # fixed cost is better spread over large batches).
     caps_batches: bool = False
-    # True when batches of several tables can commit in one transaction (``cut``):
-    # ``apply.consistency: transaction``.
+    # ``apply.consistency: transaction``: True when batches of several tables commit in one
+    # transaction (``cut``); False when each table commits alone and ``cut`` names each table's
+    # snapshot at the cut instead (the cut is then what readers time-travel to).
     commits_across_tables: bool = False
 
     @abstractmethod
@@ -107,11 +108,14 @@ class Target(ABC):
         with the data (``stores_cursor``) does so, and returns it from ``read_cursor``.
         """
 
-    def cut(self) -> AbstractContextManager[None]:
-        """A block whose batches (``apply_batch``, ``apply_arrow_batch`` on this thread) commit together
-        when it ends, in one transaction with their cursors, or not at all (an error in the block: none
-        is committed). Only targets with ``commits_across_tables`` implement it."""
-        raise NotImplementedError(f"target {self.name} commits one table at a time")
+    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> AbstractContextManager[dict[str, int]]:
+        """A block applying one cut's batches (``apply_batch``, ``apply_arrow_batch`` on this thread) of
+        ``tables`` (every streaming table; ``changed``: the oids with a batch in it). With
+        ``commits_across_tables`` they commit together when it ends, in one transaction with their
+        cursors, or not at all (an error in the block). Otherwise each commits as it comes and the
+        dict yielded is filled, when the block ends, with each table's snapshot at the cut (target
+        name -> snapshot id)."""
+        raise NotImplementedError(f"target {self.name} has no consistent cuts")
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
                           log_offset: int) -> LaneChoice:

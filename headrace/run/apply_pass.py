@@ -42,6 +42,7 @@ from headrace.run.cuts import cut_offset
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import RunObserver
 from headrace.run.outage import OutageWatch
+from headrace.state.cuts import CutStore
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
 
@@ -60,12 +61,27 @@ class RunStats:
     rows_copied: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class _Cut:
+    """A cut in flight (``consistency: transaction``): its offset, its tables, the snapshot ids the
+    target named at it (filled on the worker), and the tables not harvested yet."""
+
+    through: int
+    reach: int  # the source position the cut reaches: the commit of its last transaction
+    members: list[TableRow]
+    changed: set[int]
+    snapshots: dict[str, int] = field(default_factory=dict)
+    waiting: set[int] = field(default_factory=set)
+    failed: bool = False
+
+
 @dataclass(frozen=True)
 class _InFlight:
     planned: PlannedBatch
     future: Future[list[Executed]]  # a cut's batches (``consistency: transaction``), or this one alone
     captured_lsn: int  # capture's position when the batch was planned (for the STREAMING transition)
     index: int = 0  # this batch's place in what the future gives
+    cut: _Cut | None = None
 
 
 class ApplyPass:
@@ -89,6 +105,7 @@ class ApplyPass:
         self._passes = 0
         self._lanes: dict[int, tuple[object, ...]] = {}  # each table's last recorded lanes (record_lanes)
         self._pool: ThreadPoolExecutor | None = None
+        self._cuts: CutStore | None = None  # Iceberg's consistent cuts (``consistency: transaction``)
 
     @property
     def in_flight(self) -> int:
@@ -153,13 +170,14 @@ class ApplyPass:
     def _dispatch(self, spark: SparkSession, target: Target, planned: PlannedBatch, captured_lsn: int) -> None:
         self._submit(spark, target, [planned], captured_lsn)
 
-    def _submit(self, spark: SparkSession, target: Target, batches: list[PlannedBatch], captured_lsn: int) -> None:
+    def _submit(self, spark: SparkSession, target: Target, batches: list[PlannedBatch], captured_lsn: int,
+                cut: _Cut | None = None) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.config.apply.concurrency, "headrace-apply")
-        future = self._pool.submit(_execute, spark, target, batches)
+        future = self._pool.submit(_execute, spark, target, batches, cut)
         for index, planned in enumerate(batches):
             self._dispatched[planned.row.oid] = self._passes
-            self._in_flight[planned.row.oid] = _InFlight(planned, future, captured_lsn, index)
+            self._in_flight[planned.row.oid] = _InFlight(planned, future, captured_lsn, index, cut)
         future.add_done_callback(lambda _done: self.wake())
 
     def _dispatch_cut(self, spark: SparkSession, state: StateStore, target: Target, rows: list[TableRow],
@@ -193,8 +211,28 @@ class ApplyPass:
                 event(log, "apply.cut_split", logging.WARNING, through=through, tables=len(batches),
                       reason="one flush holds more than a batch (or a shape change): its transactions land in"
                              " two commits")
-            self._submit(spark, target, batches, captured_lsn)
+            changed = {p.row.oid for p in batches}
+            reach = max(p.entries[-1].max_lsn for p in batches)
+            self._submit(spark, target, batches, captured_lsn,
+                         _Cut(through, reach, streaming, changed, waiting=set(changed)))
         return members
+
+    def _cut_harvested(self, state: StateStore, cut: _Cut, oid: int, applied: Applied | None) -> None:
+        """One table of ``cut`` harvested (``applied`` None: it failed); the last one records the cut
+        for a target that names snapshots (Iceberg), unless one of them failed."""
+        cut.waiting.discard(oid)
+        cut.failed |= applied is None
+        if cut.waiting or cut.failed or not cut.snapshots:
+            return
+        if self._cuts is None:
+            self._cuts = CutStore(state.dsn, self.config.name)
+        try:
+            self._cuts.record(cut.through, cut.reach, cut.snapshots)
+        except Exception:
+            self._cuts.close()  # an outage broke it: the next cut opens another (this one is not named)
+            self._cuts = None
+            raise
+        event(log, "apply.cut", through=cut.through, tables=len(cut.snapshots))
 
     def harvest(self, state: StateStore, target: Target, wait: bool = False) -> bool:
         """Finish the batches whose target commit ended (with ``wait``: every batch in flight, once
@@ -212,8 +250,12 @@ class ApplyPass:
                 applied = finish_batch(state, target, flight.planned, flight.future.result()[flight.index],
                                        self.cursors)
             except Exception as exc:
+                if flight.cut is not None:
+                    self._cut_harvested(state, flight.cut, oid, None)
                 self._failed(state, row, exc)
                 continue
+            if flight.cut is not None:
+                self._cut_harvested(state, flight.cut, oid, applied)
             did_work = True
             self._applied(state, row, applied)
             self._transition(state, row, applied, flight.captured_lsn)
@@ -243,6 +285,9 @@ class ApplyPass:
     def close(self) -> None:
         """The run ends: no batch in flight any more (``abandon`` what is left), workers stopped."""
         self.abandon()
+        if self._cuts is not None:
+            self._cuts.close()
+            self._cuts = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -278,7 +323,7 @@ class ApplyPass:
 _worker = threading.local()
 
 
-def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch]) -> list[Executed]:
+def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], cut: _Cut | None) -> list[Executed]:
     """``execute_batch`` on an apply worker, whose Spark jobs run in a FAIR pool of its own (one big
     MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
     batches are all built on the driver never starts it (``run.spark_on_demand``). Several batches
@@ -288,10 +333,12 @@ def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch]) -
 
         use_pool(spark, threading.current_thread().name)
         _worker.pool_set = True
-    if len(batches) == 1:
-        return [execute_batch(spark, target, batches[0])]
-    with target.cut():
+    if cut is None:
         return [execute_batch(spark, target, planned) for planned in batches]
+    with target.cut([r.schema for r in cut.members], cut.changed) as snapshots:
+        executed = [execute_batch(spark, target, planned) for planned in batches]
+    cut.snapshots = snapshots
+    return executed
 
 
 def past_snapshot(row: TableRow, captured_lsn: int) -> bool:

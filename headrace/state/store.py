@@ -69,6 +69,11 @@ class StateStore:
         self._schemas: dict[str, TableSchema] = {}  # a schema's stored text -> it, parsed (frozen: shared)
 
     @property
+    def dsn(self) -> str:
+        """The state server's connection string (stores of their own open theirs with it)."""
+        return self._dsn
+
+    @property
     def conn(self) -> psycopg.Connection[dict[str, Any]]:
         """The connection, opened again if the server dropped the last one (a restart, a failover).
 

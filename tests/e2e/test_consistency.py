@@ -1,7 +1,8 @@
 """``apply.consistency: transaction``: a source transaction that wrote two tables becomes visible in
 both at once. A bank moves money between accounts kept in two tables, each move one transaction,
 while plain DuckDB (a reader that is not ours) sums both tables over and over: with the cut, every
-sum is the bank's total."""
+sum is the bank's total. On Iceberg, pyiceberg reads both tables at their snapshots of the newest
+cut the state lists."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from typing import Any
 
 import duckdb
 import psycopg
-import pytest
+import pyarrow.compute as pc
+from pyiceberg.table import StaticTable
 
-from headrace.core.errors import ConfigError
 from headrace.pipeline import Pipeline
 from headrace.targets.ducklake.extension import load_extension
 from tests.e2e.helpers import assert_same, make_config
@@ -39,11 +40,15 @@ def _move_money(dsn: str, stop: threading.Event, moves: list[int]) -> None:
             time.sleep(0.005)
 
 
-def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Path, spark: Any) -> None:
-    with psycopg.connect(source_dsn, autocommit=True) as conn:
+def _open_accounts(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
         for table in ('"Checking"', '"Savings accounts"'):
             conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, balance bigint NOT NULL)")
             conn.execute(f"INSERT INTO {table} SELECT g, 1000 FROM generate_series(1, {ACCOUNTS}) g")
+
+
+def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    _open_accounts(source_dsn)
     info = psycopg.conninfo.conninfo_to_dict(source_dsn)
     catalog = f"postgres:host={info['host']} port={info['port']} user={info['user']} dbname={info['dbname']}"
     data = tmp_path / "lake"
@@ -83,7 +88,54 @@ def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Pa
     assert not wrong, f"{len([s for s in sums if s != TOTAL])} of {len(sums)} sums were not {TOTAL}: {wrong[:10]}"
 
 
-def test_iceberg_refuses_transaction_consistency(source_dsn: str, tmp_path: Path) -> None:
-    with pytest.raises((ConfigError, ValueError), match="apply.consistency: transaction is not possible with"
-                                                        " target.iceberg"):
-        make_config(source_dsn, tmp_path, ["public.t"], "iceberg", apply={"consistency": "transaction"})
+def _iceberg_sum(warehouse: Path, cut: dict[str, int]) -> int:
+    """Both tables read by pyiceberg (not ours) at their snapshots of one cut."""
+    total = 0
+    for table in ("Checking", "Savings accounts"):
+        snapshot = next(sid for name, sid in cut.items() if name.endswith(f"`{table}`"))
+        metadata = warehouse / "public" / table / "metadata"
+        for _attempt in range(5):  # a metadata file beyond the newest 20 is deleted after a commit
+            hint = (metadata / "version-hint.text").read_text().strip()
+            try:
+                scan = StaticTable.from_metadata(str(metadata / f"v{hint}.metadata.json")).scan(snapshot_id=snapshot)
+                total += int(pc.sum(scan.to_arrow()["balance"]).as_py() or 0)
+                break
+            except FileNotFoundError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError(f"{table}: no metadata file could be read")
+    return total
+
+
+def test_iceberg_names_each_tables_snapshot_at_every_cut(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    """Iceberg's catalogs commit one table at a time: the cut lists each table's snapshot, and a reader
+    time-travelling both tables to the newest cut always sees the bank's total."""
+    _open_accounts(source_dsn)
+    config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'], "iceberg",
+                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1})
+    pipeline = Pipeline(config, spark=spark)
+    sums: list[int] = []
+    with running(pipeline) as check, psycopg.connect(source_dsn, autocommit=True) as state:
+        wait_for("the initial copy", caught_up(config, source_dsn), check)
+        stop, moves = threading.Event(), [0]
+        writer = threading.Thread(target=_move_money, args=(source_dsn, stop, moves), daemon=True)
+        writer.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                check()
+                row = None
+                if state.execute("SELECT to_regclass('_headrace.cuts')").fetchone() != (None,):  # at the first cut
+                    row = state.execute("SELECT snapshots FROM _headrace.cuts WHERE pipeline = %s"
+                                        " ORDER BY log_offset DESC LIMIT 1", (config.name,)).fetchone()
+                if row is not None and len(row[0]) == 2:
+                    sums.append(_iceberg_sum(tmp_path / "warehouse", row[0]))
+        finally:
+            stop.set()
+            writer.join(10)
+        wait_for("the last moves", caught_up(config, source_dsn), check)
+        assert_same(pipeline, source_dsn, 'public."Checking"')
+        assert_same(pipeline, source_dsn, 'public."Savings accounts"')
+    assert moves[0] > 50 and len(sums) > 5, (moves, len(sums))
+    wrong = sorted({s for s in sums if s != TOTAL})
+    assert not wrong, f"{len([s for s in sums if s != TOTAL])} of {len(sums)} sums were not {TOTAL}: {wrong[:10]}"
