@@ -127,7 +127,9 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     name = f"fresh_{kind}_{idle}"
     work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
     create_tables(server.dsn, args.tables, idle)
-    apply = {} if args.driver_batch_rows is None else {"driver_batch_rows": args.driver_batch_rows}
+    apply: dict[str, Any] = {} if args.driver_batch_rows is None else {"driver_batch_rows": args.driver_batch_rows}
+    if args.consistency is not None:
+        apply["consistency"] = args.consistency
     target = {}
     if kind == "iceberg" and args.iceberg_cow_below is not None:
         target = {"iceberg": {**target_config(kind, work)["iceberg"], "copy_on_write_below_rows": args.iceberg_cow_below}}
@@ -160,6 +162,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     seen = sorted(d for _, d in series)
     result: dict[str, Any] = {
         "target": kind, "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds or "default",
+        "consistency": args.consistency or "default",
         "ready_s": round(ready, 1), "transactions": len(commits), "changes": sum(c.changes for c in commits),
         "rate_offered": round(sum(c.changes for c in commits) / args.seconds),
         "samples": len(seen), "not_applied": len(measured) - len(seen),
@@ -206,6 +209,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
     ap.add_argument("--flush-seconds", type=float, default=None, help="staging.flush_seconds (unset: the default)")
+    ap.add_argument("--consistency", choices=["table", "transaction"], help="apply.consistency (unset: the default)")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")
     ap.add_argument("--iceberg-cow-below", type=int, help="target.iceberg.copy_on_write_below_rows (0: every"
