@@ -6,7 +6,8 @@ so tests cannot see each other's tables, slots or publications.
 Every test is also put in a tier here (``pytest_collection_modifyitems``), from its directory, its
 name and the fixtures it uses, so nobody has to remember a marker: ``unit`` (no Spark: ``make
 test-fast``), ``spark`` (components on the shared Spark session), ``e2e`` (whole pipelines),
-``crash`` and ``cluster``. ``make test`` runs them all.
+``crash`` and ``cluster``. ``make test`` runs them all but the ``slow`` ones (``_SLOW`` here, or
+``@pytest.mark.slow`` on the test), which ``make test-all`` adds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ _db_counter = itertools.count()
 _TESTS = Path(__file__).parent
 # Directories whose tests run a whole pipeline (capture, staged log, Spark, a target).
 _E2E_DIRS = {"e2e", "control"}
+# Slow tests (over ~20 s each) that ``make test`` leaves to ``make test-all``: each is the second
+# target of a test whose other target still runs (the MySQL source's path is the same up to the target).
+_SLOW = {
+    "test_mysql.py::test_mysql_kill_9_under_load_then_converge[iceberg]",
+    "test_mysql_copy_resume.py::test_mysql_kill_mid_copy_resumes_with_the_chunks_left[iceberg]",
+    "test_mysql.py::test_mysql_copy_under_writes_then_changes_and_a_restart[iceberg]",
+    "test_mysql_ddl.py::test_mysql_ddl_streams_renames_widening_and_a_drop[iceberg]",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -45,6 +54,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             tiers.append("spark")
         for tier in tiers or ["unit"]:
             item.add_marker(tier)
+        if f"{parts[-1]}::{item.name}" in _SLOW:
+            item.add_marker("slow")
 
 
 @pytest.fixture(scope="session", autouse=True)
