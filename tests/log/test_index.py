@@ -15,6 +15,7 @@ from headrace.log.facts import FileFacts
 from headrace.log.index import StagedFile
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore
+from tests.statestore import fresh_state
 
 A = TableSchema(11, "public", "a", (Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),), ("id",))
 B = TableSchema(12, "public", "b", A.columns, ("id",))
@@ -22,15 +23,8 @@ B = TableSchema(12, "public", "b", A.columns, ("id",))
 
 @pytest.fixture
 def state(source_dsn: str) -> Iterator[StateStore]:
-    store = StateStore(source_dsn, "p")
-    store.install()
-    store.ensure_meta("sysid", "slot", "pub", 0)
-    store.add_table(A)
-    store.add_table(B)
-    try:
+    with fresh_state(source_dsn, "p", A, B) as store:
         yield store
-    finally:
-        store.close()
 
 
 def _file(table: TableSchema, n: int, rows: int = 10) -> StagedFile:

@@ -18,20 +18,15 @@ from headrace.materialize.apply import next_batch
 from headrace.state.store import StateStore, TableRow
 from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.target import IcebergTarget
+from tests.statestore import fresh_state
 
 KEYED = TableSchema(21, "public", "keyed", (Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),), ("id",))
 
 
 @pytest.fixture
 def state(source_dsn: str) -> Iterator[StateStore]:
-    store = StateStore(source_dsn, f"plan_{uuid.uuid4().hex[:8]}")
-    store.install()
-    store.ensure_meta("sysid", "slot", "pub", 0)
-    store.add_table(KEYED)
-    try:
+    with fresh_state(source_dsn, f"plan_{uuid.uuid4().hex[:8]}", KEYED) as store:
         yield store
-    finally:
-        store.close()
 
 
 def _stage(state: StateStore, rows: list[int], schema: TableSchema = KEYED) -> TableRow:

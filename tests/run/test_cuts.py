@@ -15,6 +15,7 @@ from headrace.log.index import StagedFile
 from headrace.materialize.apply import CursorCache
 from headrace.run.cuts import cut_offset
 from headrace.state.store import StateStore, TableRow
+from tests.statestore import fresh_state
 
 A = TableSchema(31, "public", "a", (Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),), ("id",))
 B = TableSchema(32, "public", "b", (Column("id", ColumnType(TypeKind.LONG, "bigint"), 20),), ("id",))
@@ -29,15 +30,8 @@ class _Lake:
 
 @pytest.fixture
 def state(source_dsn: str) -> Iterator[StateStore]:
-    store = StateStore(source_dsn, f"cut_{uuid.uuid4().hex[:8]}")
-    store.install()
-    store.ensure_meta("sysid", "slot", "pub", 0)
-    store.add_table(A)
-    store.add_table(B)
-    try:
+    with fresh_state(source_dsn, f"cut_{uuid.uuid4().hex[:8]}", A, B) as store:
         yield store
-    finally:
-        store.close()
 
 
 def _flush(state: StateStore, lsn: int, *tables: TableSchema) -> list[int]:
