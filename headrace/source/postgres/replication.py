@@ -85,8 +85,9 @@ def ensure_publication(conn: Conn, name: str, tables: Sequence[str | TableName])
         if not pubviaroot:
             conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
                 sql.Identifier(name)))
-        if generated:
-            # Cheap and idempotent; a publication made by hand may lack it (pg_publication.pubgencols).
+        # A publication made by hand may lack it. Changed only when it differs: a publication that is
+        # already right is not written to (a hot standby sees it, and cannot write).
+        if generated and _generated_columns(conn, pub_oid) != "s":
             conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
                 sql.Identifier(name)))
         if all_tables:
@@ -103,6 +104,11 @@ def ensure_publication(conn: Conn, name: str, tables: Sequence[str | TableName])
             gone = sql.SQL(", ").join(sql.SQL("{}::regclass").format(oid) for oid in current)
             drop = sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(sql.Identifier(name), gone)
             conn.execute(drop)
+
+
+def _generated_columns(conn: Conn, pub_oid: int) -> str:
+    row = conn.execute("SELECT pubgencols::text FROM pg_publication WHERE oid = %s", (pub_oid,)).fetchone()
+    return str(row[0]) if row else ""
 
 
 def ensure_slot(conn: Conn, slot: str) -> int:

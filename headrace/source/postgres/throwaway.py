@@ -99,6 +99,7 @@ class ThrowawayPostgres:
         self.data = self.dir / "data"
         self.port = free_port()
         self.settings = {**SERVER_SETTINGS, **(settings or {})}
+        self._given = dict(settings or {})  # a standby's own, over those it copies from its primary
         self._as_postgres = os.geteuid() == 0
 
     @property
@@ -147,6 +148,7 @@ class ThrowawayPostgres:
                   "-U", "postgres", "-R", "-X", "stream", "--no-sync")
         with open(self.data / "postgresql.conf", "a") as fh:  # later lines win over the primary's copy
             fh.write(f"\nport = {self.port}\nunix_socket_directories = '{self.dir}'\nhot_standby = on\n")
+            fh.write("".join(f"{k} = '{v}'\n" for k, v in self._given.items()))
         self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
                   "-w", "-t", "60", "start")
         self._wait_ready()
