@@ -145,7 +145,7 @@ class ThrowawayPostgres:
         if self._as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
         self._run(self._bin("pg_basebackup"), "-D", str(self.data), "-h", "127.0.0.1", "-p", str(primary.port),
-                  "-U", "postgres", "-R", "-X", "stream", "--no-sync")
+                  "-U", "postgres", "-R", "-X", "stream", "--no-sync", "--checkpoint=fast")
         with open(self.data / "postgresql.conf", "a") as fh:  # later lines win over the primary's copy
             fh.write(f"\nport = {self.port}\nunix_socket_directories = '{self.dir}'\nhot_standby = on\n")
             fh.write("".join(f"{k} = '{v}'\n" for k, v in self._given.items()))
