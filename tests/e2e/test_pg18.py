@@ -18,13 +18,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from headrace.control.assess import assess_table
-from headrace.pipeline import Pipeline
-from headrace.source.postgres.catalog import read_table_schema
 import tests.e2e.test_crash_points as crash_points
 import tests.e2e.test_outage as outage
 import tests.e2e.test_pipeline as pipeline_tests
 import tests.e2e.test_type_matrix as type_matrix
+from headrace.control.assess import assess_table
+from headrace.pipeline import Pipeline
+from headrace.source.postgres.catalog import read_table_schema
 from tests.conftest import server_of
 from tests.e2e.helpers import assert_same, make_config
 from tests.e2e.test_pipeline import run_caught_up, shop  # noqa: F401 (shop: the fixture)
@@ -33,7 +33,7 @@ ON_18 = pytest.mark.pg_versions(18)
 
 
 @ON_18
-def test_changes_stream_after_the_copy_on_18(shop: str, tmp_path: Path, spark: Any) -> None:
+def test_changes_stream_after_the_copy_on_18(shop: str, tmp_path: Path, spark: Any) -> None:  # noqa: F811
     pipeline_tests.test_changes_stream_after_the_copy(shop, tmp_path, spark, "ducklake")
 
 

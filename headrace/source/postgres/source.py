@@ -125,7 +125,8 @@ class PostgresSource(Source):
     # -- capture --------------------------------------------------------------------------------------
     def prepare_capture(self, conn: Conn, names: list[TableName]) -> int:
         self.capture_tables(conn, names)
-        return standby.nudged(self._primary(conn), lambda: ensure_slot(conn, self.config.slot_name))
+        return standby.nudged(self._primary(conn), lambda: ensure_slot(conn, self.config.slot_name,
+                                                                           self.config.source.failover_slot))
 
     def capture_tables(self, conn: Conn, names: list[TableName]) -> None:
         publication = self.config.publication_name

@@ -148,11 +148,16 @@ class ThrowawayPostgres:
                   "-U", "postgres", "-R", "-X", "stream", "--no-sync", "--checkpoint=fast")
         with open(self.data / "postgresql.conf", "a") as fh:  # later lines win over the primary's copy
             fh.write(f"\nport = {self.port}\nunix_socket_directories = '{self.dir}'\nhot_standby = on\n")
+        with open(self.data / "postgresql.auto.conf", "a") as fh:  # over -R's primary_conninfo too
             fh.write("".join(f"{k} = '{v}'\n" for k, v in self._given.items()))
         self._run(self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
                   "-w", "-t", "60", "start")
         self._wait_ready()
         return self
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``, waiting until it accepts writes)."""
+        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "promote")
 
     def _wait_ready(self) -> None:
         import psycopg
