@@ -4,6 +4,7 @@ ends equal to the primary. The refusal of a standby on 15: tests/source/postgres
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from tests.e2e.helpers import (
     assert_same,
     create_items_and_lines,
     make_config,
+    raw_config,
+    run_command,
     running,
     wait_until,
     wal_insert_lsn,
@@ -41,7 +44,7 @@ def _streaming(state_dsn: str) -> bool:
     return len(rows) == len(TABLES) and all(r.state is TableState.STREAMING for r in rows)
 
 
-def test_check_on_a_standby_names_feedback_state_and_publication_with_their_fixes(tmp_path: Path) -> None:
+def test_check_and_run_on_a_standby_name_feedback_state_and_publication_with_their_fixes(tmp_path: Path) -> None:
     with ThrowawayPostgres(version=18) as primary:
         create_items_and_lines(primary.dsn, 10)
         standby = ThrowawayPostgres().start_standby(primary)  # hot_standby_feedback off, PostgreSQL's default
@@ -53,11 +56,17 @@ def test_check_on_a_standby_names_feedback_state_and_publication_with_their_fixe
             assert ("publication headrace_t does not exist on the standby, which cannot change it: create it on"
                     " the primary (CREATE PUBLICATION \"headrace_t\" FOR TABLE public.items, public.lines WITH"
                     " (publish_via_partition_root = true, publish_generated_columns = stored))") in text, text
+            # run, with the state elsewhere but no publication: the same sentence, no read-only traceback.
+            raw = raw_config(standby.dsn, tmp_path, TABLES, "ducklake", source={"state_dsn": primary.dsn})
+            ran = subprocess.run(run_command(raw, tmp_path), capture_output=True, text=True, timeout=120)
+            assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr[-3000:]
+            assert "publication headrace_t does not exist on the standby" in ran.stderr, ran.stderr[-3000:]
             with psycopg.connect(primary.dsn, autocommit=True) as conn:
                 conn.execute("CREATE PUBLICATION headrace_t FOR TABLE items, lines"
                              " WITH (publish_via_partition_root = true)")
                 conn.execute("ALTER SYSTEM SET wal_level = replica")  # not yet in force
-            replay_until(psycopg.connect(standby.dsn, autocommit=True), wal_insert_lsn(primary.dsn))
+            with psycopg.connect(standby.dsn, autocommit=True) as conn:
+                replay_until(conn, wal_insert_lsn(primary.dsn))
             config = make_config(standby.dsn, tmp_path, TABLES, "ducklake",
                                  source={"state_dsn": primary.dsn, "primary_dsn": standby.dsn})
             text = "\n".join(assess_config(config)["problems"])
