@@ -33,6 +33,8 @@ def _synced(standby_dsn: str, slot: str) -> bool:
     return bool(row and row[0])
 
 
+@pytest.mark.slow  # ~30 s (the standby synchronizes the slot on its own schedule); the slot is a failover
+# slot: tests/source/postgres/test_versions.py
 def test_a_promoted_standby_continues_from_the_synchronized_failover_slot_without_a_copy(
     tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
