@@ -76,6 +76,22 @@ def test_check_and_run_on_a_standby_name_feedback_state_and_publication_with_the
             standby.stop()
 
 
+def test_run_on_a_standby_of_a_primary_without_logical_wal_stops_naming_the_fix(tmp_path: Path) -> None:
+    with ThrowawayPostgres(version=18, settings={"wal_level": "replica"}) as primary:
+        create_items_and_lines(primary.dsn, 10)
+        with psycopg.connect(primary.dsn, autocommit=True) as conn:
+            conn.execute("CREATE PUBLICATION headrace_t FOR TABLE items, lines WITH (publish_via_partition_root = true)")
+        standby = ThrowawayPostgres(settings={"wal_level": "logical", "hot_standby_feedback": "on"}).start_standby(primary)
+        try:
+            raw = raw_config(standby.dsn, tmp_path, TABLES, "ducklake", source={"state_dsn": primary.dsn})
+            ran = subprocess.run(run_command(raw, tmp_path), capture_output=True, text=True, timeout=120)
+        finally:
+            standby.stop()
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr[-3000:]
+    assert "cannot create replication slot headrace_t" in ran.stderr, ran.stderr[-3000:]
+    assert "set wal_level = logical in the primary's postgresql.conf and restart it" in ran.stderr, ran.stderr[-3000:]
+
+
 def test_a_standby_of_a_primary_under_load_copies_and_streams_to_equal_the_primary(
     tmp_path: Path, spark: Any
 ) -> None:

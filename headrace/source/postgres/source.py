@@ -125,8 +125,13 @@ class PostgresSource(Source):
     # -- capture --------------------------------------------------------------------------------------
     def prepare_capture(self, conn: Conn, names: list[TableName]) -> int:
         self.capture_tables(conn, names)
-        return standby.nudged(self._primary(conn), lambda: ensure_slot(conn, self.config.slot_name,
-                                                                           self.config.source.failover_slot))
+        slot = self.config.slot_name
+        try:
+            return standby.nudged(self._primary(conn), lambda: ensure_slot(conn, slot, self.config.source.failover_slot))
+        except psycopg.errors.ObjectNotInPrerequisiteState as exc:  # e.g. a standby of a primary without logical WAL
+            fix = (": set wal_level = logical in the primary's postgresql.conf and restart it"
+                   if "on the primary" in str(exc) else "")
+            raise SourceError(f"cannot create replication slot {slot}: {str(exc).strip()}{fix}") from exc
 
     def capture_tables(self, conn: Conn, names: list[TableName]) -> None:
         publication = self.config.publication_name
