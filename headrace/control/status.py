@@ -27,6 +27,10 @@ def target_name_mapped(config: PipelineConfig, schema: TableSchema) -> bool:
     return target.plugin.name_mapped(target.settings, TableName(schema.target_schema, schema.target_table))
 
 
+# The source's WAL position: written on a primary, replayed on a hot standby.
+_WAL = "(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)"
+
+
 def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
     """One JSON-able object: the pipeline, its slot, and every table with state and lag."""
     dsn = config.source.resolved_dsn()
@@ -34,12 +38,11 @@ def pipeline_status(config: PipelineConfig) -> dict[str, Any]:
     fmt: Callable[[int], str] = format_lsn
     if postgres:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            current = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+            current = conn.execute(f"SELECT {_WAL} - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
             waiters = open_source(config, dsn).copy_lock_waiters(conn)
             slot = conn.execute(
-                "SELECT confirmed_flush_lsn::text, (pg_current_wal_lsn() - restart_lsn)::bigint, active,"
-                " (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint"
-                " FROM pg_replication_slots WHERE slot_name = %s",
+                f"SELECT confirmed_flush_lsn::text, ({_WAL} - restart_lsn)::bigint, active,"
+                f" ({_WAL} - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s",
                 (config.slot_name,),
             ).fetchone()
     else:  # no slot: the source's log position now, in its own text form

@@ -58,6 +58,16 @@ class SourceConfig(_Frozen):
         None, description="Postgres holding the _headrace state schema; default: the source itself"
         " (required for a MySQL/MariaDB source)"
     )
+    primary_dsn: str | None = Field(
+        None, description="PostgreSQL 16+, when source.dsn is a hot standby: the primary's database, where"
+        " headrace creates and updates the publication (a standby cannot) and writes its heartbeat; without it the"
+        " publication must exist on the primary beforehand (headrace check prints the statement)"
+    )
+    failover_slot: bool = Field(
+        True, description="PostgreSQL 17+: create the replication slot as a failover slot, which a standby with"
+        " sync_replication_slots = on keeps in step, so headrace continues from it on the standby once promoted"
+        " (no copy); the primary's synchronized_standby_slots should name that standby's physical slot"
+    )
     server_id: int | None = Field(
         None, ge=1, lt=2**32, description="MySQL/MariaDB only: the replica server_id the binlog client uses,"
         " unique among the server's replicas; default: one derived from the pipeline name"

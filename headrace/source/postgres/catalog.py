@@ -183,13 +183,14 @@ def _setting(conn: Conn, name: str) -> str:
 
 
 def server_problems(conn: Conn) -> list[str]:
+    """What the source server lacks for logical replication (empty when ready), each with the fix."""
+    from headrace.source.postgres import standby
+
     problems = []
-    recovering = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-    if recovering and recovering[0]:
-        # It would fail at its first write (the publication, the state tables) with a read-only error.
-        return ["the source is a hot standby (pg_is_in_recovery() is true): headrace cannot read from a"
-                " standby yet, it creates its publication and slot on the source; point source.dsn at the"
-                " primary"]
+    if standby.in_recovery(conn):
+        problems = standby.server_problems(conn)
+        if int(_setting(conn, "server_version_num")) < standby.STANDBY_DECODING_VERSION:
+            return problems
     if _setting(conn, "wal_level") != "logical":
         problems.append(
             f"wal_level is {_setting(conn, 'wal_level')}: set wal_level = logical in postgresql.conf and restart"

@@ -39,6 +39,8 @@ SESSION_OPTIONS = (
 )
 # The first PostgreSQL whose pgoutput can send (stored) generated columns.
 GENERATED_COLUMNS_VERSION = 180000
+# The first PostgreSQL whose logical slots can be synchronized to standbys (failover slots).
+FAILOVER_SLOTS_VERSION = 170000
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
@@ -85,8 +87,9 @@ def ensure_publication(conn: Conn, name: str, tables: Sequence[str | TableName])
         if not pubviaroot:
             conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
                 sql.Identifier(name)))
-        if generated:
-            # Cheap and idempotent; a publication made by hand may lack it (pg_publication.pubgencols).
+        # A publication made by hand may lack it. Changed only when it differs: a publication that is
+        # already right is not written to (a hot standby sees it, and cannot write).
+        if generated and _generated_columns(conn, pub_oid) != "s":
             conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
                 sql.Identifier(name)))
         if all_tables:
@@ -105,8 +108,25 @@ def ensure_publication(conn: Conn, name: str, tables: Sequence[str | TableName])
             conn.execute(drop)
 
 
-def ensure_slot(conn: Conn, slot: str) -> int:
-    """Create logical slot ``slot`` (pgoutput) if missing; return its confirmed_flush_lsn."""
+def _in_recovery(conn: Conn) -> bool:
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])
+
+
+def _generated_columns(conn: Conn, pub_oid: int) -> str:
+    row = conn.execute("SELECT pubgencols::text FROM pg_publication WHERE oid = %s", (pub_oid,)).fetchone()
+    return str(row[0]) if row else ""
+
+
+def ensure_slot(conn: Conn, slot: str, failover: bool = False) -> int:
+    """Create logical slot ``slot`` (pgoutput) if missing; return its confirmed_flush_lsn.
+
+    ``failover`` (PostgreSQL 17+, on a primary): create it as a failover slot, which standbys with
+    ``sync_replication_slots = on`` keep a copy of, so a promoted standby has it.
+    """
+    failover = failover and conn.info.server_version >= FAILOVER_SLOTS_VERSION and not _in_recovery(conn)
+    create = ("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)"
+              if failover else "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')")
     query = (
         "SELECT plugin, database = current_database(), confirmed_flush_lsn::text"
         " FROM pg_replication_slots WHERE slot_name = %s"
@@ -116,9 +136,7 @@ def ensure_slot(conn: Conn, slot: str) -> int:
         if row is None:
             try:
                 with conn.transaction():
-                    created = conn.execute(
-                        "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
-                    ).fetchone()
+                    created = conn.execute(create, (slot,)).fetchone()
                     assert created is not None
                     return parse_lsn(created[0])
             except psycopg.errors.DuplicateObject:

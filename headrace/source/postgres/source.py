@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from headrace.core.changes import Relation
+from headrace.core.errors import SourceError
 from headrace.core.names import TableName
 from headrace.core.position import format_lsn
 from headrace.core.schema import TableSchema
@@ -33,7 +34,7 @@ from headrace.source.base import (
     Route,
     Source,
 )
-from headrace.source.postgres import binary_copy, catalog, copy_locks, pgoutput, tables
+from headrace.source.postgres import binary_copy, catalog, copy_locks, pgoutput, standby, tables
 from headrace.source.postgres import copy as text_copy
 from headrace.source.postgres import wal_guard as wal
 from headrace.source.postgres.assess import assess
@@ -80,9 +81,17 @@ class PostgresSource(Source):
             with psycopg.connect(self.dsn, connect_timeout=10) as conn:
                 source = self.config.source
                 return (catalog.check_source(conn, list(source.tables), self.config.publication_name)
-                        + catalog.columns_as_text_problems(conn, sorted(source.text_columns)))
+                        + catalog.columns_as_text_problems(conn, sorted(source.text_columns))
+                        + self.standby_problems(conn, list(source.tables)))
         except psycopg.OperationalError as exc:
             return [f"cannot connect to the source {redacted_dsn(self.dsn)}: {str(exc).strip()}"]
+
+    def standby_problems(self, conn: Conn, names: list[str]) -> list[str]:
+        """What the settings lack when the source is a hot standby (``standby.config_problems``)."""
+        if not standby.in_recovery(conn) or conn.info.server_version < standby.STANDBY_DECODING_VERSION:
+            return []  # a standby before 16 is refused by the server check
+        source = self.config.source
+        return standby.config_problems(conn, source.state_dsn, source.primary_dsn, self.config.publication_name, names)
 
     def identity(self, conn: Conn) -> str:
         row = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
@@ -115,11 +124,31 @@ class PostgresSource(Source):
 
     # -- capture --------------------------------------------------------------------------------------
     def prepare_capture(self, conn: Conn, names: list[TableName]) -> int:
-        ensure_publication(conn, self.config.publication_name, names)
-        return ensure_slot(conn, self.config.slot_name)
+        self.capture_tables(conn, names)
+        slot = self.config.slot_name
+        try:
+            return standby.nudged(self._primary(conn), lambda: ensure_slot(conn, slot, self.config.source.failover_slot))
+        except psycopg.errors.ObjectNotInPrerequisiteState as exc:  # e.g. a standby of a primary without logical WAL
+            fix = (": set wal_level = logical in the primary's postgresql.conf and restart it"
+                   if "on the primary" in str(exc) else "")
+            raise SourceError(f"cannot create replication slot {slot}: {str(exc).strip()}{fix}") from exc
 
     def capture_tables(self, conn: Conn, names: list[TableName]) -> None:
-        ensure_publication(conn, self.config.publication_name, names)
+        publication = self.config.publication_name
+        if not standby.in_recovery(conn):
+            ensure_publication(conn, publication, names)
+            return
+        # A standby cannot write its catalog: the publication is changed on the primary, or must be right.
+        primary = self._primary(conn)
+        if primary:
+            standby.on_primary(primary, conn, lambda p: ensure_publication(p, publication, names))
+        elif gaps := standby.publication_gaps(conn, publication, names):
+            raise SourceError(f"{gaps} on the standby, which cannot change it: create it on the primary"
+                              f" ({standby.publication_sql(conn, publication, names)}), or set source.primary_dsn")
+
+    def _primary(self, conn: Conn) -> str | None:
+        """``source.primary_dsn`` when the source is a standby, else None."""
+        return self.config.source.primary_dsn if standby.in_recovery(conn) else None
 
     def check_capture(self, conn: Conn, state: StateStore) -> None:
         from headrace.state.invariants import check_slot
@@ -140,17 +169,22 @@ class PostgresSource(Source):
         return catalog.relation_to_schema(ev, self.types(conn), known, conn=conn)
 
     def heartbeat(self, conn: Conn) -> None:
-        emit_heartbeat(conn, HEARTBEAT_PREFIX)
+        if not standby.in_recovery(conn):
+            emit_heartbeat(conn, HEARTBEAT_PREFIX)
+        elif primary := self.config.source.primary_dsn:  # the message reaches the standby's stream by replay
+            with psycopg.connect(primary, autocommit=True, connect_timeout=10) as primary_conn:
+                emit_heartbeat(primary_conn, HEARTBEAT_PREFIX)
 
     def flushed_position(self, conn: Conn) -> int:
-        row = conn.execute("SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn").fetchone()
+        row = conn.execute("SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+                           " ELSE pg_current_wal_flush_lsn() END) - '0/0'::pg_lsn").fetchone()
         assert row is not None
         return int(row[0])
 
     def current_position(self, conn: Conn) -> int:
         # The insert position, not pg_current_wal_lsn() (the write position): under asynchronous
-        # commit the latter can lag a commit that already returned.
-        row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+        # commit the latter can lag a commit that already returned. On a standby: the replayed one.
+        row = conn.execute(f"SELECT {standby.POSITION_SQL} - '0/0'::pg_lsn").fetchone()
         assert row is not None
         return int(row[0])
 
@@ -160,8 +194,14 @@ class PostgresSource(Source):
     # -- the initial copy ---------------------------------------------------------------------------
     @contextmanager
     def copy_snapshot(self, name: str) -> Iterator[CopySnapshot]:  # type: ignore[override]
-        with ExportedSnapshot(self.dsn, name[:63]) as snap:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            primary = self._primary(conn)
+        exported = ExportedSnapshot(self.dsn, name[:63])
+        snap = standby.nudged(primary, exported.__enter__)  # a standby waits for the primary's record
+        try:
             yield CopySnapshot(snap.lsn, snap.snapshot_name)
+        finally:
+            exported.__exit__(None, None, None)
 
     def schema_at(self, conn: Conn, oid: int, snapshot: CopySnapshot) -> TableSchema | None:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -219,7 +259,7 @@ class PostgresCatalogWatch(CatalogWatch):
                           for oid, name in tracked.items() if oid not in alive}
             leaves = tables.leaf_partitions(conn, [oid for oid in tracked if oid in alive])
             # Read after the snapshot was taken: a drop it shows committed before this position.
-            row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+            row = conn.execute(f"SELECT {standby.POSITION_SQL} - '0/0'::pg_lsn").fetchone()
             assert row is not None
         return CatalogPoll(alive, listed, successors, leaves, int(row[0]))
 

@@ -47,7 +47,8 @@ class SlotWal:
 def read_slot_wal(conn: psycopg.Connection[Any], slot: str, limit_bytes: int) -> SlotWal | None:
     """The slot's WAL figures; None when the slot does not exist."""
     row = conn.execute(
-        "SELECT wal_status, (pg_current_wal_lsn() - restart_lsn)::bigint, safe_wal_size"
+        "SELECT wal_status, ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn()"
+        " END) - restart_lsn)::bigint, safe_wal_size"
         " FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
     if row is None:
         return None
