@@ -5,7 +5,9 @@ A throwaway MariaDB (the source) and a throwaway PostgreSQL (headrace's state). 
 column) is loaded with ``INSERT ... SELECT`` from MariaDB's sequence engine. Then, in one run:
 
 1. Copy. References: ``SELECT *`` of the table read by pymysql (server-side cursor) and by the
-   ``mariadb --batch --quick`` client to /dev/null; the faster is the physical limit. headrace:
+   ``mariadb --batch --quick`` client to /dev/null; the faster is the physical limit. The copy's
+   chunk read alone (``copy_chunk`` of the whole table, the staged text in Arrow) through pymysql
+   and through connectorx, one connection each. headrace:
    ``Pipeline.run(until_caught_up=True)`` into DuckLake (state set-up, copy, switch to the binlog),
    with ``snapshot.max_connections`` 1 and 2; Spark is started once before, timed on its own.
 2. Changes. ``--changes`` inserts, updates and deletes in transactions of 100 are written while
@@ -40,7 +42,9 @@ from headrace.config import parse_config  # noqa: E402
 from headrace.core.changes import Delete, Insert, Update  # noqa: E402
 from headrace.pipeline import Pipeline  # noqa: E402
 from headrace.source.mysql.binlog import BinlogStream  # noqa: E402
+from headrace.source.mysql.catalog import read_table_schema  # noqa: E402
 from headrace.source.mysql.connect import connect  # noqa: E402
+from headrace.source.mysql.copy import WHOLE_TABLE, copy_chunk  # noqa: E402
 from headrace.source.mysql.position import to_int  # noqa: E402
 from headrace.source.mysql.throwaway import ThrowawayMariaDB, find_mariadb_bin  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
@@ -83,6 +87,18 @@ def read_pymysql(root: str) -> float:
         while cur.fetchmany(10_000):
             pass
     return time.monotonic() - t0
+
+
+def read_chunk(dsn: str, compiled: bool) -> float:
+    """Seconds for ``copy_chunk`` to read the whole table as the copy stages it (text columns and
+    positions in Arrow, no Spark): connectorx (``compiled``) or the pymysql path."""
+    with contextlib.closing(connect(dsn)) as conn:
+        schema = read_table_schema(conn, DATABASE, TABLE)
+    t0 = time.monotonic()
+    rows = sum(b.num_rows for b in copy_chunk(dsn, schema, *WHOLE_TABLE, compiled=compiled))
+    seconds = time.monotonic() - t0
+    assert rows > 0
+    return seconds
 
 
 def read_client(server: ThrowawayMariaDB) -> float:
@@ -221,6 +237,10 @@ def main() -> int:
         ref_copy = min(ref_pymysql, ref_client)
         table += [("reference: SELECT * via pymysql SSCursor", args.rows, rate(args.rows, ref_pymysql)),
                   ("reference: SELECT * via mariadb --batch --quick", args.rows, rate(args.rows, ref_client))]
+        for compiled, label in ((False, "pymysql"), (True, "connectorx")):
+            seconds = read_chunk(server.dsn_for(DATABASE), compiled)
+            results[f"chunk_read_{label}_s"] = round(seconds, 2)
+            table.append((f"headrace chunk read alone ({label}), one connection", args.rows, rate(args.rows, seconds)))
         from headrace.spark import build_session
 
         connections = [int(c) for c in args.connections.split(",")]

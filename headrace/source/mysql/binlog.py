@@ -141,6 +141,7 @@ class BinlogStream:
         self.identities = Identities(self._tracked, known)
         self.renamed, self.dropped, self.created = (self.identities.renamed, self.identities.dropped,
                                                     self.identities.created)
+        self.tables_created = 0  # CREATE TABLE and RENAME TABLE statements read (PositionStream resets it)
         with connect(dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT @@log_bin_basename")
             basename = cur.fetchone()[0]
@@ -348,7 +349,9 @@ class BinlogStream:
             if oid is not None:
                 out.append((self._begin(out), Truncate((oid,))))
             return
-        for oid, (database, table) in self.identities.apply(parse(query, default_db), at):
+        ddl = parse(query, default_db)
+        self.tables_created += len(ddl.created_tables) + len(ddl.replaced_tables) + len(ddl.renamed_tables)
+        for oid, (database, table) in self.identities.apply(ddl, at):
             self.renames.append((oid, (database, table), at))
             shape = self._schemas.get(oid)
             if shape is not None:

@@ -138,11 +138,15 @@ def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int, batch_rows: 
 
     Columns ``c0..cN`` (strings, in ``schema.columns`` order; NULL for SQL NULL) and ``_pos`` (int64,
     the snapshot's binlog position, on every row). Read by connectorx (``copy_arrow``) when it reads
-    every column exactly and ``compiled``, else by pymysql (the reason logged once per table). Raises
+    every column exactly and ``compiled`` and the chunk is a key range, else by pymysql (the reason
+    logged once per table). Raises
     TransientError when the table's shape differs from ``schema`` (changed since the copy was planned:
     the caller re-reads it and retries).
     """
     plan = arrow_plan(schema.columns) if compiled else "compiled=False"
+    if (start, end) == WHOLE_TABLE:
+        # connectorx reads a chunk into memory whole; a table that is one chunk may be any size.
+        plan = "a table copied as one chunk (no single integer key, or empty when planned) streams through pymysql"
     if isinstance(plan, str):
         if compiled and schema.oid not in _told:
             _told.add(schema.oid)

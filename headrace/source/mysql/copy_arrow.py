@@ -28,7 +28,7 @@ from headrace.source.mysql.copy_locks import marked
 from headrace.source.mysql.position import to_int
 from headrace.source.mysql.types import ZERO_DATE_TEXT, _args, _base, _float32_text
 
-Post = Callable[[pa.Array], pa.Array]
+Post = Callable[[pa.ChunkedArray], pa.ChunkedArray | pa.Array]
 _INTEGERS = ("tinyint", "smallint", "mediumint", "int", "bigint")
 _TEXTS = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set", "uuid", "inet4", "inet6")
 _BINARIES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob")
@@ -47,13 +47,13 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _zero_dates(texts: pa.Array) -> pa.Array:
+def _zero_dates(texts: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.if_else(pc.match_substring_regex(texts, _ZERO_DATE), pa.scalar(ZERO_DATE_TEXT), texts)
 
 
 def _datetime(fsp: int, suffix: str) -> Post:
     """Python's ``isoformat(sep=' ')`` from the server's text with ``fsp`` fractional digits."""
-    def post(texts: pa.Array) -> pa.Array:
+    def post(texts: pa.ChunkedArray) -> pa.ChunkedArray:
         out = texts
         if fsp:
             out = pc.replace_substring_regex(out, r"\.0+$", "")
@@ -136,28 +136,29 @@ def read_chunk_arrow(dsn: str, schema: TableSchema, plan: list[tuple[str, Post |
     names = [f"c{i}" for i in range(len(plan))]
     out_schema = pa.schema([*(pa.field(n, pa.string()) for n in names), pa.field("_pos", pa.int64())])
     try:
-        reader = connectorx.read_sql(_url(dsn), sql, return_type="arrow_stream", batch_size=batch_rows,
-                                     pre_execution_query=setup)
-        for batch in reader:
-            if not batch.num_rows:
-                continue
-            position = batch.column(batch.num_columns - 1)[0].as_py()
-            if not position or ":" not in position:
-                raise SourceError("the source reports no binlog_snapshot_file/position: the chunked copy needs"
-                                  " MariaDB (10.0 or later) with the binary log on (log_bin in my.cnf)")
-            file, _, offset = position.rpartition(":")
-            arrays = []
-            for i, (_expression, post) in enumerate(plan):
-                values = batch.column(i)
-                arrays.append(post(values) if post is not None else values.cast(pa.string()))
-            arrays.append(pa.array([to_int(file, int(offset))] * batch.num_rows, pa.int64()))
-            yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+        # return_type="arrow" reads with the GIL released (its "arrow_stream" holds it for the whole
+        # read, stalling capture and the copy's lock watch): the chunk comes whole, bounded by its range.
+        read = connectorx.read_sql(_url(dsn), sql, return_type="arrow", pre_execution_query=setup)
     except RuntimeError as exc:
-        message = str(exc)
-        if _TABLE_DEF_CHANGED in message or "definition has changed" in message:
-            raise TransientError(f"table {table} was altered while its chunk was copied; the chunk is copied"
-                                 " again") from exc
-        if any(s in message for s in _LOST):
-            raise TransientError(f"the connection copying {table} was lost ({message}); the chunk is copied"
-                                 " again") from exc
-        raise
+        raise _translated(exc, table) from exc
+    if not read.num_rows:
+        return
+    position = read.column(read.num_columns - 1)[0].as_py()
+    if not position or ":" not in position:
+        raise SourceError("the source reports no binlog_snapshot_file/position: the chunked copy needs"
+                          " MariaDB (10.0 or later) with the binary log on (log_bin in my.cnf)")
+    file, _, offset = position.rpartition(":")
+    columns = [post(read.column(i)) if post is not None else read.column(i).cast(pa.string())
+               for i, (_expression, post) in enumerate(plan)]
+    columns.append(pa.repeat(pa.scalar(to_int(file, int(offset)), pa.int64()), read.num_rows))
+    yield from pa.Table.from_arrays(columns, schema=out_schema).to_batches(max_chunksize=batch_rows)
+
+
+def _translated(exc: RuntimeError, table: TableName) -> Exception:
+    """connectorx's error as the pymysql path raises it: transient when the chunk can be read again."""
+    message = str(exc)
+    if _TABLE_DEF_CHANGED in message or "definition has changed" in message:
+        return TransientError(f"table {table} was altered while its chunk was copied; the chunk is copied again")
+    if any(s in message for s in _LOST):
+        return TransientError(f"the connection copying {table} was lost ({message}); the chunk is copied again")
+    return exc

@@ -11,7 +11,7 @@ import pyarrow as pa
 from headrace.core.schema import Column, ColumnType, TypeKind
 from headrace.source.mysql.catalog import read_table_schema
 from headrace.source.mysql.connect import connect
-from headrace.source.mysql.copy import copy_chunk, plan_chunks
+from headrace.source.mysql.copy import OPEN_HIGH, OPEN_LOW, copy_chunk, plan_chunks
 from headrace.source.mysql.copy_arrow import arrow_plan
 from tests.source.mysql.test_types import INET4S, INET6S, UUIDS, typed_table  # noqa: F401 (a fixture)
 
@@ -27,11 +27,11 @@ EXTRA = [
 ]
 
 
-def _copied(dsn: str, schema: Any, compiled: bool, chunk: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
+def _copied(dsn: str, schema: Any, compiled: bool, chunk: tuple[int, int] = (OPEN_LOW, OPEN_HIGH)) -> list[dict[str, Any]]:
     return pa.Table.from_batches(list(copy_chunk(dsn, schema, *chunk, batch_rows=2, compiled=compiled))).to_pylist()
 
 
-def test_compiled_copy_equals_pymysql_copy_for_every_type(typed_table: tuple[str, str, int],
+def test_compiled_copy_equals_pymysql_copy_for_every_type(typed_table: tuple[str, str, int],  # noqa: F811
                                                           mariadb_server: Any) -> None:
     database, dsn, _start = typed_table
     with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
