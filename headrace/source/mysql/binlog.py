@@ -49,6 +49,7 @@ from headrace.core.changes import (
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
 from headrace.core.settings import redacted_dsn
+from headrace.source.mysql import rows_native
 from headrace.source.mysql.catalog import (
     column_defaults,
     fixed_binary_types,
@@ -131,7 +132,8 @@ class BinlogStream:
 
     def __init__(self, dsn: str, server_id: int, start: int,
                  tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
-                 known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None) -> None:
+                 known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None,
+                 native: bool = True) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
@@ -173,6 +175,8 @@ class BinlogStream:
         self._fixed: dict[tuple[int, str, str], dict[str, str]] = {}  # (binlog table id, name) -> UUID/INET columns (_declared)
         # oid -> (shape, *types.binlog_converters(its columns)), rebuilt when the shape object changes.
         self._converters: dict[int, tuple[TableSchema, list[str], list[Converter | None], list[Converter]]] = {}
+        self.native = native  # row events decoded in C where the table's types allow (rows_native)
+        self._native: dict[int, tuple[TableSchema, list[rows_native.Spec] | None]] = {}  # binlog table id ->
 
     def schema(self, oid: int) -> TableSchema:
         """The shape of table ``oid`` as its latest TABLE_MAP described it (for the last Relation)."""
@@ -305,13 +309,40 @@ class BinlogStream:
         start = self._begin(out)
         self._relation(oid, start, out)
         shape = self._schemas[oid]
+        planned = self._native.get(event.table_id)
+        if planned is None or planned[0] is not shape:
+            specs = rows_native.row_specs(event.columns, shape.columns) if self.native else None
+            planned = self._native[event.table_id] = (shape, specs)
+        specs = planned[1]
+        images = rows_native.decode(event, specs) if specs is not None else None
+        if images is None:
+            images = self._python_images(event, oid, shape)
+        keyed = bool(shape.key)
+        in_key = [name in shape.key for name in shape.column_names]
+
+        def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
+            return tuple(v if k else None for v, k in zip(row, in_key, strict=True))
+
+        if isinstance(event, WriteRowsEvent):
+            out.extend((start, Insert(oid, row)) for row in images)
+        elif isinstance(event, DeleteRowsEvent):
+            out.extend((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images)
+        else:
+            for old, new in zip(images[::2], images[1::2], strict=True):
+                if not keyed:
+                    out.append((start, Update(oid, new, old, "O")))
+                elif key_only(old) != key_only(new):
+                    out.append((start, Update(oid, new, key_only(old), "K")))
+                else:
+                    out.append((start, Update(oid, new)))
+
+    def _python_images(self, event: Any, oid: int, shape: TableSchema) -> list[tuple[str | None, ...]]:
+        """The event's row images (an UPDATE: before, after, ...) as text, through mysql-replication."""
         converters = self._converters.get(oid)
         if converters is None or converters[0] is not shape:
             converters = self._converters[oid] = (shape, *binlog_converters(shape.columns))
         _shape, names, fast, convert = converters
         plan = list(zip(names, fast, convert, shape.columns, event.columns, strict=True))
-        keyed = bool(shape.key)
-        in_key = [name in shape.key for name in names]
 
         def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
             # Most values take their column's converter directly; NULL-looking ones (zero dates, the
@@ -319,24 +350,10 @@ class BinlogStream:
             return tuple(f(v) if f is not None and (v := values[n]) is not None
                          else binlog_text(values[n], none.get(n), lib, c, g) for n, f, g, c, lib in plan)
 
-        def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
-            return tuple(v if k else None for v, k in zip(row, in_key, strict=True))
-
-        for row in event.rows:
-            if isinstance(event, WriteRowsEvent):
-                out.append((start, Insert(oid, texts(row["values"], row["none_sources"]))))
-            elif isinstance(event, DeleteRowsEvent):
-                old = texts(row["values"], row["none_sources"])
-                out.append((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")))
-            else:
-                old = texts(row["before_values"], row["before_none_sources"])
-                new = texts(row["after_values"], row["after_none_sources"])
-                if not keyed:
-                    out.append((start, Update(oid, new, old, "O")))
-                elif key_only(old) != key_only(new):
-                    out.append((start, Update(oid, new, key_only(old), "K")))
-                else:
-                    out.append((start, Update(oid, new)))
+        if not isinstance(event, UpdateRowsEvent):
+            return [texts(row["values"], row["none_sources"]) for row in event.rows]
+        return [image for row in event.rows for image in (texts(row["before_values"], row["before_none_sources"]),
+                                                          texts(row["after_values"], row["after_none_sources"]))]
 
     def _statement(self, event: Any, query: str, at: int, out: list[tuple[int, Event]]) -> None:
         """TRUNCATE of a tracked table becomes ``Truncate``; renames and drops change identities
