@@ -13,8 +13,9 @@ column) is loaded with ``INSERT ... SELECT`` from MariaDB's sequence engine. The
 2. Changes. ``--changes`` inserts, updates and deletes in transactions of 100 are written while
    headrace is stopped, into a binlog file of their own. References: ``mariadb-binlog
    --read-from-remote-server --base64-output=decode-rows --verbose`` decoding exactly those events
-   to /dev/null. headrace: ``BinlogStream`` alone reading them (``--profile`` prints where its time
-   goes), and the stopped pipeline run again until caught up (staged and applied to DuckLake).
+   to /dev/null. headrace: ``BinlogStream`` alone reading them, with mysql-replication's Python row
+   decoder and with the C one (``rows_native``; ``--profile`` prints where its time goes), and the
+   stopped pipeline run again until caught up (staged and applied to DuckLake).
 
     .venv/bin/python bench/mysql.py [--rows 1000000] [--changes 200000] [--profile] [--png out.png]
 """
@@ -44,7 +45,7 @@ from headrace.pipeline import Pipeline  # noqa: E402
 from headrace.source.mysql.binlog import BinlogStream  # noqa: E402
 from headrace.source.mysql.catalog import read_table_schema  # noqa: E402
 from headrace.source.mysql.connect import connect  # noqa: E402
-from headrace.source.mysql.copy import WHOLE_TABLE, copy_chunk  # noqa: E402
+from headrace.source.mysql.copy import OPEN_HIGH, OPEN_LOW, copy_chunk  # noqa: E402
 from headrace.source.mysql.position import to_int  # noqa: E402
 from headrace.source.mysql.throwaway import ThrowawayMariaDB, find_mariadb_bin  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
@@ -95,10 +96,25 @@ def read_chunk(dsn: str, compiled: bool) -> float:
     with contextlib.closing(connect(dsn)) as conn:
         schema = read_table_schema(conn, DATABASE, TABLE)
     t0 = time.monotonic()
-    rows = sum(b.num_rows for b in copy_chunk(dsn, schema, *WHOLE_TABLE, compiled=compiled))
+    rows = sum(b.num_rows for b in copy_chunk(dsn, schema, OPEN_LOW, OPEN_HIGH, compiled=compiled))
     seconds = time.monotonic() - t0
     assert rows > 0
     return seconds
+
+
+@contextlib.contextmanager
+def pymysql_copy(on: bool) -> Any:
+    """With ``on``, the pipeline's copy chunks take the pymysql path (the bench's reference; the
+    copy runs on driver threads in local mode, so the switch reaches it)."""
+    from headrace.source.mysql import copy as chunked
+
+    planned = chunked.arrow_plan
+    if on:
+        chunked.arrow_plan = lambda columns: "the bench's pymysql reference"  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        chunked.arrow_plan = planned
 
 
 def read_client(server: ThrowawayMariaDB) -> float:
@@ -165,13 +181,13 @@ def mariadb_binlog(server: ThrowawayMariaDB, file: str, start: int, stop: int) -
     return time.monotonic() - t0
 
 
-def stream_changes(dsn: str, start: int, end: int, profile: bool) -> tuple[float, int]:
+def stream_changes(dsn: str, start: int, end: int, profile: bool, native: bool = True) -> tuple[float, int]:
     """(seconds, row changes) for ``BinlogStream`` to read the binlog from ``start`` to ``end``; with
     ``profile``, a second pass under cProfile prints its top functions to stderr (not timed: the
     profiler roughly doubles the time)."""
 
     def drain(profiler: cProfile.Profile | None) -> tuple[float, int]:
-        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)})
+        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)}, native=native)
         count, t0 = 0, time.monotonic()
         if profiler:
             profiler.enable()
@@ -215,6 +231,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile BinlogStream, top functions to stderr")
     parser.add_argument("--connections", default="1,2", help="snapshot.max_connections values to copy with")
     parser.add_argument("--png", help="also plot rows/s to this PNG")
+    parser.add_argument("--both-copies", action="store_true",
+                        help="also copy end to end through the pymysql path (the reference for connectorx)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="headrace-mysql-bench-"))
     results: dict[str, Any] = {"rows": args.rows, "load_avg_start": round(os.getloadavg()[0], 1)}
@@ -250,10 +268,14 @@ def main() -> int:
         results["spark_start_s"] = round(time.monotonic() - t0, 1)
         config = first
         for i, n in enumerate(connections):  # each its own pipeline (state, staging, lake)
-            config = pipeline_config(server, pg.dsn, work, f"copy{n}_{i}", n)
-            seconds = run_caught_up(config, spark)
-            results[f"copy_{i}_max_connections_{n}_s"] = round(seconds, 1)
-            table.append((f"headrace copy to DuckLake, max_connections {n} (copy {i + 1})", args.rows, rate(args.rows, seconds)))
+            for compiled in (False, True) if args.both_copies else (True,):
+                config = pipeline_config(server, pg.dsn, work, f"copy{n}_{i}_{int(compiled)}", n)
+                with pymysql_copy(not compiled):
+                    seconds = run_caught_up(config, spark)
+                label = "connectorx" if compiled else "pymysql"
+                results[f"copy_{i}_max_connections_{n}_{label}_s"] = round(seconds, 1)
+                table.append((f"headrace copy to DuckLake, max_connections {n}, {label}", args.rows,
+                              rate(args.rows, seconds)))
 
         copies = len(table)
 
@@ -270,10 +292,12 @@ def main() -> int:
         results["load_avg_changes"] = round(os.getloadavg()[0], 1)
         ref_binlog = mariadb_binlog(server, file, start, end)
         table.append(("reference: mariadb-binlog --verbose (decode rows)", written, rate(written, ref_binlog)))
-        stream_s, streamed = stream_changes(server.dsn_for(DATABASE), to_int(file, start), to_int(file, end),
-                                            args.profile)
-        assert streamed == written, f"the stream read {streamed} changes, {written} were written"
-        table.append(("headrace BinlogStream alone", written, rate(written, stream_s)))
+        for native, label in ((False, "Python rows"), (True, "C rows")):
+            stream_s, streamed = stream_changes(server.dsn_for(DATABASE), to_int(file, start), to_int(file, end),
+                                                args.profile, native)
+            assert streamed == written, f"the stream read {streamed} changes, {written} were written"
+            results[f"stream_{label.split()[0].lower()}_s"] = round(stream_s, 2)
+            table.append((f"headrace BinlogStream alone ({label})", written, rate(written, stream_s)))
         catch_up = run_caught_up(config, spark)  # the last copy's pipeline, stopped since
         table.append(("headrace catch-up to DuckLake (staged + applied)", written, rate(written, catch_up)))
         spark.stop()
