@@ -311,17 +311,24 @@ class BinlogStream:
         shape = self._schemas[oid]
         planned = self._native.get(event.table_id)
         if planned is None or planned[0] is not shape:
-            specs = rows_native.row_specs(event.columns, shape.columns) if self.native else None
+            # Each TABLE_MAP gives a new shape object; its columns are mostly the last one's.
+            same = planned is not None and planned[0].columns == shape.columns
+            specs = planned[1] if same and planned is not None else (
+                rows_native.row_specs(event.columns, shape.columns) if self.native else None)
             planned = self._native[event.table_id] = (shape, specs)
         specs = planned[1]
         images = rows_native.decode(event, specs) if specs is not None else None
         if images is None:
             images = self._python_images(event, oid, shape)
         keyed = bool(shape.key)
-        in_key = [name in shape.key for name in shape.column_names]
+        at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
+        blank = [None] * len(shape.columns)
 
         def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
-            return tuple(v if k else None for v, k in zip(row, in_key, strict=True))
+            key: list[str | None] = blank.copy()
+            for i in at:
+                key[i] = row[i]
+            return tuple(key)
 
         if isinstance(event, WriteRowsEvent):
             out.extend((start, Insert(oid, row)) for row in images)
@@ -331,7 +338,7 @@ class BinlogStream:
             for old, new in zip(images[::2], images[1::2], strict=True):
                 if not keyed:
                     out.append((start, Update(oid, new, old, "O")))
-                elif key_only(old) != key_only(new):
+                elif any(old[i] != new[i] for i in at):
                     out.append((start, Update(oid, new, key_only(old), "K")))
                 else:
                     out.append((start, Update(oid, new)))
