@@ -322,7 +322,7 @@ class BinlogStream:
             images = self._python_images(event, oid, shape)
         keyed = bool(shape.key)
         at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
-        blank = [None] * len(shape.columns)
+        blank: list[str | None] = [None] * len(shape.columns)
 
         def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
             key: list[str | None] = blank.copy()
