@@ -8,4 +8,7 @@ In a checkout: ``python setup.py build_ext --inplace`` (``pip install -e .`` bui
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("headrace._speedups", ["headrace/_speedups.c"], optional=True,
+                             extra_compile_args=["-O2"]),
+                   # MySQL/MariaDB binlog row events (headrace.source.mysql.rows_native)
+                   Extension("headrace._binlog_rows", ["headrace/_binlog_rows.c"], optional=True,
                              extra_compile_args=["-O2"])])

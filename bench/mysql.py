@@ -5,14 +5,17 @@ A throwaway MariaDB (the source) and a throwaway PostgreSQL (headrace's state). 
 column) is loaded with ``INSERT ... SELECT`` from MariaDB's sequence engine. Then, in one run:
 
 1. Copy. References: ``SELECT *`` of the table read by pymysql (server-side cursor) and by the
-   ``mariadb --batch --quick`` client to /dev/null; the faster is the physical limit. headrace:
+   ``mariadb --batch --quick`` client to /dev/null; the faster is the physical limit. The copy's
+   chunk read alone (``copy_chunk`` of the whole table, the staged text in Arrow) through pymysql
+   and through connectorx, one connection each. headrace:
    ``Pipeline.run(until_caught_up=True)`` into DuckLake (state set-up, copy, switch to the binlog),
    with ``snapshot.max_connections`` 1 and 2; Spark is started once before, timed on its own.
 2. Changes. ``--changes`` inserts, updates and deletes in transactions of 100 are written while
    headrace is stopped, into a binlog file of their own. References: ``mariadb-binlog
    --read-from-remote-server --base64-output=decode-rows --verbose`` decoding exactly those events
-   to /dev/null. headrace: ``BinlogStream`` alone reading them (``--profile`` prints where its time
-   goes), and the stopped pipeline run again until caught up (staged and applied to DuckLake).
+   to /dev/null. headrace: ``BinlogStream`` alone reading them, with mysql-replication's Python row
+   decoder and with the C one (``rows_native``; ``--profile`` prints where its time goes), and the
+   stopped pipeline run again until caught up (staged and applied to DuckLake).
 
     .venv/bin/python bench/mysql.py [--rows 1000000] [--changes 200000] [--profile] [--png out.png]
 """
@@ -40,7 +43,9 @@ from headrace.config import parse_config  # noqa: E402
 from headrace.core.changes import Delete, Insert, Update  # noqa: E402
 from headrace.pipeline import Pipeline  # noqa: E402
 from headrace.source.mysql.binlog import BinlogStream  # noqa: E402
+from headrace.source.mysql.catalog import read_table_schema  # noqa: E402
 from headrace.source.mysql.connect import connect  # noqa: E402
+from headrace.source.mysql.copy import OPEN_HIGH, OPEN_LOW, copy_chunk  # noqa: E402
 from headrace.source.mysql.position import to_int  # noqa: E402
 from headrace.source.mysql.throwaway import ThrowawayMariaDB, find_mariadb_bin  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
@@ -83,6 +88,33 @@ def read_pymysql(root: str) -> float:
         while cur.fetchmany(10_000):
             pass
     return time.monotonic() - t0
+
+
+def read_chunk(dsn: str, compiled: bool) -> float:
+    """Seconds for ``copy_chunk`` to read the whole table as the copy stages it (text columns and
+    positions in Arrow, no Spark): connectorx (``compiled``) or the pymysql path."""
+    with contextlib.closing(connect(dsn)) as conn:
+        schema = read_table_schema(conn, DATABASE, TABLE)
+    t0 = time.monotonic()
+    rows = sum(b.num_rows for b in copy_chunk(dsn, schema, OPEN_LOW, OPEN_HIGH, compiled=compiled))
+    seconds = time.monotonic() - t0
+    assert rows > 0
+    return seconds
+
+
+@contextlib.contextmanager
+def pymysql_copy(on: bool) -> Any:
+    """With ``on``, the pipeline's copy chunks take the pymysql path (the bench's reference; the
+    copy runs on driver threads in local mode, so the switch reaches it)."""
+    from headrace.source.mysql import copy as chunked
+
+    planned = chunked.arrow_plan
+    if on:
+        chunked.arrow_plan = lambda columns: "the bench's pymysql reference"  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        chunked.arrow_plan = planned
 
 
 def read_client(server: ThrowawayMariaDB) -> float:
@@ -149,13 +181,13 @@ def mariadb_binlog(server: ThrowawayMariaDB, file: str, start: int, stop: int) -
     return time.monotonic() - t0
 
 
-def stream_changes(dsn: str, start: int, end: int, profile: bool) -> tuple[float, int]:
+def stream_changes(dsn: str, start: int, end: int, profile: bool, native: bool = True) -> tuple[float, int]:
     """(seconds, row changes) for ``BinlogStream`` to read the binlog from ``start`` to ``end``; with
     ``profile``, a second pass under cProfile prints its top functions to stderr (not timed: the
     profiler roughly doubles the time)."""
 
     def drain(profiler: cProfile.Profile | None) -> tuple[float, int]:
-        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)})
+        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)}, native=native)
         count, t0 = 0, time.monotonic()
         if profiler:
             profiler.enable()
@@ -199,6 +231,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile BinlogStream, top functions to stderr")
     parser.add_argument("--connections", default="1,2", help="snapshot.max_connections values to copy with")
     parser.add_argument("--png", help="also plot rows/s to this PNG")
+    parser.add_argument("--both-copies", action="store_true",
+                        help="also copy end to end through the pymysql path (the reference for connectorx)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="headrace-mysql-bench-"))
     results: dict[str, Any] = {"rows": args.rows, "load_avg_start": round(os.getloadavg()[0], 1)}
@@ -221,6 +255,10 @@ def main() -> int:
         ref_copy = min(ref_pymysql, ref_client)
         table += [("reference: SELECT * via pymysql SSCursor", args.rows, rate(args.rows, ref_pymysql)),
                   ("reference: SELECT * via mariadb --batch --quick", args.rows, rate(args.rows, ref_client))]
+        for compiled, label in ((False, "pymysql"), (True, "connectorx")):
+            seconds = read_chunk(server.dsn_for(DATABASE), compiled)
+            results[f"chunk_read_{label}_s"] = round(seconds, 2)
+            table.append((f"headrace chunk read alone ({label}), one connection", args.rows, rate(args.rows, seconds)))
         from headrace.spark import build_session
 
         connections = [int(c) for c in args.connections.split(",")]
@@ -230,10 +268,14 @@ def main() -> int:
         results["spark_start_s"] = round(time.monotonic() - t0, 1)
         config = first
         for i, n in enumerate(connections):  # each its own pipeline (state, staging, lake)
-            config = pipeline_config(server, pg.dsn, work, f"copy{n}_{i}", n)
-            seconds = run_caught_up(config, spark)
-            results[f"copy_{i}_max_connections_{n}_s"] = round(seconds, 1)
-            table.append((f"headrace copy to DuckLake, max_connections {n} (copy {i + 1})", args.rows, rate(args.rows, seconds)))
+            for compiled in (False, True) if args.both_copies else (True,):
+                config = pipeline_config(server, pg.dsn, work, f"copy{n}_{i}_{int(compiled)}", n)
+                with pymysql_copy(not compiled):
+                    seconds = run_caught_up(config, spark)
+                label = "connectorx" if compiled else "pymysql"
+                results[f"copy_{i}_max_connections_{n}_{label}_s"] = round(seconds, 1)
+                table.append((f"headrace copy to DuckLake, max_connections {n}, {label}", args.rows,
+                              rate(args.rows, seconds)))
 
         copies = len(table)
 
@@ -250,10 +292,12 @@ def main() -> int:
         results["load_avg_changes"] = round(os.getloadavg()[0], 1)
         ref_binlog = mariadb_binlog(server, file, start, end)
         table.append(("reference: mariadb-binlog --verbose (decode rows)", written, rate(written, ref_binlog)))
-        stream_s, streamed = stream_changes(server.dsn_for(DATABASE), to_int(file, start), to_int(file, end),
-                                            args.profile)
-        assert streamed == written, f"the stream read {streamed} changes, {written} were written"
-        table.append(("headrace BinlogStream alone", written, rate(written, stream_s)))
+        for native, label in ((False, "Python rows"), (True, "C rows")):
+            stream_s, streamed = stream_changes(server.dsn_for(DATABASE), to_int(file, start), to_int(file, end),
+                                                args.profile, native)
+            assert streamed == written, f"the stream read {streamed} changes, {written} were written"
+            results[f"stream_{label.split()[0].lower()}_s"] = round(stream_s, 2)
+            table.append((f"headrace BinlogStream alone ({label})", written, rate(written, stream_s)))
         catch_up = run_caught_up(config, spark)  # the last copy's pipeline, stopped since
         table.append(("headrace catch-up to DuckLake (staged + applied)", written, rate(written, catch_up)))
         spark.stop()

@@ -36,9 +36,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.headrace-installed
-# setup.py and the C helpers it builds (headrace/_speedups.c) count too: an editable install builds them once.
+# setup.py and the C helpers it builds (headrace/_speedups.c, headrace/_binlog_rows.c) count too: an
+# editable install builds them once.
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-   || [ headrace/_speedups.c -nt "$stamp" ]; then
+   || [ headrace/_speedups.c -nt "$stamp" ] || [ headrace/_binlog_rows.c -nt "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"

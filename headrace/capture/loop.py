@@ -69,6 +69,7 @@ class Capture:
         self.connected = False
         self.last_error: str | None = None
         self.failure: Exception | None = None  # what stopped capture for good (the run loop re-raises it)
+        self.tables_created = threading.Event()  # the stream read a CREATE TABLE (run.table_watch polls)
         self.table_errors: dict[int, str] = {}  # oid -> why the stream stopped that table (run.table_watch errors it)
         self.changes_captured: dict[tuple[int, str], int] = {}
         self._heartbeat_due = True
@@ -221,6 +222,9 @@ class Capture:
                 if stream.forwardable > self._bounded:
                     self._bound(index, stream.forwardable)
                 self.table_errors.update(stream.new_table_errors())  # tables the stream stopped (MySQL DROP)
+                if stream.tables_created():  # MySQL: a CREATE TABLE read; the table watch polls now
+                    self.tables_created.set()
+                    self.on_staged()  # ends the run loop's idle wait
                 if events:
                     last_message_at = time.monotonic()
                 # The per-change path first (the cases are disjoint types, so order is free), and

@@ -94,8 +94,10 @@ def _assess_through_source(config: PipelineConfig, extra_tables: list[str] | Non
     except HeadraceError as exc:
         server.append(str(exc))
         result = {"tables": [], "problems": []}
-    result["server_problems"] = server + result.get("server_problems", [])
-    result["problems"] = server + result["problems"]
+    # The source's own check (``problems``) and its assessment both name the server's and the tables'
+    # problems: each once, in order.
+    result["server_problems"] = list(dict.fromkeys(server + result.get("server_problems", [])))
+    result["problems"] = list(dict.fromkeys(server + result["problems"]))
     return result
 
 

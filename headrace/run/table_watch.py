@@ -98,7 +98,11 @@ class TableWatch:
         try:
             did_work = self._finish_drops(state)
             did_work |= self._stream_errors(state)
-            if self.catalog is not None and time.monotonic() >= self._next_poll:
+            capture = self._capture()
+            created = capture is not None and capture.tables_created.is_set()
+            if created and capture is not None:
+                capture.tables_created.clear()  # before the poll: a table created during it polls again
+            if self.catalog is not None and (created or time.monotonic() >= self._next_poll):
                 self._next_poll = time.monotonic() + self.config.source.discovery_seconds
                 self._poll(state)
             return did_work

@@ -53,6 +53,11 @@ class ChangeStream(Protocol):
         """Tables the stream stopped since the last call (id -> the message naming the fix), which the
         run loop errors (MySQL: a tracked table dropped in the binlog); {} for a source that never does."""
 
+    def tables_created(self) -> bool:
+        """The stream read a table's creation (or a rename into a name) since the last call: the run's
+        catalog watch polls at once (MySQL: a CREATE TABLE in the binlog); False for a source that
+        cannot tell."""
+
     def close(self) -> None:
         """Close the stream's connection."""
 

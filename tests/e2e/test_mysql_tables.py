@@ -87,6 +87,25 @@ def test_mysql_tables_created_and_recreated_while_running(
         mariadb_server.drop_database(other)
 
 
+def test_mysql_create_table_in_the_binlog_wakes_the_catalog_watch(
+        mariadb_server: Any, shop: tuple[str, str], state_dsn: str, tmp_path: Path, spark: Any) -> None:  # noqa: F811
+    """The next timed poll is 10 minutes away: the CREATE TABLE read in the binlog has the new table
+    tracked, copied and streamed within seconds."""
+    database, root = shop
+    _run(root, "CREATE TABLE items (id INT PRIMARY KEY, v INT)", "INSERT INTO items VALUES (1, 1)")
+    config = make_config(mariadb_server.dsn_for(database), tmp_path, [], "ducklake",
+                         source={"state_dsn": state_dsn, "schemas": [database], "discovery_seconds": 600.0})
+    pipeline = Pipeline(config, spark=spark)
+    items, fresh = table_id(database, "items"), table_id(database, "fresh")
+    with running(pipeline):
+        wait_until(lambda: _state_of(state_dsn, items) == TableState.STREAMING, 180, "items to stream")
+        _run(root, "CREATE TABLE fresh (id INT PRIMARY KEY, v INT)", "INSERT INTO fresh VALUES (1, 0), (2, 0)")
+        wait_until(lambda: _state_of(state_dsn, fresh) == TableState.STREAMING, 60, "fresh to stream")
+        _run(root, "INSERT INTO fresh VALUES (3, 3)", "UPDATE fresh SET v = 9 WHERE id = 1")
+        wait_until(lambda: _same(pipeline, state_dsn, root, database, "fresh", fresh) == 3, 60,
+                   "fresh equal to the source", every=0.5)
+
+
 def test_mysql_resync_of_a_recreated_table_and_a_restart_after_rename(
         mariadb_server: Any, shop: tuple[str, str], state_dsn: str, tmp_path: Path, spark: Any) -> None:  # noqa: F811
     database, root = shop

@@ -49,6 +49,7 @@ from headrace.core.changes import (
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
 from headrace.core.settings import redacted_dsn
+from headrace.source.mysql import rows_native
 from headrace.source.mysql.catalog import (
     column_defaults,
     fixed_binary_types,
@@ -131,7 +132,8 @@ class BinlogStream:
 
     def __init__(self, dsn: str, server_id: int, start: int,
                  tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
-                 known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None) -> None:
+                 known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None,
+                 native: bool = True) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
@@ -141,6 +143,7 @@ class BinlogStream:
         self.identities = Identities(self._tracked, known)
         self.renamed, self.dropped, self.created = (self.identities.renamed, self.identities.dropped,
                                                     self.identities.created)
+        self.tables_created = 0  # CREATE TABLE and RENAME TABLE statements read (PositionStream resets it)
         with connect(dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT @@log_bin_basename")
             basename = cur.fetchone()[0]
@@ -172,6 +175,8 @@ class BinlogStream:
         self._fixed: dict[tuple[int, str, str], dict[str, str]] = {}  # (binlog table id, name) -> UUID/INET columns (_declared)
         # oid -> (shape, *types.binlog_converters(its columns)), rebuilt when the shape object changes.
         self._converters: dict[int, tuple[TableSchema, list[str], list[Converter | None], list[Converter]]] = {}
+        self.native = native  # row events decoded in C where the table's types allow (rows_native)
+        self._native: dict[int, tuple[TableSchema, list[rows_native.Spec] | None]] = {}  # binlog table id ->
 
     def schema(self, oid: int) -> TableSchema:
         """The shape of table ``oid`` as its latest TABLE_MAP described it (for the last Relation)."""
@@ -304,13 +309,47 @@ class BinlogStream:
         start = self._begin(out)
         self._relation(oid, start, out)
         shape = self._schemas[oid]
+        planned = self._native.get(event.table_id)
+        if planned is None or planned[0] is not shape:
+            # Each TABLE_MAP gives a new shape object; its columns are mostly the last one's.
+            same = planned is not None and planned[0].columns == shape.columns
+            specs = planned[1] if same and planned is not None else (
+                rows_native.row_specs(event.columns, shape.columns) if self.native else None)
+            planned = self._native[event.table_id] = (shape, specs)
+        specs = planned[1]
+        images = rows_native.decode(event, specs) if specs is not None else None
+        if images is None:
+            images = self._python_images(event, oid, shape)
+        keyed = bool(shape.key)
+        at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
+        blank: list[str | None] = [None] * len(shape.columns)
+
+        def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
+            key: list[str | None] = blank.copy()
+            for i in at:
+                key[i] = row[i]
+            return tuple(key)
+
+        if isinstance(event, WriteRowsEvent):
+            out.extend((start, Insert(oid, row)) for row in images)
+        elif isinstance(event, DeleteRowsEvent):
+            out.extend((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images)
+        else:
+            for old, new in zip(images[::2], images[1::2], strict=True):
+                if not keyed:
+                    out.append((start, Update(oid, new, old, "O")))
+                elif any(old[i] != new[i] for i in at):
+                    out.append((start, Update(oid, new, key_only(old), "K")))
+                else:
+                    out.append((start, Update(oid, new)))
+
+    def _python_images(self, event: Any, oid: int, shape: TableSchema) -> list[tuple[str | None, ...]]:
+        """The event's row images (an UPDATE: before, after, ...) as text, through mysql-replication."""
         converters = self._converters.get(oid)
         if converters is None or converters[0] is not shape:
             converters = self._converters[oid] = (shape, *binlog_converters(shape.columns))
         _shape, names, fast, convert = converters
         plan = list(zip(names, fast, convert, shape.columns, event.columns, strict=True))
-        keyed = bool(shape.key)
-        in_key = [name in shape.key for name in names]
 
         def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
             # Most values take their column's converter directly; NULL-looking ones (zero dates, the
@@ -318,24 +357,10 @@ class BinlogStream:
             return tuple(f(v) if f is not None and (v := values[n]) is not None
                          else binlog_text(values[n], none.get(n), lib, c, g) for n, f, g, c, lib in plan)
 
-        def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
-            return tuple(v if k else None for v, k in zip(row, in_key, strict=True))
-
-        for row in event.rows:
-            if isinstance(event, WriteRowsEvent):
-                out.append((start, Insert(oid, texts(row["values"], row["none_sources"]))))
-            elif isinstance(event, DeleteRowsEvent):
-                old = texts(row["values"], row["none_sources"])
-                out.append((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")))
-            else:
-                old = texts(row["before_values"], row["before_none_sources"])
-                new = texts(row["after_values"], row["after_none_sources"])
-                if not keyed:
-                    out.append((start, Update(oid, new, old, "O")))
-                elif key_only(old) != key_only(new):
-                    out.append((start, Update(oid, new, key_only(old), "K")))
-                else:
-                    out.append((start, Update(oid, new)))
+        if not isinstance(event, UpdateRowsEvent):
+            return [texts(row["values"], row["none_sources"]) for row in event.rows]
+        return [image for row in event.rows for image in (texts(row["before_values"], row["before_none_sources"]),
+                                                          texts(row["after_values"], row["after_none_sources"]))]
 
     def _statement(self, event: Any, query: str, at: int, out: list[tuple[int, Event]]) -> None:
         """TRUNCATE of a tracked table becomes ``Truncate``; renames and drops change identities
@@ -348,7 +373,9 @@ class BinlogStream:
             if oid is not None:
                 out.append((self._begin(out), Truncate((oid,))))
             return
-        for oid, (database, table) in self.identities.apply(parse(query, default_db), at):
+        ddl = parse(query, default_db)
+        self.tables_created += len(ddl.created_tables) + len(ddl.replaced_tables) + len(ddl.renamed_tables)
+        for oid, (database, table) in self.identities.apply(ddl, at):
             self.renames.append((oid, (database, table), at))
             shape = self._schemas.get(oid)
             if shape is not None:

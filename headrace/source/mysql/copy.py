@@ -16,6 +16,7 @@ copied row and the same row read from the binlog are equal.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from headrace.core.names import TableName
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.source.mysql.catalog import read_table_schema
 from headrace.source.mysql.connect import connect
+from headrace.source.mysql.copy_arrow import arrow_plan, read_chunk_arrow
 from headrace.source.mysql.copy_locks import marked
 from headrace.source.mysql.position import to_int
 from headrace.source.mysql.types import select_expression, text_converter
@@ -40,6 +42,8 @@ OPEN_LOW, OPEN_HIGH = -(2**63), 2**63 - 1
 BATCH_ROWS = 10_000
 _TABLE_DEF_CHANGED = 1412  # ER_TABLE_DEF_CHANGED: altered after the snapshot began
 _CONNECTION_LOST = (2006, 2013)  # server gone, connection lost (errmsg.h)
+log = logging.getLogger(__name__)
+_told: set[int] = set()  # tables whose reason for the pymysql path was logged (once per process)
 
 
 def _quote(name: str) -> str:
@@ -115,15 +119,54 @@ def _same_shape(copied: TableSchema, now: TableSchema) -> bool:
     return [(c.name, c.type) for c in copied.columns] == [(c.name, c.type) for c in now.columns]
 
 
-def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int,
-               batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+def _inlined(schema: TableSchema, start: int, end: int) -> str:
+    where, args = _where(schema, start, end)
+    return where.replace("%s", "{}").format(*(int(a) for a in args))  # integer bounds only
+
+
+def _check_shape(dsn: str, schema: TableSchema) -> None:
+    with contextlib.closing(connect(dsn)) as conn:
+        now = read_table_schema(conn, schema.schema, schema.name)
+    if not _same_shape(schema, now):
+        raise TransientError(f"table {TableName(schema.schema, schema.name)} changed shape since its copy was"
+                             " planned; the copy is planned again with the new shape")
+
+
+def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int, batch_rows: int = BATCH_ROWS,
+               compiled: bool = True) -> Iterator[pa.RecordBatch]:
     """The rows of chunk ``(start, end)`` of ``schema``'s table as Arrow batches (runs in a Spark task).
 
     Columns ``c0..cN`` (strings, in ``schema.columns`` order; NULL for SQL NULL) and ``_pos`` (int64,
-    the snapshot's binlog position, on every row). The connection, its snapshot transaction and the
-    server-side cursor live as long as the iterator. Raises TransientError when the table's shape
-    differs from ``schema`` (changed since the copy was planned: the caller re-reads it and retries).
+    the snapshot's binlog position, on every row). Read by connectorx (``copy_arrow``) when it reads
+    every column exactly and ``compiled`` and the chunk is a key range, else by pymysql (the reason
+    logged once per table). Raises
+    TransientError when the table's shape differs from ``schema`` (changed since the copy was planned:
+    the caller re-reads it and retries).
     """
+    plan = arrow_plan(schema.columns) if compiled else "compiled=False"
+    if (start, end) == WHOLE_TABLE:
+        # connectorx reads a chunk into memory whole; a table that is one chunk may be any size.
+        plan = "a table copied as one chunk (no single integer key, or empty when planned) streams through pymysql"
+    if isinstance(plan, str):
+        if compiled and schema.oid not in _told:
+            _told.add(schema.oid)
+            log.info("copying %s.%s through pymysql: %s", schema.schema, schema.name, plan)
+        yield from _copy_chunk_pymysql(dsn, schema, start, end, batch_rows)
+        return
+    # The shape before and after the read: an ALTER during the read fails it (ER_TABLE_DEF_CHANGED)
+    # or waits for it and shows after it.
+    _check_shape(dsn, schema)
+    before = []
+    if held := hold_seconds("snapshot.read"):  # tests: a long read, holding the table's lock
+        before.append(f"SELECT {marked(schema.oid)} SLEEP({float(held)}) FROM {_from(schema)} LIMIT 1")
+    yield from read_chunk_arrow(dsn, schema, plan, _inlined(schema, start, end), before, batch_rows)
+    _check_shape(dsn, schema)
+
+
+def _copy_chunk_pymysql(dsn: str, schema: TableSchema, start: int, end: int,
+                        batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``copy_chunk`` through pymysql: the connection, its snapshot transaction and the server-side
+    cursor live as long as the iterator."""
     names = [f"c{i}" for i in range(len(schema.columns))]
     arrow_schema = pa.schema([*(pa.field(n, pa.string()) for n in names), pa.field("_pos", pa.int64())])
     conn = connect(dsn, cursorclass=pymysql.cursors.SSCursor, autocommit=False)

@@ -179,13 +179,13 @@ class MySqlSource(Source):
         assessed: list[dict[str, Any]] = []
         for table in names:
             name = TableName.parse(table) if isinstance(table, str) else table
+            problems = check.table_problems(conn, name)  # the same sentences as `problems` (one line each)
             try:
                 schema = catalog.read_table_schema(conn, name.schema, name.name)
             except SourceError as exc:
                 assessed.append({"table": str(name), "oid": None, "exists": False, "ready": False,
-                                 "problems": [str(exc)]})
+                                 "problems": problems or [str(exc)]})
                 continue
-            problems = check.table_problems(conn, name)
             assessed.append({"table": str(name), "oid": schema.oid, "exists": True, "ready": not problems,
                              "problems": problems, "key": list(schema.key), "columns": len(schema.columns),
                              "replica_identity": "primary key" if schema.key else "full row (no primary key)",

@@ -75,6 +75,10 @@ class PositionStream:
     def acknowledge(self, pos: int) -> None:
         self.inner.acknowledge(pos)
 
+    def tables_created(self) -> bool:
+        created, self.inner.tables_created = self.inner.tables_created > 0, 0
+        return created
+
     def new_table_errors(self) -> dict[int, str]:
         """Tracked tables the binlog dropped since the last call (id -> the message naming the fix), for
         capture to hand to the run loop, which errors each (``run.table_watch``)."""

@@ -312,6 +312,10 @@ class ReplicationStream:
         """None: PostgreSQL's catalog watch learns of dropped tables (``ChangeStream``)."""
         return {}
 
+    def tables_created(self) -> bool:
+        """False: pgoutput says nothing of CREATE TABLE (the catalog watch polls)."""
+        return False
+
     def acknowledge(self, flush_lsn: int) -> None:
         """Tell the server everything up to ``flush_lsn`` is durable (write = flush = apply); what it
         is told may be ``forwardable``."""

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
+from headrace.control.assess import assess_config, format_assessment
 from headrace.core.names import TableName
 from headrace.source.mysql.catalog import list_tables
 from headrace.source.mysql.check import check_server
 from headrace.source.mysql.connect import connect
 from headrace.source.mysql.throwaway import ThrowawayMariaDB
+from tests.e2e.helpers import make_config
 
 
 def test_ready_server_and_table_problems(mariadb_server: ThrowawayMariaDB, mysql_db: tuple[str, str]) -> None:
@@ -28,8 +31,8 @@ def test_ready_server_and_table_problems(mariadb_server: ThrowawayMariaDB, mysql
     assert "is not a table (VIEW)" in problems[0] and f"{database}.gone does not exist" in problems[1]
 
 
-def test_misconfigured_server_and_account(tmp_path: Any) -> None:
-    settings = {"binlog_format": "STATEMENT", "binlog_row_metadata": "MINIMAL", "expire_logs_days": "0",
+def test_misconfigured_server_and_account(tmp_path: Any, source_dsn: str) -> None:
+    settings = {"binlog_format": "STATEMENT", "binlog_row_metadata": "NO_LOG", "expire_logs_days": "0",
                 "binlog_expire_logs_seconds": "3600"}
     with ThrowawayMariaDB(str(tmp_path), settings) as server:
         with contextlib.closing(connect(server.root_dsn)) as root, root.cursor() as cur:
@@ -38,10 +41,20 @@ def test_misconfigured_server_and_account(tmp_path: Any) -> None:
             cur.execute("CREATE USER 'weak'@'%' IDENTIFIED BY 'weak'")
             cur.execute("CREATE TABLE shop.items (id INT PRIMARY KEY)")
             cur.execute("GRANT INSERT ON shop.items TO 'weak'@'%'")  # visible, but not readable
-        with contextlib.closing(connect(server.dsn.replace("repl:repl", "weak:weak"))) as conn:
+        weak = server.dsn.replace("repl:repl", "weak:weak")
+        with contextlib.closing(connect(weak)) as conn:
             problems = check_server(conn, [TableName("shop", "orders"), TableName("shop", "items")])
+        # `headrace check` (the source's own check, then its assessment): each problem on one line, once.
+        config = make_config(weak + "shop", Path(tmp_path), ["shop.orders", "shop.items"], "ducklake",
+                             source={"state_dsn": source_dsn})
+        assessment = assess_config(config)
+    text = format_assessment(config.name, assessment)
+    lines = [line for line in text.splitlines() if line.startswith("  - ")]
+    assert len(lines) == len(set(lines)) == len(assessment["problems"]) == 7, text
+    assert sum("binlog_row_metadata is NO_LOG" in line for line in lines) == 1
+    assert text.startswith(f"7 problem(s) with pipeline {config.name}:")
     assert any(p.startswith("binlog_format is STATEMENT: run SET GLOBAL binlog_format = 'ROW'") for p in problems)
-    assert any(p.startswith("binlog_row_metadata is MINIMAL") for p in problems)
+    assert any(p.startswith("binlog_row_metadata is NO_LOG") for p in problems)
     assert any("kept 3600 s only" in p for p in problems)
     assert any("lacks REPLICATION SLAVE" in p and "GRANT REPLICATION SLAVE ON *.* TO 'weak'@'%'" in p
                for p in problems)

@@ -1,0 +1,103 @@
+"""Row events decoded in C (``headrace/_binlog_rows.c``) straight to the text the stream stages.
+
+mysql-replication decodes each value into a Python object that ``types.binlog_text`` then turns into
+text; the C decoder reads the row image's bytes and writes the text at once, for the column types
+it spells exactly as that path does (integers, FLOAT, DOUBLE, DECIMAL, character strings in UTF-8,
+binary strings, DATE, DATETIME, TIMESTAMP, YEAR). A table with another type (TIME, BIT, ENUM, SET,
+GEOMETRY, JSON, MariaDB's UUID/INET, strings in other character sets, BINARY(n)) keeps the Python
+decoder, as does every table when the extension was not built (no C compiler); both give the same
+text (``tests/source/mysql/test_rows_native.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pymysqlreplication.constants import FIELD_TYPE
+from pymysqlreplication.row_event import UpdateRowsEvent
+
+from headrace.core.schema import Column
+
+try:  # built by setup.py when a C compiler is there
+    from headrace._binlog_rows import decode_rows as _decode_rows
+except ImportError:  # pragma: no cover - depends on the build
+    _decode_rows = None
+
+Spec = tuple[int, int, int]
+K_INT, K_FLOAT, K_DOUBLE, K_DECIMAL, K_TEXT, K_BINARY, K_DATE, K_DATETIME2, K_TIMESTAMP2, K_YEAR = range(1, 11)
+_INT_BYTES = {FIELD_TYPE.TINY: 1, FIELD_TYPE.SHORT: 2, FIELD_TYPE.INT24: 3, FIELD_TYPE.LONG: 4,
+              FIELD_TYPE.LONGLONG: 8}
+_UTF8 = ("utf8mb4", "utf8mb3", "utf8")
+_TEXTS = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext")
+_BLOBS = ("tinyblob", "blob", "mediumblob", "longblob", "varbinary")
+_TIMES = {FIELD_TYPE.DATE: K_DATE, FIELD_TYPE.DATETIME2: K_DATETIME2, FIELD_TYPE.TIMESTAMP2: K_TIMESTAMP2,
+          FIELD_TYPE.YEAR: K_YEAR}
+_DATE_BASES = {K_DATE: "date", K_DATETIME2: "datetime", K_TIMESTAMP2: "timestamp", K_YEAR: "year"}
+
+
+def available() -> bool:
+    """Whether the C decoder was built."""
+    return _decode_rows is not None
+
+
+def _base(column: Column) -> str:
+    return column.type.pg_type.split("(")[0].split(" ")[0]
+
+
+def _spec(binlog_column: Any, column: Column) -> Spec | None:
+    code, base = binlog_column.type, _base(column)
+    if code in _INT_BYTES:
+        return (K_INT, _INT_BYTES[code], int(bool(binlog_column.unsigned)))
+    if code == FIELD_TYPE.FLOAT and base == "float":
+        return (K_FLOAT, 0, 0)
+    if code == FIELD_TYPE.DOUBLE and base == "double":
+        return (K_DOUBLE, 0, 0)
+    if code == FIELD_TYPE.NEWDECIMAL and base == "decimal":
+        return (K_DECIMAL, int(binlog_column.precision), int(binlog_column.decimals))
+    charset = (binlog_column.character_set_name or "").lower()
+    if code in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING) and base in ("char", "varchar") and charset in _UTF8:
+        return (K_TEXT, 2 if binlog_column.max_length > 255 else 1, 0)
+    if code == FIELD_TYPE.BLOB and base in _TEXTS and charset in _UTF8:
+        return (K_TEXT, int(binlog_column.length_size), 0)
+    if code == FIELD_TYPE.BLOB and base in _BLOBS:
+        return (K_BINARY, int(binlog_column.length_size), 0)
+    if code == FIELD_TYPE.VARCHAR and base == "varbinary":
+        return (K_BINARY, 2 if binlog_column.max_length > 255 else 1, 0)
+    kind = _TIMES.get(code)
+    if kind is not None and _DATE_BASES[kind] == base:
+        return (kind, int(getattr(binlog_column, "fsp", 0) or 0), 0)
+    return None
+
+
+def row_specs(binlog_columns: Sequence[Any], columns: Sequence[Column]) -> list[Spec] | None:
+    """The C decoder's plan for a table (from its TABLE_MAP's columns and the stream's shape), or None
+    when a column needs the Python decoder (or the extension is not built)."""
+    if _decode_rows is None or len(binlog_columns) != len(columns):
+        return None
+    specs = []
+    for binlog_column, column in zip(binlog_columns, columns, strict=True):
+        spec = _spec(binlog_column, column)
+        if spec is None:
+            return None
+        specs.append(spec)
+    return specs
+
+
+def decode(event: Any, specs: list[Spec]) -> list[tuple[str | None, ...]] | None:
+    """The event's row images as text tuples (an UPDATE: before, after, before, ...), or None when the
+    Python decoder must read it (a column left out of the image, a value C does not spell); then the
+    event is as it was, unread."""
+    assert _decode_rows is not None
+    if not getattr(event, "complete", True) or not getattr(event, "_processed", True):
+        return None
+    full = bytes([255] * (len(specs) // 8)) + (bytes([(1 << (len(specs) % 8)) - 1]) if len(specs) % 8 else b"")
+    update = isinstance(event, UpdateRowsEvent)
+    if event.columns_present_bitmap != full or (update and event.columns_present_bitmap2 != full):
+        return None  # binlog_row_image is not FULL: Python raises the error naming the fix
+    packet = event.packet
+    body = packet.read(event.event_size - packet.read_bytes)
+    rows: list[tuple[str | None, ...]] | None = _decode_rows(body, 2 if update else 1, specs)
+    if rows is None:
+        packet.unread(body)
+    return rows
