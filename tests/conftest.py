@@ -22,6 +22,7 @@ import pytest
 
 from headrace.source.mysql.throwaway import ThrowawayMariaDB
 from headrace.source.postgres.throwaway import ThrowawayPostgres
+from tests.objectstore import MotoServer, s3_environment
 
 _db_counter = itertools.count()
 _TESTS = Path(__file__).parent
@@ -99,6 +100,28 @@ def spark():  # type: ignore[no-untyped-def]
                             target_conf=iceberg_session_conf(jdbc_driver=True))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A real S3-compatible server (``moto_server``, in memory, loopback port) for the whole session."""
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on ``s3_server``, with the standard AWS variables pointing at it (all a config
+    of ``s3://`` paths needs); the process's storage section is reset to its defaults afterwards."""
+    from headrace import storage
+
+    for name, value in s3_environment(s3_server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(storage, "_config", None)
+    return s3_server.new_bucket()
 
 
 @pytest.fixture(scope="session")
