@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from headrace import storage
 from headrace.core.errors import ConfigError
 from headrace.core.names import path_segment
 from headrace.targets.ducklake import extension
@@ -53,6 +54,11 @@ def iceberg_metadata_location(settings: IcebergConfig, namespace: str, table: st
     """
     if settings.catalog.type == "jdbc":
         return str(iceberg_catalog(settings).load_table((namespace, table)).metadata_location)
+    if storage.is_object_store(settings.warehouse):
+        metadata_url = f"{settings.warehouse.rstrip('/')}/{path_segment(namespace)}/{path_segment(table)}/metadata"
+        filesystem, path = storage.filesystem(metadata_url)
+        with filesystem.open_input_stream(f"{path}/version-hint.text") as hint:
+            return f"{metadata_url}/v{hint.read().decode().strip()}.metadata.json"
     if "://" in settings.warehouse and not settings.warehouse.startswith("file:"):
         raise ConfigError(f"reading {settings.warehouse} needs a filesystem client: use Spark or pyiceberg")
     root = Path(settings.warehouse.removeprefix("file://").removeprefix("file:"))

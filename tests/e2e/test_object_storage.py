@@ -12,6 +12,7 @@ from typing import Any
 
 import duckdb
 import psycopg
+import pytest
 
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.throwaway import ThrowawayPostgres
@@ -55,12 +56,14 @@ def make_orders(dsn: str, rows: int) -> None:
                      f" + g * interval '1 min' FROM generate_series(1, {rows}) g")
 
 
-def change_orders(dsn: str) -> None:
-    """Inserts, updates, deletes, a new column and its values, then a TRUNCATE and rows after it."""
+def change_orders(dsn: str, alter: bool = True) -> None:
+    """Inserts, updates, deletes; with ``alter`` a new column and its values."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO orders SELECT g, 'new ' || g, 1, 1.5, now() FROM generate_series(1001, 1100) g")
         conn.execute("UPDATE orders SET qty = qty + 10 WHERE id % 5 = 0")
         conn.execute("DELETE FROM orders WHERE id % 9 = 0")
+        if not alter:
+            return
         conn.execute("ALTER TABLE orders ADD COLUMN note text")
         conn.execute("UPDATE orders SET note = 'noted ' || id WHERE id % 3 = 0")
 
@@ -102,3 +105,111 @@ def test_ducklake_on_s3_with_a_postgres_catalog_copies_streams_evolves_and_trunc
     run_caught_up(pipeline)
     wait_until(lake_equals_source, 30, "the lake did not follow the TRUNCATE")
     reader.close()
+
+
+def iceberg_rows(server: MotoServer, metadata: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    """The table at ``metadata`` (its current metadata file on S3) as DuckDB's iceberg extension reads it."""
+    con = duckdb_on_s3(server, "avro", "iceberg")
+    try:
+        return rows_of(con, f"SELECT {', '.join(columns)} FROM iceberg_scan('{metadata}')")
+    finally:
+        con.close()
+
+
+def pyiceberg_s3(server: MotoServer) -> dict[str, str]:
+    return {"s3.endpoint": server.endpoint, "s3.access-key-id": KEY_ID, "s3.secret-access-key": SECRET,
+            "s3.region": "us-east-1", "s3.force-virtual-addressing": "false"}
+
+
+def iceberg_jdbc_on_s3_on_spark(source_dsn: str, pg_server: ThrowawayPostgres, s3_server: MotoServer,
+                                s3_bucket: str, tmp_path: Path, spark: Any, full: bool) -> None:
+    """Copy and stream into an Iceberg JDBC catalog on S3 with every batch a Spark job; ``full``: a new
+    column and a TRUNCATE too."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    make_orders(source_dsn, 1000)
+    catalog_db = new_database(pg_server, "icecat")
+    name = f"hrs3jdbc{next(_dbs)}"
+    target = {"iceberg": {"warehouse": f"s3://{s3_bucket}/warehouse", "catalog_name": name,
+                          "catalog": {"type": "jdbc", "uri": pg_server.dsn_for(catalog_db)}}}
+    config = make_config(source_dsn, tmp_path, ["public.orders"], target, engine="spark",
+                         staging={"path": f"s3://{s3_bucket}/staging"})
+    pipeline = Pipeline(config, spark=spark)
+    user, _, rest = pg_server.dsn_for(catalog_db).removeprefix("postgresql://").partition("@")
+    catalog = SqlCatalog(name, uri=f"postgresql+psycopg2://{user}@{rest}", **pyiceberg_s3(s3_server))
+
+    def table_equals_source() -> bool:
+        schema, expected = source_rows(source_dsn, "public.orders")
+        table = catalog.load_table(("public", "orders"))
+        by_pyiceberg = sorted((tuple(_norm(v) for v in row.values()) for row in
+                               table.scan(selected_fields=tuple(schema.column_names)).to_arrow().to_pylist()),
+                              key=repr)
+        assert by_pyiceberg == expected, f"pyiceberg: {len(by_pyiceberg)} rows, source {len(expected)}"
+        by_duckdb = iceberg_rows(s3_server, table.metadata_location, schema.column_names)
+        assert by_duckdb == expected, f"DuckDB: {len(by_duckdb)} rows, source {len(expected)}"
+        return True
+
+    run_caught_up(pipeline)
+    assert table_equals_source()
+    assert s3_server.keys(s3_bucket, "warehouse/public/orders/metadata/")
+    change_orders(source_dsn, alter=full)
+    run_caught_up(pipeline)
+    assert table_equals_source()
+    if not full:
+        return
+    truncate_orders(source_dsn)
+    run_caught_up(pipeline)
+    wait_until(table_equals_source, 30, "the table did not follow the TRUNCATE")
+
+
+def test_iceberg_jdbc_catalog_on_s3_copies_and_streams_on_spark(
+        source_dsn: str, pg_server: ThrowawayPostgres, s3_server: MotoServer, s3_bucket: str, tmp_path: Path,
+        spark: Any) -> None:
+    iceberg_jdbc_on_s3_on_spark(source_dsn, pg_server, s3_server, s3_bucket, tmp_path, spark, full=False)
+
+
+@pytest.mark.slow  # ~50 s: Spark MERGEs through S3A, three rounds
+def test_iceberg_jdbc_catalog_on_s3_copies_streams_evolves_and_truncates_on_spark(
+        source_dsn: str, pg_server: ThrowawayPostgres, s3_server: MotoServer, s3_bucket: str, tmp_path: Path,
+        spark: Any) -> None:
+    iceberg_jdbc_on_s3_on_spark(source_dsn, pg_server, s3_server, s3_bucket, tmp_path, spark, full=True)
+
+
+def test_iceberg_hadoop_catalog_on_s3_copies_and_streams_on_the_driver(
+        source_dsn: str, s3_server: MotoServer, s3_bucket: str, tmp_path: Path, spark: Any) -> None:
+    from pyiceberg.table import StaticTable
+
+    make_orders(source_dsn, 1000)
+    warehouse = f"s3://{s3_bucket}/warehouse"
+    target = {"iceberg": {"warehouse": warehouse, "catalog_name": f"hrs3hadoop{next(_dbs)}"}}
+    config = make_config(source_dsn, tmp_path, ["public.orders"], target,
+                         staging={"path": f"s3://{s3_bucket}/staging"})
+    pipeline = Pipeline(config, spark=spark)
+
+    def table_equals_source() -> bool:
+        schema, expected = source_rows(source_dsn, "public.orders")
+        hint = s3_server.client().get_object(Bucket=s3_bucket, Key="warehouse/public/orders/metadata/version-hint.text")
+        metadata = f"{warehouse}/public/orders/metadata/v{hint['Body'].read().decode().strip()}.metadata.json"
+        table = StaticTable.from_metadata(metadata, properties=pyiceberg_s3(s3_server))
+        by_pyiceberg = sorted((tuple(_norm(v) for v in row.values()) for row in
+                               table.scan(selected_fields=tuple(schema.column_names)).to_arrow().to_pylist()),
+                              key=repr)
+        assert by_pyiceberg == expected, f"pyiceberg: {len(by_pyiceberg)} rows, source {len(expected)}"
+        by_duckdb = iceberg_rows(s3_server, metadata, schema.column_names)
+        assert by_duckdb == expected, f"DuckDB: {len(by_duckdb)} rows, source {len(expected)}"
+        return True
+
+    run_caught_up(pipeline)
+    assert table_equals_source()
+    change_orders(source_dsn)
+    run_caught_up(pipeline)
+    assert table_equals_source()
+    summaries = [s.summary for s in StaticTable.from_metadata(  # the batch was applied on the driver
+        f"{warehouse}/public/orders/metadata/v{_version(s3_server, s3_bucket)}.metadata.json",
+        properties=pyiceberg_s3(s3_server)).snapshots()]
+    assert any(s is not None and s.get("headrace.apply") == "driver" for s in summaries), summaries
+
+
+def _version(server: MotoServer, bucket: str) -> str:
+    hint = server.client().get_object(Bucket=bucket, Key="warehouse/public/orders/metadata/version-hint.text")
+    return str(hint["Body"].read().decode().strip())

@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 from psycopg.conninfo import conninfo_to_dict
 
+from headrace import storage
 from headrace.core.errors import ConfigError
 from headrace.core.settings import redacted_dsn
 from headrace.targets.iceberg.config import IcebergConfig
@@ -135,7 +136,10 @@ def pyiceberg_properties(settings: IcebergConfig) -> dict[str, str]:
         )
     database = jdbc_database(settings.catalog.resolved_uri())
     warehouse = settings.warehouse if "://" in settings.warehouse else f"file://{os.path.abspath(settings.warehouse)}"
-    return {"uri": database.sqlalchemy_url, "warehouse": warehouse}
+    properties = {"uri": database.sqlalchemy_url, "warehouse": warehouse}
+    if storage.is_object_store(warehouse):
+        properties.update(storage.access().pyiceberg_properties())
+    return properties
 
 
 def java_table(spark: SparkSession, name: str) -> Any:
