@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from headrace.pipeline import Pipeline
-from headrace.teardown import drop_pipeline
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.targets.ducklake.extension import extension_path
+from headrace.teardown import drop_pipeline
 from tests.e2e.helpers import _norm, make_config, running, source_rows, wait_until
 from tests.e2e.test_pipeline import run_caught_up
 from tests.objectstore import KEY_ID, SECRET, MotoServer, free_port
