@@ -16,6 +16,7 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -122,6 +123,19 @@ def s3_bucket(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(storage, "_config", None)
     return s3_server.new_bucket()
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(tmp_path_factory: pytest.TempPathFactory, pg_server: ThrowawayPostgres,
+                 s3_server: MotoServer) -> Iterator[Any]:
+    """An Iceberg REST catalog server (``tests/restcatalog``) whose files are on ``s3_server``."""
+    from tests.restcatalog import RestCatalog
+
+    server = RestCatalog(tmp_path_factory.mktemp("rest"), pg_server, s3_server, s3_server.new_bucket("rest"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
