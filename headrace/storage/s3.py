@@ -152,7 +152,7 @@ class S3Access:
         from headrace.targets.ducklake.extension import load_extension
 
         load_extension(con, "httpfs", "an s3:// location")
-        options = {
+        options: dict[str, object] = {
             "TYPE": "s3", "REGION": self.region, "URL_STYLE": "path" if self.path_style else "vhost",
             "USE_SSL": self.use_ssl,
         }
