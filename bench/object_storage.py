@@ -7,7 +7,7 @@ For each target: a table of ``--rows`` rows is copied by ``headrace run --until-
 the ``snapshot.done`` event, and as the whole process, Spark's start included); then, with the
 pipeline stopped, ``--changes`` mixed changes are written (60% updates, 25% inserts, 15% deletes, in
 transactions of 1,000) and drained by another ``--until-caught-up`` run (timed as the whole process).
-Each run's target is compared with the source.
+Correctness on the object store is the tests' job (tests/e2e/test_object_storage*.py); this only times.
 
     .venv/bin/python bench/object_storage.py --rows 200000 --changes 100000
 """
