@@ -319,5 +319,5 @@ def parse_config(raw: Any, origin: str = "config") -> PipelineConfig:
     """Validate an already-parsed mapping (as from YAML); its ``storage`` section becomes the store every
     engine of this process uses for ``s3://`` paths (``headrace.storage.configure``)."""
     config = validate(PipelineConfig, raw, origin)
-    configure_storage(config.storage)
+    configure_storage(config.storage, in_use=config.uses_object_store)
     return config

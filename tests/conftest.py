@@ -92,13 +92,15 @@ def source_dsn(pg_server: ThrowawayPostgres) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """One local Spark session (2 cores) with the Iceberg runtime and the PostgreSQL JDBC driver
-    (Iceberg JDBC catalogs), shared by every test."""
-    from headrace.spark import build_session
+    """One local Spark session (2 cores) with the Iceberg runtime, the PostgreSQL JDBC driver
+    (Iceberg JDBC catalogs) and Hadoop's S3A (s3:// paths), shared by every test."""
+    from headrace.spark import build_session, merged_conf
+    from headrace.storage.spark_conf import storage_session_conf
     from headrace.targets.iceberg.session import iceberg_session_conf
 
-    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"},
-                            target_conf=iceberg_session_conf(jdbc_driver=True))
+    # The S3A jars too: the object-store tests share this session (tests/e2e/test_object_storage.py).
+    target_conf = merged_conf(storage_session_conf("local[2]", {}, with_jars=True), iceberg_session_conf(jdbc_driver=True))
+    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}, target_conf=target_conf)
     yield session
     session.stop()
 

@@ -24,13 +24,21 @@ __all__ = ["StorageConfig", "S3Access", "configure", "access", "filesystem", "is
 
 _lock = threading.Lock()
 _config: StorageConfig | None = None
+_in_use = False  # a configured location is on the store: Spark sessions started now get the S3A jars
 
 
-def configure(config: StorageConfig) -> None:
-    """Make ``config`` the store every engine of this process uses for ``s3://`` paths."""
-    global _config
+def configure(config: StorageConfig, in_use: bool = False) -> None:
+    """Make ``config`` the store every engine of this process uses for ``s3://`` paths; ``in_use``: the
+    pipeline has a location there (a Spark session started from now on loads the S3A jars)."""
+    global _config, _in_use
     with _lock:
         _config = config
+        _in_use = _in_use or in_use
+
+
+def in_use() -> bool:
+    """Some configured pipeline of this process has a location on the object store."""
+    return _in_use
 
 
 def current_config() -> StorageConfig:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headrace import storage
 from headrace.core.errors import ConfigError
 from headrace.storage import access, current_config
 
@@ -54,13 +55,16 @@ def require_s3a(user_conf: Mapping[str, str]) -> None:
         )
 
 
-def storage_session_conf(master: str, user_conf: Mapping[str, str]) -> dict[str, str]:
-    """Spark conf for the store: the S3A jars when found (on the driver's class path; shipped with
-    ``spark.jars`` to a cluster's executors), and the ``spark.hadoop.fs.s3a.*`` settings but the
+def storage_session_conf(master: str, user_conf: Mapping[str, str], with_jars: bool | None = None) -> dict[str, str]:
+    """Spark conf for the store: the S3A jars when found and the store is in use or ``with_jars`` (on
+    the driver's class path; shipped with ``spark.jars`` to a cluster's executors), and the ``spark.hadoop.fs.s3a.*`` settings but the
     credentials: the JVM is started with its conf on the command line, where any user of the machine
     could read a secret; they are set on the running session instead (``apply_hadoop_conf``)."""
     conf = {f"spark.hadoop.{k}": v for k, v in access().hadoop_conf().items() if k not in CREDENTIAL_KEYS}
-    jars = [] if _packages_bring_s3a(user_conf) else s3a_jars()
+    # Only where the store is used (or asked for: a session shared by tests): the 192 MB SDK bundle
+    # on the class path would be searched by every class lookup of every other session.
+    wanted = storage.in_use() if with_jars is None else with_jars
+    jars = [] if _packages_bring_s3a(user_conf) or not wanted else s3a_jars()
     if jars:
         conf["spark.driver.extraClassPath"] = os.pathsep.join(jars)
         if not master.startswith("local"):

@@ -182,13 +182,14 @@ def iceberg_jdbc_on_s3_on_spark(source_dsn: str, pg_server: ThrowawayPostgres, s
     wait_until(table_equals_source, 30, "the table did not follow the TRUNCATE")
 
 
+@pytest.mark.slow  # 40-80 s on a loaded machine: Spark MERGEs into Iceberg through S3A
 def test_iceberg_jdbc_catalog_on_s3_copies_and_streams_on_spark(
         source_dsn: str, pg_server: ThrowawayPostgres, s3_server: MotoServer, s3_bucket: str, tmp_path: Path,
         spark: Any) -> None:
     iceberg_jdbc_on_s3_on_spark(source_dsn, pg_server, s3_server, s3_bucket, tmp_path, spark, full=False)
 
 
-@pytest.mark.slow  # ~50 s: Spark MERGEs through S3A, three rounds
+@pytest.mark.slow  # ~50-100 s: Spark MERGEs through S3A, three rounds
 def test_iceberg_jdbc_catalog_on_s3_copies_streams_evolves_and_truncates_on_spark(
         source_dsn: str, pg_server: ThrowawayPostgres, s3_server: MotoServer, s3_bucket: str, tmp_path: Path,
         spark: Any) -> None:
@@ -273,3 +274,32 @@ def test_iceberg_rest_catalog_on_s3_with_oauth2_client_credentials(
     assert table_equals_source()
     summaries = [s.summary for s in catalog.load_table((namespace, "orders")).snapshots()]
     assert any(s is not None and s.get("headrace.apply") == "driver" for s in summaries), summaries
+
+
+def test_ducklake_on_s3_copies_and_streams_on_spark(
+        source_dsn: str, s3_server: MotoServer, s3_bucket: str, tmp_path: Path, spark: Any) -> None:
+    """The Spark lane on the store: Spark's JVM writes the copy's Parquet files and reads the staged
+    files through S3A (``engine: spark``); DuckDB registers and applies them; plain DuckDB reads the lake."""
+    make_orders(source_dsn, 500)
+    catalog = str(tmp_path / "meta.ducklake")
+    config = make_config(source_dsn, tmp_path, ["public.orders"],
+                         {"ducklake": {"catalog": catalog, "data_path": f"s3://{s3_bucket}/lake/"}},
+                         engine="spark", staging={"path": f"s3://{s3_bucket}/staging"})
+    pipeline = Pipeline(config, spark=spark)
+
+    def lake_equals_source() -> bool:
+        schema, expected = source_rows(source_dsn, "public.orders")
+        reader = duckdb_on_s3(s3_server, "ducklake")
+        try:
+            reader.execute(f"ATTACH 'ducklake:{catalog}' AS lake (READ_ONLY)")
+            actual = rows_of(reader, f"SELECT {', '.join(schema.column_names)} FROM lake.public.orders")
+        finally:
+            reader.close()
+        assert actual == expected, f"{len(actual)} rows in the lake, {len(expected)} in the source"
+        return True
+
+    run_caught_up(pipeline)
+    assert lake_equals_source()
+    change_orders(source_dsn, alter=False)
+    run_caught_up(pipeline)
+    assert lake_equals_source()
