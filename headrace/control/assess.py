@@ -36,7 +36,7 @@ def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None)
     """``assess`` for the config's tables (plus ``extra_tables``), connecting to its source; and the
     object store, when a location is on one (a probe object written and deleted)."""
     result = _assess_source(config, extra_tables)
-    store = storage_problems(config)
+    store = storage_problems(config) + catalog_problems(config)
     if store:
         result["server_problems"] = store + result.get("server_problems", [])
         result["problems"] = store + result["problems"]
@@ -61,6 +61,16 @@ def storage_problems(config: PipelineConfig) -> list[str]:
     except HeadraceError as exc:
         problems.append(str(exc))
     return problems
+
+
+def catalog_problems(config: PipelineConfig) -> list[str]:
+    """An Iceberg REST catalog that does not answer or refuses the credentials (``rest_check``)."""
+    settings = config.target.section("iceberg")
+    if settings is None or settings.catalog.type != "rest":
+        return []
+    from headrace.targets.iceberg.rest_check import rest_catalog_problems
+
+    return rest_catalog_problems(settings)
 
 
 def _assess_source(config: PipelineConfig, extra_tables: list[str] | None = None) -> dict[str, Any]:

@@ -5,7 +5,7 @@
 // part of headrace. In package org.apache.iceberg.rest for RESTObjectMapper.mapper(), package-private.
 //
 // Arguments: key=value pairs. port=N (0: any; the chosen port is printed as "listening on N"),
-// token=T (every request but /v1/config and /v1/oauth/tokens must send "Authorization: Bearer T"),
+// token=T (every request but /v1/oauth/tokens must send "Authorization: Bearer T"),
 // client=ID:SECRET (OAuth2 client credentials exchanged for the token at /v1/oauth/tokens), keys
 // starting with "fs." go to the Hadoop configuration, every other key is a JdbcCatalog property
 // (uri, jdbc.user, jdbc.password, warehouse, ...).
@@ -81,10 +81,6 @@ public class RestCatalogServer {
       String method = exchange.getRequestMethod();
       String[] parts = exchange.getRequestURI().getRawPath().replaceAll("^/+|/+$", "").split("/");
       String body = new String(exchange.getRequestBody().readAllBytes(), StandardCharsets.UTF_8);
-      if (parts.length == 2 && parts[1].equals("config")) {
-        respond(exchange, 200, ConfigResponse.builder().build());
-        return;
-      }
       if (parts.length == 3 && parts[1].equals("oauth") && parts[2].equals("tokens")) {
         Map<String, String> form = RESTUtil.decodeFormData(body);
         String given = form.get("client_id") + ":" + form.get("client_secret");
@@ -99,6 +95,10 @@ public class RestCatalogServer {
       String auth = exchange.getRequestHeaders().getFirst("Authorization");
       if (token != null && !("Bearer " + token).equals(auth)) {
         error(exchange, 401, "NotAuthorizedException", "Not authorized: a valid bearer token is required");
+        return;
+      }
+      if (parts.length == 2 && parts[1].equals("config")) {
+        respond(exchange, 200, ConfigResponse.builder().build());
         return;
       }
       route(exchange, method, parts, body);
