@@ -22,6 +22,8 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(m
 # only the test set-up (--with-browser) needs it.
 if [ "${1:-}" = "--with-browser" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  # The tests' Iceberg REST catalog server (tests/restcatalog) is compiled by the JDK's javac.
+  command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} (Debian packages)"
