@@ -127,6 +127,23 @@ def test_ducklake_on_s3_with_a_postgres_catalog_copies_streams_evolves_and_trunc
     assert left == [], f"drop --targets left {left[:5]}"
 
 
+def maintained(pipeline: Pipeline, dsn: str) -> Any:
+    """One maintenance pass over public.orders (compaction, snapshots expired down to the newest,
+    orphan files of over a day removed: the listing of the folder runs, none is that old); its file
+    counts before and after. The target is closed afterwards."""
+    from headrace.core.maintenance import MaintenancePolicy
+    from headrace.source.postgres.catalog import read_table_schema
+
+    with psycopg.connect(dsn) as conn:
+        table = read_table_schema(conn, "public.orders")
+    target = pipeline.target
+    before = target.table_files(table)
+    target.maintain(table, MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=86_400))
+    after = target.table_files(table)
+    target.close()  # the pipeline is done: a DuckLake's catalog file is then free for a reader to attach
+    return before, after
+
+
 def iceberg_rows(server: MotoServer, metadata: str, columns: list[str]) -> list[tuple[Any, ...]]:
     """The table at ``metadata`` (its current metadata file on S3) as DuckDB's iceberg extension reads it."""
     con = duckdb_on_s3(server, "avro", "iceberg")
@@ -144,7 +161,7 @@ def pyiceberg_s3(server: MotoServer) -> dict[str, str]:
 def iceberg_jdbc_on_s3_on_spark(source_dsn: str, pg_server: ThrowawayPostgres, s3_server: MotoServer,
                                 s3_bucket: str, tmp_path: Path, spark: Any, full: bool) -> None:
     """Copy and stream into an Iceberg JDBC catalog on S3 with every batch a Spark job; ``full``: a new
-    column and a TRUNCATE too."""
+    column, a TRUNCATE and a maintenance pass too."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     make_orders(source_dsn, 1000)
@@ -180,6 +197,9 @@ def iceberg_jdbc_on_s3_on_spark(source_dsn: str, pg_server: ThrowawayPostgres, s
     truncate_orders(source_dsn)
     run_caught_up(pipeline)
     wait_until(table_equals_source, 30, "the table did not follow the TRUNCATE")
+    before, after = maintained(pipeline, source_dsn)  # Spark's procedures on S3A, orphan listing included
+    assert after.snapshots == 1 and after.data_files <= before.data_files, (before, after)
+    assert table_equals_source()
 
 
 @pytest.mark.slow  # 40-80 s on a loaded machine: Spark MERGEs into Iceberg through S3A
@@ -304,6 +324,9 @@ def test_ducklake_on_s3_copies_and_streams_on_spark(
     assert lake_equals_source()
     change_orders(source_dsn, alter=False)
     run_caught_up(pipeline)
+    assert lake_equals_source()
+    before, after = maintained(pipeline, source_dsn)  # DuckLake's merge, expiry and clean-up through httpfs
+    assert after.data_files <= before.data_files and after.delete_files == 0, (before, after)
     assert lake_equals_source()
 
 
