@@ -27,6 +27,9 @@ from headrace.lineage.config import LineageConfig
 from headrace.source.config import MYSQL_SCHEMES as MYSQL_SCHEMES  # re-exported
 from headrace.source.config import SourceConfig
 from headrace.source.config import source_kind as source_kind  # re-exported
+from headrace.storage import configure as configure_storage
+from headrace.storage import is_object_store
+from headrace.storage.config import StorageConfig
 from headrace.targets.registry import TargetSection
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -284,6 +287,7 @@ class PipelineConfig(_Frozen):
     reconnect: ReconnectConfig = ReconnectConfig()
     lineage: LineageConfig = LineageConfig()  # OpenLineage events (off by default)
     maintenance: MaintenanceConfig = MaintenanceConfig()  # compaction and snapshot expiry (on by default)
+    storage: StorageConfig = StorageConfig()  # the object store s3:// paths name (endpoint, region, keys)
 
     @field_validator("name")
     @classmethod
@@ -300,6 +304,15 @@ class PipelineConfig(_Frozen):
                              f" {refusal}")
         return self
 
+    def locations(self) -> list[str]:
+        """Every folder the pipeline writes files to: staging, and the target's data (``check``, ``drop``)."""
+        return [self.staging.path, *self.target.plugin.locations(self.target.settings)]
+
+    @property
+    def uses_object_store(self) -> bool:
+        """Some configured location is an ``s3://`` URI."""
+        return any(is_object_store(location) for location in self.locations())
+
     @property
     def slot_name(self) -> str:
         return self.source.slot or f"headrace_{self.name}"
@@ -315,5 +328,8 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 
 def parse_config(raw: Any, origin: str = "config") -> PipelineConfig:
-    """Validate an already-parsed mapping (as from YAML)."""
-    return validate(PipelineConfig, raw, origin)
+    """Validate an already-parsed mapping (as from YAML); its ``storage`` section becomes the store every
+    engine of this process uses for ``s3://`` paths (``headrace.storage.configure``)."""
+    config = validate(PipelineConfig, raw, origin)
+    configure_storage(config.storage, in_use=config.uses_object_store)
+    return config

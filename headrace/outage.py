@@ -42,9 +42,22 @@ def lost_connection(exc: BaseException) -> bool:
                for e in exception_chain(exc))
 
 
+# pyarrow's S3 client: the store did not answer, or answered "not now" (its errors carry no errno).
+_OBJECT_STORE_TEXT = ("NETWORK_CONNECTION", "curlCode", "Timeout", "timed out", "SLOW_DOWN", "SERVICE_UNAVAILABLE",
+                      "INTERNAL_FAILURE", "REQUEST_TIMEOUT", "Connection reset", "Couldn't connect")
+
+
 def storage_unavailable(exc: BaseException) -> bool:
-    """``exc`` says a directory cannot take a file now: no space, over quota, read-only or denied."""
-    return any(isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS for e in exception_chain(exc))
+    """``exc`` says a directory cannot take a file now: no space, over quota, read-only or denied; or
+    an object store (``s3://``) does not answer."""
+    return any(isinstance(e, OSError) and (e.errno in _STORAGE_ERRNOS or object_store_unreachable(e))
+               for e in exception_chain(exc))
+
+
+def object_store_unreachable(exc: BaseException) -> bool:
+    """``exc`` is pyarrow's S3 client saying the store did not answer (or asked to come back later)."""
+    text = str(exc)
+    return isinstance(exc, OSError) and "AWS Error" in text and any(t in text for t in _OBJECT_STORE_TEXT)
 
 
 def check_same_source(conn: psycopg.Connection[Any], state: StateStore, slot: str) -> None:

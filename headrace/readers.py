@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from headrace import storage
 from headrace.core.errors import ConfigError
 from headrace.core.names import path_segment
 from headrace.targets.ducklake import extension
@@ -21,7 +22,7 @@ from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.session import hadoop_catalog_conf, iceberg_session_conf
 
 if TYPE_CHECKING:
-    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
 
 
@@ -38,10 +39,14 @@ def duckdb_with(*extensions: str) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def iceberg_catalog(settings: IcebergConfig) -> SqlCatalog:
-    """pyiceberg's view of a JDBC catalog: the same database and the same catalog name."""
+def iceberg_catalog(settings: IcebergConfig) -> Catalog:
+    """pyiceberg's view of a JDBC catalog (the same database and the same catalog name) or of a REST
+    catalog (its RestCatalog, with the same credentials)."""
+    from pyiceberg.catalog import load_catalog
     from pyiceberg.catalog.sql import SqlCatalog
 
+    if settings.catalog.type == "rest":
+        return load_catalog(settings.catalog_name, **pyiceberg_properties(settings))
     return SqlCatalog(settings.catalog_name, **pyiceberg_properties(settings))
 
 
@@ -51,8 +56,13 @@ def iceberg_metadata_location(settings: IcebergConfig, namespace: str, table: st
     A JDBC catalog holds it in its ``iceberg_tables`` row; a Hadoop catalog names it in the table's
     ``metadata/version-hint.text``.
     """
-    if settings.catalog.type == "jdbc":
+    if settings.catalog.type in ("jdbc", "rest"):
         return str(iceberg_catalog(settings).load_table((namespace, table)).metadata_location)
+    if storage.is_object_store(settings.warehouse):
+        metadata_url = f"{settings.warehouse.rstrip('/')}/{path_segment(namespace)}/{path_segment(table)}/metadata"
+        filesystem, path = storage.filesystem(metadata_url)
+        with filesystem.open_input_stream(f"{path}/version-hint.text") as hint:
+            return f"{metadata_url}/v{hint.read().decode().strip()}.metadata.json"
     if "://" in settings.warehouse and not settings.warehouse.startswith("file:"):
         raise ConfigError(f"reading {settings.warehouse} needs a filesystem client: use Spark or pyiceberg")
     root = Path(settings.warehouse.removeprefix("file://").removeprefix("file:"))

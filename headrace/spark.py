@@ -65,8 +65,11 @@ def build_session(
     """
     from pyspark.sql import SparkSession
 
+    from headrace.storage.spark_conf import apply_hadoop_conf, storage_session_conf
+
     started = time.monotonic()
-    conf = merged_conf(target_conf or {}, conf or {})
+    user_conf = conf or {}
+    conf = merged_conf(merged_conf(storage_session_conf(master, user_conf), target_conf or {}), user_conf)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
@@ -107,6 +110,7 @@ def build_session(
     session = builder.getOrCreate()
     # A session that was running already keeps its runtime conf: headrace's names need this one.
     session.conf.set("spark.sql.caseSensitive", "true")
+    apply_hadoop_conf(session)  # the object store's settings, also on a session started before them
     if not master.startswith("local"):
         session.sparkContext.addPyFile(_package_zip())
     session.sparkContext.setLogLevel("WARN")

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import pyarrow.fs as pafs
 from psycopg import sql
 
 from headrace.config import PipelineConfig, source_kind
 from headrace.core.errors import SourceError
 from headrace.core.interfaces import Target
-from headrace.core.names import TableName
+from headrace.core.names import TableName, path_segment
 from headrace.core.schema import TableSchema
 from headrace.log.store import StagingStore
 from headrace.state.store import StateStore
@@ -157,6 +158,7 @@ def drop_pipeline(config: PipelineConfig, targets: bool,
                 done.append(f"target table {table.target_schema}.{table.target_table}")
         finally:
             target.close()  # a DuckLake is attached once per process: the cursor clean-up below attaches it
+        done += _drop_table_folders(config, found.tables)
     dsn = config.source.resolved_dsn()
     if found.slot or found.publication:  # PostgreSQL only: a MySQL pipeline leaves nothing on the source
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -168,6 +170,31 @@ def drop_pipeline(config: PipelineConfig, targets: bool,
                 conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(found.publication)))
                 done.append(f"publication {found.publication}")
     return done + _drop_rest(config, found, dsn, keep_schema)
+
+
+def _drop_table_folders(config: PipelineConfig, tables: list[TableSchema]) -> list[str]:
+    """On an object store, what a dropped table leaves in its folder (``<location>/<schema>/<table>``):
+    files no snapshot references any more (an Iceberg PURGE deletes only the ones its metadata names;
+    DuckLake leaves a dropped table's files to its cleanup). A local folder is left as the target left it."""
+    from headrace import storage
+
+    settings = config.target.settings
+    inner = getattr(settings, "inner", None)  # the fault-injecting target wraps another
+    settings = inner.settings if inner is not None else settings
+    schema_setting = getattr(settings, "namespace", None) or getattr(settings, "schema_", None)
+    done: list[str] = []
+    for location in config.target.plugin.locations(config.target.settings):
+        if not storage.is_object_store(location):
+            continue
+        for table in tables:
+            folder = (f"{location.rstrip('/')}/{path_segment(schema_setting or table.target_schema)}/"
+                      f"{path_segment(table.target_table)}")
+            filesystem, path = storage.filesystem(folder)
+            with contextlib.suppress(FileNotFoundError):
+                if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+                    filesystem.delete_dir(path)
+                    done.append(f"folder {folder}")
+    return done
 
 
 def _drop_rest(config: PipelineConfig, found: Leftovers, dsn: str, keep_schema: bool) -> list[str]:

@@ -23,6 +23,8 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(m
 # only the test set-up (--with-browser) needs it.
 if [ "${1:-}" = "--with-browser" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  # The tests' Iceberg REST catalog server (tests/restcatalog) is compiled by the JDK's javac.
+  command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} (Debian packages)"
@@ -43,4 +45,18 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"
+fi
+
+# Spark's S3A filesystem (s3:// staging, warehouses, data paths): hadoop-aws and the AWS SDK bundle it
+# was built against, taken from PyPI's sagemaker-pyspark source archive (no Maven needed) into the
+# folder headrace.storage.spark_conf looks in. Users with Maven may set spark.jars.packages instead.
+s3a=.venv/share/headrace/s3a
+if ! ls "$s3a"/hadoop-aws-*.jar >/dev/null 2>&1 || ! ls "$s3a"/aws-java-sdk-bundle-*.jar >/dev/null 2>&1; then
+  echo "bootstrap: fetching the S3A jars (sagemaker-pyspark 1.4.5 source archive, 181 MB, from PyPI)"
+  tmp=$(mktemp -d)
+  .venv/bin/pip download -q --no-deps --no-binary :all: sagemaker-pyspark==1.4.5 -d "$tmp"
+  mkdir -p "$s3a"
+  tar xzf "$tmp"/sagemaker_pyspark-1.4.5.tar.gz -C "$s3a" --strip-components=3 \
+    sagemaker_pyspark-1.4.5/deps/jars/hadoop-aws-3.3.1.jar sagemaker_pyspark-1.4.5/deps/jars/aws-java-sdk-bundle-1.11.901.jar
+  rm -rf "$tmp"
 fi

@@ -22,12 +22,14 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from headrace.source.mysql.throwaway import ThrowawayMariaDB
 from headrace.source.postgres.throwaway import ThrowawayPostgres
+from tests.objectstore import MotoServer, s3_environment
 
 _db_counter = itertools.count()
 _TESTS = Path(__file__).parent
@@ -138,15 +140,52 @@ def source_dsn(request: pytest.FixtureRequest, pg_version: int) -> Iterator[str]
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """One local Spark session (2 cores) with the Iceberg runtime and the PostgreSQL JDBC driver
-    (Iceberg JDBC catalogs), shared by every test."""
-    from headrace.spark import build_session
+    """One local Spark session (2 cores) with the Iceberg runtime, the PostgreSQL JDBC driver
+    (Iceberg JDBC catalogs) and Hadoop's S3A (s3:// paths), shared by every test."""
+    from headrace.spark import build_session, merged_conf
+    from headrace.storage.spark_conf import storage_session_conf
     from headrace.targets.iceberg.session import iceberg_session_conf
 
-    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"},
-                            target_conf=iceberg_session_conf(jdbc_driver=True))
+    # The S3A jars too: the object-store tests share this session (tests/e2e/test_object_storage.py).
+    target_conf = merged_conf(storage_session_conf("local[2]", {}, with_jars=True), iceberg_session_conf(jdbc_driver=True))
+    session = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}, target_conf=target_conf)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A real S3-compatible server (``moto_server``, in memory, loopback port) for the whole session."""
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on ``s3_server``, with the standard AWS variables pointing at it (all a config
+    of ``s3://`` paths needs); the process's storage section is reset to its defaults afterwards."""
+    from headrace import storage
+
+    for name, value in s3_environment(s3_server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(storage, "_config", None)
+    return s3_server.new_bucket()
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(tmp_path_factory: pytest.TempPathFactory, pg_server: ThrowawayPostgres,
+                 s3_server: MotoServer) -> Iterator[Any]:
+    """An Iceberg REST catalog server (``tests/restcatalog``) whose files are on ``s3_server``."""
+    from tests.restcatalog import RestCatalog
+
+    server = RestCatalog(tmp_path_factory.mktemp("rest"), pg_server, s3_server, s3_server.new_bucket("rest"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,47 @@ ORDER BY 1
 
 
 def assess_config(config: PipelineConfig, extra_tables: list[str] | None = None) -> dict[str, Any]:
-    """``assess`` for the config's tables (plus ``extra_tables``), connecting to its source."""
+    """``assess`` for the config's tables (plus ``extra_tables``), connecting to its source; and the
+    object store, when a location is on one (a probe object written and deleted)."""
+    result = _assess_source(config, extra_tables)
+    store = storage_problems(config) + catalog_problems(config)
+    if store:
+        result["server_problems"] = store + result.get("server_problems", [])
+        result["problems"] = store + result["problems"]
+    return result
+
+
+def storage_problems(config: PipelineConfig) -> list[str]:
+    """What stops the pipeline from using its ``s3://`` locations (``headrace.storage.probe``), and the
+    S3A jars Spark would lack."""
+    from headrace.storage.probe import location_problems
+    from headrace.storage.spark_conf import require_s3a
+
+    if not config.uses_object_store:
+        return []
+    settings = {"iceberg": "target.iceberg.warehouse", "ducklake": "target.ducklake.data_path"}
+    target_setting = settings.get(config.target.kind, f"target.{config.target.kind}")
+    located = [("staging.path", config.staging.path)]
+    located += [(target_setting, loc) for loc in config.target.plugin.locations(config.target.settings)]
+    problems = location_problems(located)
+    try:
+        require_s3a(config.spark.conf)
+    except HeadraceError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def catalog_problems(config: PipelineConfig) -> list[str]:
+    """An Iceberg REST catalog that does not answer or refuses the credentials (``rest_check``)."""
+    settings = config.target.section("iceberg")
+    if settings is None or settings.catalog.type != "rest":
+        return []
+    from headrace.targets.iceberg.rest_check import rest_catalog_problems
+
+    return rest_catalog_problems(settings)
+
+
+def _assess_source(config: PipelineConfig, extra_tables: list[str] | None = None) -> dict[str, Any]:
     dsn = config.source.resolved_dsn()
     if source_kind(dsn) != "postgresql":
         return _assess_through_source(config, extra_tables)

@@ -149,13 +149,18 @@ def local_path(location: str) -> str | None:
 
 
 def open_folder(location: str) -> tuple[pafs.FileSystem, str] | None:
-    """The ``pyarrow.fs`` filesystem and path for folder ``location`` (a local path or ``file:`` URI),
-    created if missing; None for any other scheme: the copy then keeps Spark's writer.
+    """The ``pyarrow.fs`` filesystem and path for folder ``location`` (a local path or ``file:`` URI,
+    created if missing; an ``s3://`` URI on the configured object store, where folders need no
+    creating); None for any other scheme: the copy then keeps Spark's writer.
 
-    Object stores (``s3``, ``gs``, ``hdfs``, ...) are left to Spark on purpose: pyarrow would find
-    its credentials its own way (environment, instance metadata), not from the Spark configuration
-    the target's files are written with, and could write as another account; and it is untested.
+    ``s3://`` is reached with the one ``storage`` section every engine uses (``headrace.storage``),
+    so pyarrow writes as the same account as Spark's S3A. Other stores (``gs``, ``hdfs``, ...) are
+    left to Spark: pyarrow would find their credentials its own way, and they are untested.
     """
+    from headrace import storage
+
+    if storage.is_object_store(location):
+        return storage.filesystem(location)
     path = local_path(location)
     if path is None:
         return None

@@ -192,5 +192,11 @@ def write_staging_file(sink: str | Path | pa.NativeFile, buffer: StagingBuffer) 
 
 
 def read_staging_file(path: str | Path) -> pa.Table:
-    """Read one staged file back (tests, tools); Spark reads them in bulk in the materializer."""
+    """Read one staged file back (the driver's batches, tests, tools); Spark reads them in bulk in the
+    materializer. An ``s3://`` location is read from the configured object store (``headrace.storage``)."""
+    if isinstance(path, str) and "://" in path:
+        from headrace import storage
+
+        filesystem, fs_path = storage.filesystem(path)
+        return pq.read_table(fs_path, schema=STAGING_SCHEMA, filesystem=filesystem)
     return pq.read_table(path, schema=STAGING_SCHEMA)

@@ -1,7 +1,8 @@
 """The staging store: where a pipeline's staged files live, on any filesystem ``pyarrow.fs`` reaches.
 
-A local folder by default; a URI (``hdfs://``, ``s3://``, ``gs://``, ``file://``) for a store that
-a Spark cluster's executors read too. Files are named by *location*: the string registered in the
+A local folder by default; a URI (``s3://`` on the configured object store, ``headrace.storage``;
+``hdfs://``, ``gs://``, ``file://`` as ``pyarrow.fs`` reads them) for a store that a Spark
+cluster's executors read too. Files are named by *location*: the string registered in the
 log index and handed to Spark, i.e. the store's root as configured followed by ``/<oid>/<file>``
 (an absolute path for a local folder). Every write, listing, existence check and delete of staged
 files goes through here, so none of them assumes a local disk.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from headrace import storage
 from headrace.log.codec import StagingBuffer, write_staging_file
 
 # Object stores publish an object whole when its upload completes (a failed upload leaves nothing),
@@ -40,7 +42,7 @@ class StagingStore:
         if "://" not in text:
             root = os.path.abspath(text)
             return cls(pafs.LocalFileSystem(), root, root)
-        fs, path = pafs.FileSystem.from_uri(text)
+        fs, path = storage.filesystem(text)
         return cls(fs, path, text)
 
     @classmethod
@@ -139,7 +141,7 @@ class StagingStore:
             return self.fs, self._root_path + location[len(self.root):]
         if "://" not in location:
             return pafs.LocalFileSystem(), location
-        fs, path = pafs.FileSystem.from_uri(location)
+        fs, path = storage.filesystem(location)
         return fs, path
 
 

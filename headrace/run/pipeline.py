@@ -74,6 +74,10 @@ class Pipeline:
         self.state_dsn = config.source.resolved_state_dsn()  # a MySQL source needs a PostgreSQL for state
         self.source = open_source(config, self.dsn)  # PostgreSQL or MySQL, by the DSN's scheme
         self._spark = spark
+        if spark is not None and config.uses_object_store:
+            from headrace.storage.spark_conf import apply_hadoop_conf
+
+            apply_hadoop_conf(spark)  # a session handed in was started without this config's store
         # What the target and the apply workers get: the session starts when one of them needs it, or
         # ahead of a copy round; a session started here is warmed for the copy's tasks, one handed in is not.
         self.spark_on_demand = SparkOnDemand(lambda: self.spark, None if spark is not None else warm_copy_workers)

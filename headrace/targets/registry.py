@@ -44,6 +44,10 @@ def _no_servers(settings: Any) -> dict[str, str]:
     return {}
 
 
+def _no_locations(settings: Any) -> list[str]:
+    return []
+
+
 def _no_sink_ahead(settings: Any, table: TableSchema) -> FileSink | None:
     return None
 
@@ -76,6 +80,9 @@ class TargetPlugin:
     # open (the folder and field ids its creation will give: ``copy_sink``'s, told without Spark), or
     # None; the copy checks it against ``copy_sink`` before its first commit (materialize.file_copy).
     copy_sink_ahead: Callable[[Any, TableSchema], FileSink | None] = _no_sink_ahead
+    # settings -> the folders (paths or URIs such as s3://bucket/prefix) the target writes its files
+    # to: ``headrace check`` proves an object store there, ``drop --targets`` empties it.
+    locations: Callable[[Any], list[str]] = _no_locations
 
 
 def _folder() -> Path:

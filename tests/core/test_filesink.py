@@ -13,12 +13,16 @@ import pytest
 from headrace.core.filesink import FileSink, dictionary_columns, open_folder
 
 
-def test_open_folder_takes_local_paths_and_file_uris_and_refuses_hadoop_only_schemes(tmp_path: Path) -> None:
+def test_open_folder_takes_local_paths_file_and_s3_uris_and_refuses_hadoop_only_schemes(tmp_path: Path) -> None:
+    import pyarrow.fs as pafs
+
     for location in (str(tmp_path / "a"), f"file:{tmp_path}/b", f"file://{tmp_path}/c"):
         opened = open_folder(location)
         assert opened is not None, location
         assert opened[1] == str(tmp_path / location[-1]) and Path(opened[1]).is_dir()
-    assert open_folder("s3a://bucket/wh/t/data") is None
+    for location in ("s3://bucket/wh/t/data", "s3a://bucket/wh/t/data"):  # the storage section's store
+        opened = open_folder(location)
+        assert opened is not None and isinstance(opened[0], pafs.S3FileSystem) and opened[1] == "bucket/wh/t/data"
     assert open_folder("viewfs://cluster/wh") is None
 
 

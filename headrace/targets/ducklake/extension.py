@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from headrace import storage
 from headrace.core.errors import ConfigError, TransientError
 from headrace.core.settings import redacted_dsn
 from headrace.targets.ducklake.config import DuckLakeConfig
@@ -31,6 +32,8 @@ _WHEELS: dict[str, str | None] = {
     # Not for DuckLake: reading headrace's Iceberg tables with DuckDB (headrace.readers).
     "avro": "duckdb_extension_avro",
     "iceberg": "duckdb_extension_iceberg",
+    # s3:// data paths and staged files (headrace.storage).
+    "httpfs": "duckdb_extension_httpfs",
 }
 
 
@@ -120,6 +123,7 @@ def connect(settings: DuckLakeConfig, alias: str = LAKE_ALIAS) -> duckdb.DuckDBP
             load_extension(con, "postgres_scanner", what)
         elif catalog.kind == "sqlite":
             load_extension(con, "sqlite_scanner", what)
+        storage.attach_duckdb(con, settings.data_path)
         attach(con, catalog, settings.data_path, alias)
     except BaseException:
         con.close()

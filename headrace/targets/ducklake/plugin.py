@@ -44,6 +44,10 @@ def _servers(settings: DuckLakeConfig) -> dict[str, str]:
     return {}
 
 
+def _locations(settings: DuckLakeConfig) -> list[str]:
+    return [settings.data_path]
+
+
 PLUGIN = TargetPlugin(
     name="ducklake",
     settings_model=DuckLakeConfig,
@@ -51,4 +55,5 @@ PLUGIN = TargetPlugin(
     spark_conf=_spark_conf,
     table_name=table_name,
     servers=_servers,
+    locations=_locations,
 )

@@ -44,6 +44,10 @@ def _servers(settings: FaultyConfig) -> dict[str, str]:
     return settings.inner.plugin.servers(settings.inner.settings)
 
 
+def _locations(settings: FaultyConfig) -> list[str]:
+    return settings.inner.plugin.locations(settings.inner.settings)
+
+
 PLUGIN = TargetPlugin(
     name="faulty",
     settings_model=FaultyConfig,
@@ -53,4 +57,5 @@ PLUGIN = TargetPlugin(
     name_mapped=_name_mapped,
     rename_refusal=_rename_refusal,
     servers=_servers,
+    locations=_locations,
 )

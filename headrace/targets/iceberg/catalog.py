@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 from psycopg.conninfo import conninfo_to_dict
 
+from headrace import storage
 from headrace.core.errors import ConfigError
 from headrace.core.settings import redacted_dsn
 from headrace.targets.iceberg.config import IcebergConfig
@@ -114,6 +115,16 @@ def spark_catalog_conf(settings: IcebergConfig) -> dict[str, str]:
         f"{prefix}.type": settings.catalog.type,
         f"{prefix}.warehouse": settings.warehouse,
     }
+    if settings.catalog.type == "rest":
+        catalog = settings.catalog
+        conf[f"{prefix}.uri"] = catalog.resolved_uri()
+        # Iceberg's S3FileIO needs the AWS SDK v2; Hadoop's S3A (the storage section) reaches the same files.
+        conf[f"{prefix}.io-impl"] = "org.apache.iceberg.hadoop.HadoopFileIO"
+        if catalog.oauth2_server_uri:
+            conf[f"{prefix}.oauth2-server-uri"] = catalog.oauth2_server_uri
+        if catalog.scope:
+            conf[f"{prefix}.scope"] = catalog.scope
+        conf.update({f"{prefix}.{key}": value for key, value in catalog.rest_auth().items()})
     if settings.catalog.type == "jdbc":
         database = jdbc_database(settings.catalog.resolved_uri())
         conf[f"{prefix}.uri"] = database.jdbc_url
@@ -126,8 +137,22 @@ def spark_catalog_conf(settings: IcebergConfig) -> dict[str, str]:
     return conf
 
 
+SECRET_KEYS = ("password", ".token", ".credential")  # catalog conf keys whose values are secrets
+
+
 def pyiceberg_properties(settings: IcebergConfig) -> dict[str, str]:
-    """Properties for ``pyiceberg.catalog.sql.SqlCatalog(settings.catalog_name, **properties)``."""
+    """Properties for ``pyiceberg.catalog.sql.SqlCatalog(settings.catalog_name, **properties)`` (a JDBC
+    catalog), or for ``pyiceberg.catalog.load_catalog`` (a REST catalog: ``type`` is ``rest``)."""
+    if settings.catalog.type == "rest":
+        catalog = settings.catalog
+        properties = {"type": "rest", "uri": catalog.resolved_uri(), "warehouse": settings.warehouse,
+                      **catalog.rest_auth()}
+        if catalog.oauth2_server_uri:
+            properties["oauth2-server-uri"] = catalog.oauth2_server_uri
+        if catalog.scope:
+            properties["scope"] = catalog.scope
+        properties.update(storage.access().pyiceberg_properties())
+        return properties
     if settings.catalog.type != "jdbc":
         raise ConfigError(
             "pyiceberg has no Hadoop catalog: read a table of a Hadoop catalog with"
@@ -135,7 +160,10 @@ def pyiceberg_properties(settings: IcebergConfig) -> dict[str, str]:
         )
     database = jdbc_database(settings.catalog.resolved_uri())
     warehouse = settings.warehouse if "://" in settings.warehouse else f"file://{os.path.abspath(settings.warehouse)}"
-    return {"uri": database.sqlalchemy_url, "warehouse": warehouse}
+    properties = {"uri": database.sqlalchemy_url, "warehouse": warehouse}
+    if storage.is_object_store(warehouse):
+        properties.update(storage.access().pyiceberg_properties())
+    return properties
 
 
 def java_table(spark: SparkSession, name: str) -> Any:

@@ -71,6 +71,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from headrace import storage
 from headrace.core.filesink import FIELD_ID, FileSink, WrittenFile, local_path
 from headrace.core.lanes import NotOnLane
 from headrace.core.names import quote_ident
@@ -226,7 +227,10 @@ def planned_files(iceberg: Any, snapshot_id: int, row_filter: Any = None) -> Ite
 
 
 def local_file(location: str) -> tuple[pafs.FileSystem, str]:
-    """The ``pyarrow.fs`` filesystem and path of file ``location`` (a local path or ``file:`` URI)."""
+    """The ``pyarrow.fs`` filesystem and path of file ``location`` (a local path or ``file:`` URI, or
+    an ``s3://`` / ``s3a://`` URI on the configured object store)."""
+    if storage.is_object_store(location):
+        return storage.filesystem(location)
     path = local_path(location)
     if path is None:
         raise NotOnLane(f"a file out of pyarrow.fs's reach ({urlparse(location).scheme}://)")

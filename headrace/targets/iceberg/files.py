@@ -64,6 +64,8 @@ def copy_sink_ahead(settings: IcebergConfig, table: TableSchema) -> FileSink | N
 
     if any(isinstance(spark_type(c.type), (ArrayType, MapType, StructType)) for c in table.columns):
         return None
+    if settings.catalog.type == "rest":
+        return None  # the server chooses the table's location
     names = [*table.column_names, *POSITION_COLUMNS]
     namespace = path_segment(settings.namespace or table.target_schema)
     location = f"{settings.warehouse.rstrip('/')}/{namespace}/{path_segment(table.target_table)}/data"

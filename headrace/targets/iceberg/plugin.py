@@ -55,6 +55,10 @@ def _rename_refusal(settings: IcebergConfig) -> str | None:
             " catalog (target.iceberg.catalog: {type: jdbc, uri: ...}), which can")
 
 
+def _locations(settings: IcebergConfig) -> list[str]:
+    return [settings.warehouse]
+
+
 PLUGIN = TargetPlugin(
     name="iceberg",
     settings_model=IcebergConfig,
@@ -64,4 +68,5 @@ PLUGIN = TargetPlugin(
     name_mapped=_name_mapped,
     rename_refusal=_rename_refusal,
     copy_sink_ahead=_copy_sink_ahead,
+    locations=_locations,
 )

@@ -43,7 +43,7 @@ from headrace.core.schema import SchemaChange, TableSchema
 from headrace.core.spark_types import spark_type
 from headrace.targets.iceberg import driver_apply, driver_delta, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
-from headrace.targets.iceberg.catalog import JavaCatalog, java_table, spark_catalog_conf
+from headrace.targets.iceberg.catalog import SECRET_KEYS, JavaCatalog, java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.evolve import evolve_columns
 from headrace.targets.iceberg.keyless import KeylessApply
@@ -124,7 +124,7 @@ class IcebergTarget(Target):
         # same name would silently keep writing to the first one.
         for key, value in spark_catalog_conf(settings).items():
             registered = spark.conf.get(key, None)
-            if registered is not None and registered != value and not key.endswith("password"):
+            if registered is not None and registered != value and not key.endswith(SECRET_KEYS):
                 raise ConfigError(
                     f"Spark catalog {settings.catalog_name!r} is already registered with {key.rpartition('.')[2]}"
                     f" {registered}; set target.iceberg.catalog_name to another name for {settings.warehouse}"

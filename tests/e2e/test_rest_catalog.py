@@ -1,0 +1,88 @@
+"""An Iceberg REST catalog (the test server of ``tests/restcatalog``, its files on the moto server):
+the pipeline end to end through it, read back by pyiceberg's RestCatalog and DuckDB; and ``headrace
+check`` proving it. A file of its own so the test workers share the load (the server is a JVM)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headrace.pipeline import Pipeline
+from tests.e2e.helpers import _norm, make_config, source_rows
+from tests.e2e.test_object_storage import _dbs, change_orders, iceberg_rows, make_orders, pyiceberg_s3
+from tests.e2e.test_pipeline import run_caught_up
+from tests.objectstore import SECRET, MotoServer, free_port
+
+
+def test_iceberg_rest_catalog_on_s3_with_oauth2_client_credentials(
+        source_dsn: str, s3_server: MotoServer, s3_bucket: str, rest_catalog: Any, tmp_path: Path, spark: Any,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """Spark registers the catalog with client credentials (exchanged for a token), the driver commits
+    its batches through it; pyiceberg's RestCatalog with the bearer token and DuckDB read the table."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    from tests.restcatalog import CLIENT_ID, CLIENT_SECRET, TOKEN
+
+    make_orders(source_dsn, 1000)
+    monkeypatch.setenv("LAKE_CLIENT", f"{CLIENT_ID}:{CLIENT_SECRET}")
+    name = f"hrrest{next(_dbs)}"
+    namespace = f"ns{os.getpid()}_{next(_dbs)}"
+    target = {"iceberg": {"warehouse": rest_catalog.warehouse, "catalog_name": name, "namespace": namespace,
+                          "catalog": {"type": "rest", "uri": rest_catalog.uri, "credential_env": "LAKE_CLIENT"}}}
+    config = make_config(source_dsn, tmp_path, ["public.orders"], target,
+                         staging={"path": f"s3://{s3_bucket}/staging"})
+    pipeline = Pipeline(config, spark=spark)
+    catalog = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
+
+    def table_equals_source() -> bool:
+        schema, expected = source_rows(source_dsn, "public.orders")
+        table = catalog.load_table((namespace, "orders"))
+        by_pyiceberg = sorted((tuple(_norm(v) for v in row.values()) for row in
+                               table.scan(selected_fields=tuple(schema.column_names)).to_arrow().to_pylist()),
+                              key=repr)
+        assert by_pyiceberg == expected, f"pyiceberg: {len(by_pyiceberg)} rows, source {len(expected)}"
+        by_duckdb = iceberg_rows(s3_server, table.metadata_location, schema.column_names)
+        assert by_duckdb == expected, f"DuckDB: {len(by_duckdb)} rows, source {len(expected)}"
+        return True
+
+    run_caught_up(pipeline)
+    assert table_equals_source()
+    change_orders(source_dsn, alter=False)
+    run_caught_up(pipeline)
+    assert table_equals_source()
+    summaries = [s.summary for s in catalog.load_table((namespace, "orders")).snapshots()]
+    assert any(s is not None and s.get("headrace.apply") == "driver" for s in summaries), summaries
+    shown = [caplog.text, *capfd.readouterr()]  # the JVM's output included
+    assert not [secret for secret in (CLIENT_SECRET, TOKEN, SECRET) if any(secret in text for text in shown)]
+
+
+def test_check_proves_the_rest_catalog_and_names_the_credentials_it_refuses(
+        source_dsn: str, rest_catalog: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headrace.control.assess import catalog_problems
+    from tests.restcatalog import CLIENT_ID, CLIENT_SECRET, TOKEN
+
+    def problems(**auth: str) -> list[str]:
+        catalog = {"type": "rest", "uri": rest_catalog.uri, **auth}
+        target = {"iceberg": {"warehouse": rest_catalog.warehouse, "catalog_name": "hrcheck", "catalog": catalog}}
+        return catalog_problems(make_config(source_dsn, tmp_path, ["public.t"], target))
+
+    monkeypatch.setenv("LAKE_TOKEN", TOKEN)
+    monkeypatch.setenv("LAKE_CLIENT", f"{CLIENT_ID}:{CLIENT_SECRET}")
+    assert problems(token_env="LAKE_TOKEN") == [] and problems(credential_env="LAKE_CLIENT") == []
+    monkeypatch.setenv("OLD_TOKEN", "expired-token")
+    monkeypatch.setenv("BAD_CLIENT", f"{CLIENT_ID}:wrong")
+    assert problems(token_env="OLD_TOKEN") == [
+        f"target.iceberg.catalog: the REST catalog at {rest_catalog.uri} refused the request (401, not authorized):"
+        " set OLD_TOKEN to a valid, unexpired token"]
+    assert problems(credential_env="BAD_CLIENT") == [
+        f"target.iceberg.catalog: the OAuth2 server at {rest_catalog.uri}/v1/oauth/tokens refused the client"
+        " credentials (401): set BAD_CLIENT to a valid client_id:client_secret"]
+    dead = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("DEAD_URI", dead)
+    catalog = {"type": "rest", "uri_env": "DEAD_URI", "token_env": "LAKE_TOKEN"}
+    target = {"iceberg": {"warehouse": "w", "catalog_name": "hrcheck2", "catalog": catalog}}
+    assert catalog_problems(make_config(source_dsn, tmp_path, ["public.t"], target)) == [
+        f"target.iceberg.catalog: cannot reach the REST catalog at {dead}: fix target.iceberg.catalog.uri_env"]
