@@ -1,0 +1,125 @@
+"""A batch's staged changes read one by one, typed, in commit order: what every history mode is built from.
+
+The mirror keeps only the last change per key (``materialize.driver_batch``); history needs every
+change with its position, commit time and transaction id. The staged files are read with pyarrow
+and cast by DuckDB with the driver's casts (``materialize.driver_casts``), so a history row holds
+the value the mirror holds for the same change. A value only Spark's casts take raises
+``HistoryCastError``: history tables are built on the driver lane only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from headrace.core.errors import TerminalError
+from headrace.core.position import Position
+from headrace.core.rows import unchanged_token
+from headrace.core.schema import TableSchema
+from headrace.core.spark_types import ValueRules
+from headrace.log.codec import STAGING_SCHEMA, read_staging_file
+from headrace.materialize.driver_casts import FALLBACK_MARKER, cast_sql, literal, register_functions
+
+Key = tuple[Any, ...]
+
+
+class HistoryCastError(TerminalError):
+    """A staged value the driver's casts do not take; history tables are built on the driver only."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One source change: ``values`` the row after it (the key's columns only for a delete; empty for
+    a truncate), ``old_key`` the key before an update that changed it, ``unchanged`` the TOAST
+    columns the update left as they were (their ``values`` entry is meaningless)."""
+
+    op: str  # I, U, D, T
+    lsn: int
+    seq: int
+    ts: datetime
+    xid: int | None
+    values: dict[str, Any]
+    old_key: dict[str, Any] | None = None
+    unchanged: frozenset[str] = frozenset()
+
+    @property
+    def position(self) -> Position:
+        return Position(self.lsn, self.seq)
+
+
+def key_of(table: TableSchema, values: dict[str, Any]) -> Key:
+    """The key tuple of a row's values (every column for a table without a key)."""
+    return tuple(values.get(k) for k in (table.key or table.column_names))
+
+
+
+
+def _connection() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(config={"threads": 1})
+    con.execute("SET TimeZone = 'UTC'")
+    register_functions(con)
+    return con
+
+
+def read_changes(paths: Sequence[str], table: TableSchema, skip_through: Position | None,
+                 rules: ValueRules) -> list[Change]:
+    """Every change of the staged files ``paths`` after ``skip_through``, typed, in (lsn, seq) order."""
+    staged = pa.concat_tables([read_staging_file(p) for p in paths]) if paths else STAGING_SCHEMA.empty_table()
+    return changes_of(staged, table, skip_through, rules)
+
+
+def changes_of(staged: pa.Table, table: TableSchema, skip_through: Position | None, rules: ValueRules) -> list[Change]:
+    """``read_changes`` over staged rows already read (``STAGING_SCHEMA``)."""
+    cols = table.columns
+    typed = [cast_sql(f"json_extract_string(_data, {literal('$.' + _json_path(c.name))})", c.type, rules, c.name)
+             for c in cols]
+    old = [cast_sql(f"json_extract_string(_old_key, {literal('$.' + _json_path(c.name))})", c.type, rules, c.name)
+           for c in cols if c.name in table.key]
+    where = "" if skip_through is None else (
+        f"WHERE _lsn > {skip_through.lsn} OR (_lsn = {skip_through.lsn} AND _seq > {skip_through.seq})")
+    select = ", ".join(["_op", "_lsn", "_seq", "_ts", "_xid", "_unchanged_cols", "_old_key IS NOT NULL",
+                        "_data IS NOT NULL", *typed, *old])
+    con = _connection()
+    try:
+        con.register("hr_staged", staged)
+        rows = tuples(con.execute(f"SELECT {select} FROM hr_staged {where} ORDER BY _lsn, _seq").arrow())
+    except duckdb.Error as exc:
+        message = str(exc)
+        at = message.find(FALLBACK_MARKER)
+        raise HistoryCastError(
+            f"table {table.qualified_name}: a staged value the history tables' casts (driver lane) do not"
+            f" take ({' '.join(message[max(at, 0):].split())[:200]}); write the table as mirror only"
+            " (history.tables) until it is supported") from exc
+    finally:
+        con.close()
+    tokens = {unchanged_token(c.name): c.name for c in cols}
+    key_cols = [c.name for c in cols if c.name in table.key]
+    out = []
+    n = len(cols)
+    for row in rows:
+        op, lsn, seq, ts, xid, unch, has_old, has_data = row[:8]
+        values = dict(zip(table.column_names, row[8:8 + n], strict=True)) if has_data else {}
+        if op == "D" and table.key:
+            values = {k: values.get(k) for k in table.key}
+        old_key = dict(zip(key_cols, row[8 + n:], strict=True)) if has_old and table.key else None
+        unchanged = frozenset(tokens[t] for t in (unch or "").split(",") if t in tokens) if op == "U" else frozenset()
+        out.append(Change(op, lsn, seq, ts, xid, values, old_key, unchanged))
+    return out
+
+
+def tuples(result: pa.Table | pa.RecordBatchReader) -> list[tuple[Any, ...]]:
+    """A DuckDB result's rows through Arrow (DuckDB's own ``fetchall`` needs pytz for timestamps with
+    time zone)."""
+    table = result if isinstance(result, pa.Table) else result.read_all()
+    return list(zip(*[c.to_pylist() for c in table.columns], strict=True))
+
+
+def _json_path(name: str) -> str:
+    """A JSON path step naming key ``name`` exactly (quoted)."""
+    return json.dumps(name)
