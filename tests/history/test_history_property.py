@@ -34,7 +34,7 @@ from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
 from tests.history.model import Model
 
-settings.register_profile("history-ci", max_examples=int(os.environ.get("HISTORY_EXAMPLES", "25")), deadline=None,
+settings.register_profile("history-ci", max_examples=int(os.environ.get("HISTORY_EXAMPLES", "10")), deadline=None,
                           suppress_health_check=[HealthCheck.function_scoped_fixture],
                           phases=[Phase.explicit, Phase.reuse, Phase.generate])  # shrinking a failure takes minutes
 settings.register_profile("history-nightly", settings.get_profile("history-ci"), max_examples=300,
