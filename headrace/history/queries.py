@@ -31,3 +31,22 @@ SELECT _hr_op, _hr_commit_ts, {columns} FROM {table}
 WHERE _hr_commit_ts > $1 AND _hr_commit_ts <= $2
 ORDER BY _hr_lsn, _hr_seq, _hr_op <> 'D'
 """
+
+# Spark SQL (Iceberg): the same queries; ``{moment}`` a timestamp literal, e.g. TIMESTAMP '2026-11-27 06:00:00+00:00'.
+SCD2_AS_OF_SPARK = """
+SELECT {columns} FROM {table}
+WHERE coalesce(_hr_valid_from, TIMESTAMP '0001-01-01 00:00:00+00:00') <= {moment}
+  AND (_hr_valid_to IS NULL OR _hr_valid_to > {moment})
+"""
+
+CHANGELOG_AS_OF_SPARK = """
+WITH upto AS (
+  SELECT *, row_number() OVER (ORDER BY _hr_lsn, _hr_seq, _hr_op <> 'D') AS n
+  FROM {table} WHERE coalesce(_hr_commit_ts, TIMESTAMP '0001-01-01 00:00:00+00:00') <= {moment}
+), since AS (
+  SELECT * FROM upto WHERE n > (SELECT coalesce(max(n), 0) FROM upto WHERE _hr_op = 'T')
+), latest AS (
+  SELECT *, row_number() OVER (PARTITION BY {key} ORDER BY n DESC) AS r FROM since
+)
+SELECT {columns} FROM latest WHERE r = 1 AND _hr_op <> 'D'
+"""

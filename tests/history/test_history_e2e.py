@@ -17,11 +17,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from headrace.history.queries import CHANGELOG_AS_OF, SCD2_AS_OF
+from headrace.history.queries import CHANGELOG_AS_OF, CHANGELOG_AS_OF_SPARK, SCD2_AS_OF, SCD2_AS_OF_SPARK
 from headrace.pipeline import Pipeline
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.config import DuckLakeConfig
-from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.helpers import assert_same, make_config, source_rows
 from tests.e2e.test_pipeline import run_caught_up
 
 MODES = ["mirror", "changelog", "scd2", "soft_delete"]
@@ -68,11 +68,43 @@ def _as_of(con: Any, sql: str, table: str, moment: dt.datetime) -> set[tuple[Any
 
 @pytest.mark.slow  # ~45 s on a quiet machine (four runs of the pipeline); tests/history/test_history_property.py is the light one
 def test_history_tables_follow_a_workload(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    pipeline, moments = _run_workload(source_dsn, tmp_path, spark, "ducklake-sqlite")
+    con = _lake(tmp_path)
+    try:
+        for i, (moment, rows) in enumerate(moments):
+            assert _as_of(con, SCD2_AS_OF, "acct__scd2", moment) == rows, f"scd2 as of moment {i}"
+            assert _as_of(con, CHANGELOG_AS_OF, "acct__changelog", moment) == rows, f"changelog up to moment {i}"
+        _check_tables(lambda sql: con.execute(sql.replace("{t}", "hr_lake.public.acct")).fetchall())
+    finally:
+        con.close()
+
+
+@pytest.mark.slow  # ~60 s: Spark MERGEs into Iceberg
+def test_history_tables_follow_a_workload_on_iceberg(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    pipeline, moments = _run_workload(source_dsn, tmp_path, spark, "iceberg")
+    schema = source_rows(source_dsn, "public.acct")[0]
+    history = pipeline.target.history()
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in spark.sql(sql).collect()]
+
+    for i, (moment, expected) in enumerate(moments):
+        at = f"TIMESTAMP '{moment.isoformat()}'"
+        for query, mode in ((SCD2_AS_OF_SPARK, "scd2"), (CHANGELOG_AS_OF_SPARK, "changelog")):
+            got = rows(query.format(table=history.name(schema, mode), columns="id, name, bal, md5(note)", key="id",
+                                    moment=at))
+            assert set(got) == expected, f"{mode} as of moment {i}"
+    _check_tables(lambda sql: rows(sql.replace("{t}__soft_delete", history.name(schema, "soft_delete"))
+                                   .replace("{t}__scd2", history.name(schema, "scd2"))
+                                   .replace("{t}__changelog", history.name(schema, "changelog"))))
+
+
+def _run_workload(source_dsn: str, tmp_path: Path, spark: Any, target: str) -> tuple[Pipeline, list[Any]]:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, name text, bal int, note text)")
         conn.execute(f"INSERT INTO acct SELECT g, 'a' || g, g * 10, {BIG} FROM generate_series(1, 4) g")
         start = _state(conn)
-    config = make_config(source_dsn, tmp_path, ["public.acct"], "ducklake-sqlite",
+    config = make_config(source_dsn, tmp_path, ["public.acct"], target,
                          history={"tables": {"public.acct": MODES}})
     pipeline = Pipeline(config, spark=spark)
     run_caught_up(pipeline)
@@ -84,21 +116,16 @@ def test_history_tables_follow_a_workload(source_dsn: str, tmp_path: Path, spark
             moments.append(_state(conn))
         run_caught_up(pipeline)
     assert assert_same(pipeline, source_dsn, "public.acct") == 2
+    return pipeline, moments
 
-    con = _lake(tmp_path)
-    try:
-        for i, (moment, rows) in enumerate(moments):
-            assert _as_of(con, SCD2_AS_OF, "acct__scd2", moment) == rows, f"scd2 as of moment {i}"
-            assert _as_of(con, CHANGELOG_AS_OF, "acct__changelog", moment) == rows, f"changelog up to moment {i}"
-        live = con.execute("SELECT id, name, tier FROM hr_lake.public.acct__soft_delete WHERE _hr_deleted_at IS NULL"
-                           " ORDER BY id").fetchall()
-        assert live == [(1, "one again", None), (5, "five again", 3)]
-        gone = con.execute("SELECT id FROM hr_lake.public.acct__soft_delete WHERE _hr_deleted_at IS NOT NULL"
-                           " ORDER BY id").fetchall()
-        assert gone == [(2,), (3,), (4,), (10,), (40,)]  # 3 deleted, 4 moved to 40, the truncate the rest
-        ops = con.execute("SELECT _hr_op, count(*) FROM hr_lake.public.acct__changelog GROUP BY 1 ORDER BY 1").fetchall()
-        assert dict(ops)["T"] == 1
-        tiers = con.execute("SELECT tier FROM hr_lake.public.acct__scd2 WHERE _hr_current AND id = 5").fetchall()
-        assert tiers == [(3,)]  # the added column followed
-    finally:
-        con.close()
+
+def _check_tables(rows: Any) -> None:
+    """soft_delete keeps every row ever deleted; the changelog has the TRUNCATE; scd2 has the added column."""
+    live = rows("SELECT id, name, tier FROM {t}__soft_delete WHERE _hr_deleted_at IS NULL ORDER BY id")
+    assert [tuple(r) for r in live] == [(1, "one again", None), (5, "five again", 3)]
+    gone = rows("SELECT id FROM {t}__soft_delete WHERE _hr_deleted_at IS NOT NULL ORDER BY id")
+    assert [tuple(r) for r in gone] == [(2,), (3,), (4,), (10,), (40,)]  # 3 deleted, 4 moved to 40, the truncate the rest
+    ops = rows("SELECT _hr_op, count(*) FROM {t}__changelog GROUP BY 1 ORDER BY 1")
+    assert dict(ops)["T"] == 1
+    tiers = rows("SELECT tier FROM {t}__scd2 WHERE _hr_current AND id = 5")
+    assert [tuple(r) for r in tiers] == [(3,)]  # the added column followed

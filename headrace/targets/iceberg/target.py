@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from headrace.core.errors import ConfigError, SchemaChangeError
+from headrace.history.writer import HistoryWriter
 from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.interfaces import Target
 from headrace.core.lanes import Lane, LaneChoice, NotOnLane
@@ -389,6 +390,12 @@ class IcebergTarget(Target):
     def drop_table(self, table: TableSchema) -> None:
         """Drop the table and its files."""
         self.spark.sql(f"DROP TABLE IF EXISTS {self.table_name(table)} PURGE")
+
+    def history(self) -> HistoryWriter:
+        """History tables beside the mirror, in the same namespace (``iceberg.history``)."""
+        from headrace.targets.iceberg.history import writer
+
+        return writer(self)
 
     def read_table(self, table: TableSchema) -> DataFrame:
         """The table as a DataFrame (target columns and ``_hr_*`` metadata)."""
