@@ -101,8 +101,12 @@ class DuckLakeHistory(HistoryWriter):
         for c in table.columns:
             if c.name not in have:
                 self.con.execute(f"ALTER TABLE {name} ADD COLUMN {quote_ident(c.name)} {duck_type(c.type)}")
-            elif have[c.name] != self.con.execute(f"SELECT typeof(CAST(NULL AS {duck_type(c.type)}))").fetchone()[0]:
+            elif have[c.name] != self._type_name(duck_type(c.type)):
                 self.con.execute(f"ALTER TABLE {name} ALTER {quote_ident(c.name)} SET DATA TYPE {duck_type(c.type)}")
+
+    def _type_name(self, duck: str) -> str:
+        row = self.con.execute(f"SELECT typeof(CAST(NULL AS {duck}))").fetchone()
+        return str(row[0]) if row else duck
 
     def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
         name = self.name(table, mode)

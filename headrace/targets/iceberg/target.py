@@ -22,7 +22,7 @@ import operator
 import threading
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -31,7 +31,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from headrace.core.errors import ConfigError, SchemaChangeError
-from headrace.history.writer import HistoryWriter
 from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.interfaces import Target
 from headrace.core.lanes import Lane, LaneChoice, NotOnLane
@@ -49,6 +48,9 @@ from headrace.targets.iceberg.evolve import evolve_columns
 from headrace.targets.iceberg.keyless import KeylessApply
 from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
 from headrace.targets.iceberg.session import JDBC_DRIVER_JAR
+
+if TYPE_CHECKING:
+    from headrace.history.writer import HistoryWriter
 
 WRITE_MODE = "merge-on-read"
 
