@@ -12,6 +12,7 @@ right for a table copied before its history mode was configured.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -22,7 +23,9 @@ from headrace.core.spark_types import ValueRules
 from headrace.history import build
 from headrace.history.changes import Change, Key, read_changes
 from headrace.history.config import Mode
+from headrace.logs import event
 
+log = logging.getLogger("headrace.history")
 Built = list[build.Row] | build.Scd2Batch | build.SoftDeleteBatch
 
 
@@ -81,6 +84,12 @@ def apply_history(writer: HistoryWriter, table: TableSchema, modes: Sequence[Mod
         offset = writer.applied_offset(table, mode)
         if offset is None:
             writer.start(table, mode, cursor)
+            offset = cursor
+        elif offset < cursor:
+            # The mirror moved on without this table: a resync's copy, or the mode left out of the config
+            # for a while. What the mirror took meanwhile is not in the history (docs/history.md, resync).
+            event(log, "history.gap", logging.WARNING, table=table.qualified_name, mode=mode,
+                  history_offset=offset, mirror_offset=cursor)
             offset = cursor
         if offset < last:
             held[mode] = offset

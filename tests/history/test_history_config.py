@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from headrace.core.errors import ConfigError
 from headrace.core.names import TableName
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.history.config import HistoryConfig, history_table
+from headrace.history.queries import CHANGELOG_AS_OF, CHANGELOG_BETWEEN, SCD2_AS_OF
 from headrace.history.writer import refuse_keyless
 
 
@@ -36,3 +39,11 @@ def test_scd2_and_soft_delete_refuse_a_table_without_a_key() -> None:
     refuse_keyless(bag, "changelog")
     with pytest.raises(ConfigError, match="history mode scd2 needs a key and table public.bag has none"):
         refuse_keyless(bag, "scd2")
+
+
+def test_the_history_page_shows_the_queries_the_tests_run() -> None:
+    page = " ".join((Path(__file__).parents[2] / "docs" / "history.md").read_text().split())
+    for query, table in ((SCD2_AS_OF, "orders__scd2"), (CHANGELOG_AS_OF, "orders__changelog"),
+                         (CHANGELOG_BETWEEN, "orders__changelog")):
+        text = query.format(table=f"lake.public.{table}", columns="id, name, bal", key="id")
+        assert " ".join(text.split()) in page, query

@@ -17,7 +17,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from headrace.history.queries import CHANGELOG_AS_OF, CHANGELOG_AS_OF_SPARK, SCD2_AS_OF, SCD2_AS_OF_SPARK
+from headrace.history.queries import (
+    CHANGELOG_AS_OF,
+    CHANGELOG_AS_OF_SPARK,
+    CHANGELOG_BETWEEN,
+    SCD2_AS_OF,
+    SCD2_AS_OF_SPARK,
+)
 from headrace.pipeline import Pipeline
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.config import DuckLakeConfig
@@ -67,13 +73,19 @@ def _as_of(con: Any, sql: str, table: str, moment: dt.datetime) -> set[tuple[Any
 
 
 @pytest.mark.slow  # ~45 s on a quiet machine (four runs of the pipeline); tests/history/test_history_property.py is the light one
-def test_history_tables_follow_a_workload(source_dsn: str, tmp_path: Path, spark: Any) -> None:
-    pipeline, moments = _run_workload(source_dsn, tmp_path, spark, "ducklake-sqlite")
+@pytest.mark.parametrize("engine", ["auto", "spark"])
+def test_history_tables_follow_a_workload(source_dsn: str, tmp_path: Path, spark: Any, engine: str) -> None:
+    # engine spark: the mirror's batches are Spark jobs; the history tables are built on the driver either way.
+    pipeline, moments = _run_workload(source_dsn, tmp_path, spark, "ducklake-sqlite", engine)
     con = _lake(tmp_path)
     try:
         for i, (moment, rows) in enumerate(moments):
             assert _as_of(con, SCD2_AS_OF, "acct__scd2", moment) == rows, f"scd2 as of moment {i}"
             assert _as_of(con, CHANGELOG_AS_OF, "acct__changelog", moment) == rows, f"changelog up to moment {i}"
+        between = CHANGELOG_BETWEEN.format(table="hr_lake.public.acct__changelog", columns="id")
+        ops = con.execute(between, [moments[0][0], moments[1][0]]).fetchall()
+        assert [(op, key) for op, _, key in ops] == [("U", 1), ("U", 2), ("U", 2), ("I", 10), ("D", 3), ("D", 4),
+                                                     ("I", 40)]
         _check_tables(lambda sql: con.execute(sql.replace("{t}", "hr_lake.public.acct")).fetchall())
     finally:
         con.close()
@@ -99,13 +111,14 @@ def test_history_tables_follow_a_workload_on_iceberg(source_dsn: str, tmp_path: 
                                    .replace("{t}__changelog", history.name(schema, "changelog"))))
 
 
-def _run_workload(source_dsn: str, tmp_path: Path, spark: Any, target: str) -> tuple[Pipeline, list[Any]]:
+def _run_workload(source_dsn: str, tmp_path: Path, spark: Any, target: str,
+                  engine: str = "auto") -> tuple[Pipeline, list[Any]]:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, name text, bal int, note text)")
         conn.execute(f"INSERT INTO acct SELECT g, 'a' || g, g * 10, {BIG} FROM generate_series(1, 4) g")
         start = _state(conn)
     config = make_config(source_dsn, tmp_path, ["public.acct"], target,
-                         history={"tables": {"public.acct": MODES}})
+                         history={"tables": {"public.acct": MODES}}, engine=engine)
     pipeline = Pipeline(config, spark=spark)
     run_caught_up(pipeline)
     moments = [start]
