@@ -35,7 +35,7 @@ def arrow_schema(table: TableSchema, mode: Mode) -> pa.Schema:
 def to_arrow(table: TableSchema, mode: Mode, rows: list[b.Row]) -> pa.Table:
     """``rows`` (dicts) as an Arrow table of ``arrow_schema``."""
     schema = arrow_schema(table, mode)
-    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
+    return pa.Table.from_arrays([pa.array([r.get(f.name) for r in rows], f.type) for f in schema], schema=schema)
 
 
 def key_table(table: TableSchema, keys: list[tuple[object, ...]]) -> pa.Table:
