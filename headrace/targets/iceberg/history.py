@@ -69,14 +69,16 @@ class IcebergHistory(HistoryWriter):
         fields = [StructField(c.name, spark_type(c.type)) for c in table.columns]
         return StructType(fields + [StructField(n, _type(sql)) for n, _, _, sql in EXTRA[mode]])
 
-    def _properties(self, name: str) -> dict[str, str] | None:
+    def _properties(self, name: str, appends: bool) -> dict[str, str] | None:
+        """The table's properties (None: no table), with ``appends`` the offset of its last append when
+        newer (a crash between the append and the property's commit)."""
         if not self.spark.catalog.tableExists(name):
             return None
         jtable = java_table(self.spark, name)
         jtable.refresh()
         props = dict(jtable.properties())
-        snap = jtable.currentSnapshot()
-        while snap is not None:  # the last append's offset, if newer than the table property
+        snap = jtable.currentSnapshot() if appends else None
+        while snap is not None:  # back over maintenance's snapshots to the last append
             summary = snap.summary()
             if summary.containsKey(OFFSET):
                 found = int(summary.get(OFFSET))
@@ -88,7 +90,7 @@ class IcebergHistory(HistoryWriter):
         return props
 
     def applied_offset(self, table: TableSchema, mode: Mode) -> int | None:
-        props = self._properties(self.name(table, mode))
+        props = self._properties(self.name(table, mode), appends=mode == "changelog")
         if props is None or STARTED not in props:
             return None
         return int(props.get(OFFSET, props[STARTED]))
