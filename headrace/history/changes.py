@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from headrace.core.errors import TerminalError
+from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
@@ -67,11 +68,77 @@ def _connection() -> duckdb.DuckDBPyConnection:
     return con
 
 
+def read_staged(paths: Sequence[str]) -> pa.Table:
+    """The staged rows of ``paths`` (``STAGING_SCHEMA``)."""
+    return pa.concat_tables([read_staging_file(p) for p in paths]) if paths else STAGING_SCHEMA.empty_table()
+
+
 def read_changes(paths: Sequence[str], table: TableSchema, skip_through: Position | None,
                  rules: ValueRules) -> list[Change]:
     """Every change of the staged files ``paths`` after ``skip_through``, typed, in (lsn, seq) order."""
-    staged = pa.concat_tables([read_staging_file(p) for p in paths]) if paths else STAGING_SCHEMA.empty_table()
-    return changes_of(staged, table, skip_through, rules)
+    return changes_of(read_staged(paths), table, skip_through, rules)
+
+
+def _skip_sql(skip_through: Position | None) -> str:
+    if skip_through is None:
+        return ""
+    return f"WHERE _lsn > {skip_through.lsn} OR (_lsn = {skip_through.lsn} AND _seq > {skip_through.seq})"
+
+
+def _value(column: str, source: str) -> str:
+    return f"json_extract_string({source}, {literal('$.' + _json_path(column))})"
+
+
+def changelog_arrow(staged: pa.Table, table: TableSchema, skip_through: Position | None,
+                    rules: ValueRules) -> pa.Table | None:
+    """The changelog rows of ``staged`` built by one DuckDB query (``build.changelog_rows``'s rows, without
+    a Python object per change); None when a change left a TOAST column unchanged: its value is in the
+    row before, which ``build.changelog_rows`` looks up."""
+    if staged.num_rows and staged.column("_unchanged_cols").null_count < staged.num_rows:
+        return None
+    keyed = bool(table.key)
+
+    def row(op: str, data: str, keys_only: bool) -> str:
+        cols = []
+        for c in table.columns:
+            value = cast_sql(_value(c.name, data), c.type, rules, c.name)
+            if keys_only and c.name not in table.key:
+                value = "NULL"
+            elif keyed and c.name not in table.key and op == "_op":
+                value = f"CASE WHEN _op = 'D' THEN NULL ELSE {value} END"
+            cols.append(f"{value} AS {quote_ident(c.name)}")
+        return ", ".join([*cols, f"{op} AS _hr_op", "_ts AS _hr_commit_ts", "_lsn AS _hr_lsn", "_seq AS _hr_seq",
+                          "_xid AS _hr_xid"])
+
+    moved = " OR ".join(f"{_value(k, '_old_key')} IS DISTINCT FROM {_value(k, '_data')}" for k in table.key)
+    moves = f"_op = 'U' AND _old_key IS NOT NULL AND ({moved})" if keyed else "false"
+    sql = f"""
+WITH s AS (SELECT * FROM hr_staged {_skip_sql(skip_through)})
+SELECT * FROM (
+  SELECT {row('_op', '_data', False)}, 1 AS hr_sub FROM s WHERE NOT ({moves})
+  UNION ALL SELECT {row("'D'", '_old_key', True)}, 0 AS hr_sub FROM s WHERE {moves}
+  UNION ALL SELECT {row("'I'", '_data', False)}, 1 AS hr_sub FROM s WHERE {moves}
+) ORDER BY _hr_lsn, _hr_seq, hr_sub
+"""
+    con = _connection()
+    try:
+        con.register("hr_staged", staged)
+        result = con.execute(sql).arrow()
+    except duckdb.Error as exc:
+        raise _cast_error(table, exc) from exc
+    finally:
+        con.close()
+    rows = result if isinstance(result, pa.Table) else result.read_all()
+    return rows.drop_columns(["hr_sub"])
+
+
+def _cast_error(table: TableSchema, exc: duckdb.Error) -> HistoryCastError:
+    message = str(exc)
+    at = message.find(FALLBACK_MARKER)
+    return HistoryCastError(
+        f"table {table.qualified_name}: a staged value the history tables' casts (driver lane) do not"
+        f" take ({' '.join(message[max(at, 0):].split())[:200]}); write the table as mirror only"
+        " (history.tables) until it is supported")
 
 
 def changes_of(staged: pa.Table, table: TableSchema, skip_through: Position | None, rules: ValueRules) -> list[Change]:
@@ -81,8 +148,7 @@ def changes_of(staged: pa.Table, table: TableSchema, skip_through: Position | No
              for c in cols]
     old = [cast_sql(f"json_extract_string(_old_key, {literal('$.' + _json_path(c.name))})", c.type, rules, c.name)
            for c in cols if c.name in table.key]
-    where = "" if skip_through is None else (
-        f"WHERE _lsn > {skip_through.lsn} OR (_lsn = {skip_through.lsn} AND _seq > {skip_through.seq})")
+    where = _skip_sql(skip_through)
     select = ", ".join(["_op", "_lsn", "_seq", "_ts", "_xid", "_unchanged_cols", "_old_key IS NOT NULL",
                         "_data IS NOT NULL", *typed, *old])
     con = _connection()
@@ -90,12 +156,7 @@ def changes_of(staged: pa.Table, table: TableSchema, skip_through: Position | No
         con.register("hr_staged", staged)
         rows = tuples(con.execute(f"SELECT {select} FROM hr_staged {where} ORDER BY _lsn, _seq").arrow())
     except duckdb.Error as exc:
-        message = str(exc)
-        at = message.find(FALLBACK_MARKER)
-        raise HistoryCastError(
-            f"table {table.qualified_name}: a staged value the history tables' casts (driver lane) do not"
-            f" take ({' '.join(message[max(at, 0):].split())[:200]}); write the table as mirror only"
-            " (history.tables) until it is supported") from exc
+        raise _cast_error(table, exc) from exc
     finally:
         con.close()
     tokens = {unchanged_token(c.name): c.name for c in cols}

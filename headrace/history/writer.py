@@ -16,17 +16,19 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+import pyarrow as pa
+
 from headrace.core.errors import ConfigError
 from headrace.core.position import Position
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules
 from headrace.history import build
-from headrace.history.changes import Change, Key, read_changes
+from headrace.history.changes import Change, Key, changelog_arrow, changes_of, read_staged
 from headrace.history.config import Mode
 from headrace.logs import event
 
 log = logging.getLogger("headrace.history")
-Built = list[build.Row] | build.Scd2Batch | build.SoftDeleteBatch
+Built = list[build.Row] | pa.Table | build.Scd2Batch | build.SoftDeleteBatch  # a changelog: rows or Arrow
 
 
 class HistoryWriter(ABC):
@@ -93,9 +95,17 @@ def apply_history(writer: HistoryWriter, table: TableSchema, modes: Sequence[Mod
             offset = cursor
         if offset < last:
             held[mode] = offset
+    staged: dict[int, pa.Table] = {}
     read: dict[int, list[Change]] = {}
     for mode, offset in held.items():
-        if offset not in read:
-            read[offset] = read_changes([p for o, p in entries if o > offset], table, skip, rules)
-        writer.write(table, mode, build_mode(table, mode, read[offset], writer), last)
+        if offset not in staged:
+            staged[offset] = read_staged([p for o, p in entries if o > offset])
+        built: Built | None = None
+        if mode == "changelog":
+            built = changelog_arrow(staged[offset], table, skip, rules)  # None: TOAST to fill, below
+        if built is None:
+            if offset not in read:
+                read[offset] = changes_of(staged[offset], table, skip, rules)
+            built = build_mode(table, mode, read[offset], writer)
+        writer.write(table, mode, built, last)
     return list(held)

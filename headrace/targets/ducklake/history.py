@@ -112,7 +112,7 @@ class DuckLakeHistory(HistoryWriter):
         name = self.name(table, mode)
         with self.target._lock, self.target._transaction(table):
             self._follow_columns(table, name)
-            if isinstance(built, list):
+            if isinstance(built, (list, pa.Table)):
                 self._insert(table, mode, name, built)
             elif isinstance(built, b.Scd2Batch):
                 self._scd2(table, name, built)
@@ -120,12 +120,12 @@ class DuckLakeHistory(HistoryWriter):
                 self._soft_delete(table, name, built)
             self._set_offset(table, mode, log_offset)
 
-    def _insert(self, table: TableSchema, mode: Mode, name: str, rows: list[b.Row]) -> None:
-        if not rows:
+    def _insert(self, table: TableSchema, mode: Mode, name: str, rows: list[b.Row] | pa.Table) -> None:
+        if not len(rows):
             return
         cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA[mode]]
         values = [cast_in(quote_ident(c.name), c.type) for c in table.columns] + [n for n, _, _, _ in EXTRA[mode]]
-        self._with("hr_rows", to_arrow(table, mode, rows),
+        self._with("hr_rows", rows if isinstance(rows, pa.Table) else to_arrow(table, mode, rows),
                    f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} FROM hr_rows")
 
     def _with(self, relation: str, rows: pa.Table, sql: str) -> None:

@@ -28,7 +28,7 @@ from headrace.core.spark_types import spark_type
 from headrace.history import build as b
 from headrace.history.changes import Key
 from headrace.history.config import Mode, history_table
-from headrace.history.tables import EXTRA, key_table, to_arrow
+from headrace.history.tables import EXTRA, arrow_schema, key_table, to_arrow
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import java_table
@@ -137,8 +137,8 @@ class IcebergHistory(HistoryWriter):
     def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
         name = self.name(table, mode)
         self._follow_columns(table, name)
-        if isinstance(built, list):
-            if built:
+        if isinstance(built, (list, pa.Table)):
+            if len(built):
                 (self._frame(table, mode, built).writeTo(name)
                  .option(f"snapshot-property.{OFFSET}", str(log_offset)).append())
         elif isinstance(built, b.Scd2Batch):
@@ -147,8 +147,9 @@ class IcebergHistory(HistoryWriter):
             self._soft_delete(table, name, built)
         self._set(name, {OFFSET: str(log_offset)})
 
-    def _frame(self, table: TableSchema, mode: Mode, rows: list[b.Row]) -> DataFrame:
-        return arrow_frame(self.spark, to_arrow(table, mode, rows), self._struct(table, mode))
+    def _frame(self, table: TableSchema, mode: Mode, rows: list[b.Row] | pa.Table) -> DataFrame:
+        arrow = rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
+        return arrow_frame(self.spark, arrow, self._struct(table, mode))
 
     def _events(self, table: TableSchema, events: dict[Key, b.Event]) -> DataFrame:
         keys = key_table(table, list(events))
