@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import pyarrow as pa
 
@@ -28,7 +29,7 @@ from headrace.history.config import Mode
 from headrace.logs import event
 
 log = logging.getLogger("headrace.history")
-Built = list[build.Row] | pa.Table | build.Scd2Batch | build.SoftDeleteBatch  # a changelog: rows or Arrow
+Built: TypeAlias = list[build.Row] | pa.Table | build.Scd2Batch | build.SoftDeleteBatch  # a changelog: rows or Arrow
 
 
 class HistoryWriter(ABC):
