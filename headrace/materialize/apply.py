@@ -235,6 +235,7 @@ def write_history(target: Target, planned: PlannedBatch) -> None:
     if written:
         event(log, "apply.history", table=planned.row.qualified_name, modes=",".join(written),
               log_offset=planned.entries[-1].offset)
+        crash_point("apply.after_history_commit")
 
 
 def finish_batch(state: StateStore, target: Target, planned: PlannedBatch,

@@ -24,6 +24,7 @@ from headrace.history.queries import (
     SCD2_AS_OF,
     SCD2_AS_OF_SPARK,
 )
+from headrace.history.changes import tuples
 from headrace.pipeline import Pipeline
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.config import DuckLakeConfig
@@ -83,7 +84,7 @@ def test_history_tables_follow_a_workload(source_dsn: str, tmp_path: Path, spark
             assert _as_of(con, SCD2_AS_OF, "acct__scd2", moment) == rows, f"scd2 as of moment {i}"
             assert _as_of(con, CHANGELOG_AS_OF, "acct__changelog", moment) == rows, f"changelog up to moment {i}"
         between = CHANGELOG_BETWEEN.format(table="hr_lake.public.acct__changelog", columns="id")
-        ops = con.execute(between, [moments[0][0], moments[1][0]]).fetchall()
+        ops = tuples(con.execute(between, [moments[0][0], moments[1][0]]).arrow())  # fetchall would need pytz
         assert [(op, key) for op, _, key in ops] == [("U", 1), ("U", 2), ("U", 2), ("I", 10), ("D", 3), ("D", 4),
                                                      ("I", 40)]
         _check_tables(lambda sql: con.execute(sql.replace("{t}", "hr_lake.public.acct")).fetchall())
