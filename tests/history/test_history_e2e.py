@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from headrace.history.changes import tuples
 from headrace.history.queries import (
     CHANGELOG_AS_OF,
     CHANGELOG_AS_OF_SPARK,
@@ -24,7 +25,6 @@ from headrace.history.queries import (
     SCD2_AS_OF,
     SCD2_AS_OF_SPARK,
 )
-from headrace.history.changes import tuples
 from headrace.pipeline import Pipeline
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.config import DuckLakeConfig

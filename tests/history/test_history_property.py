@@ -209,3 +209,25 @@ def test_a_history_table_resumes_behind_the_mirror_without_losing_its_rows(
         assert ops == [("I", 1), ("I", 2), ("U", 1)]  # the two inserts, then the update after the gap
         current = [r[:2] for r in _read(lake, table, "scd2", "id, v, _hr_current") if r[2]]
         assert sorted(current) == [(1, "U2"), (2, "I0")]  # key 2's delete fell in the gap: still open
+
+
+def test_maintenance_compacts_the_history_tables_too(tmp_path: Path) -> None:
+    """``headrace maintain`` and the run's passes take a table's history tables with it."""
+    from headrace.core.maintenance import MaintenancePolicy
+    from headrace.run.maintenance import history_tables
+
+    changes = _changes([("I", k, 1, 0, True, False) for k in KEYS] + [("U", k, 1, 1, True, False) for k in KEYS])
+    files = [_stage(tmp_path / f"{i}.parquet", [c]) for i, c in enumerate(changes)]
+    table = _schema()
+    with _lake(tmp_path / "lake") as lake:
+        lake.ensure_table(table)
+        for i in range(len(files)):
+            _apply(lake, table, files, i, i + 1, history=True, mirror=True)
+        tables = history_tables(lake, table, MODES)
+        assert [t.target_table for t in tables] == [f"{table.name}__{m}" for m in MODES]
+        before = {m: _read(lake, table, m, "count(*)") for m in MODES}
+        for history in tables:
+            lake.maintain(history, MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=0))
+            files_after = lake.table_files(history)
+            assert files_after is not None and files_after.data_files <= 2, history.target_table
+        assert {m: _read(lake, table, m, "count(*)") for m in MODES} == before  # rows untouched
