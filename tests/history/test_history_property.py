@@ -231,3 +231,26 @@ def test_maintenance_compacts_the_history_tables_too(tmp_path: Path) -> None:
             files_after = lake.table_files(history)
             assert files_after is not None and files_after.data_files <= 2, history.target_table
         assert {m: _read(lake, table, m, "count(*)") for m in MODES} == before  # rows untouched
+
+
+def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path) -> None:
+    """REPLICA IDENTITY FULL: identical rows are kept apart, an update is logged with its new image."""
+    bag = TableSchema(oid=79_999, schema="public", name="bag", key=(), replica_identity="f",
+                      columns=(Column("a", ColumnType(TypeKind.INT, "integer"), 23), Column("b", ColumnType(
+                          TypeKind.STRING, "text"), 25)))
+    buf = StagingBuffer()
+    for op, lsn, row, old in (("I", 10, (1, "x"), None), ("I", 10, (1, "x"), None), ("U", 11, (2, "y"), (1, "x")),
+                              ("D", 12, (1, "x"), None), ("T", 13, None, None)):
+        data = None if row is None else json.dumps({"a": str(row[0]), "b": row[1]})
+        old_row = None if old is None else json.dumps({"a": str(old[0]), "b": old[1]})
+        buf.append(op, lsn, 1 + buf.op.count(op), BASE_US + lsn, lsn, data, None, old_row)
+    path = tmp_path / "bag.parquet"
+    write_staging_file(path, buf)
+    with _lake(tmp_path / "lake") as lake:
+        lake.ensure_table(bag)
+        assert apply_history(lake.history(), bag, ("changelog",), [(1, str(path))], None, ValueRules(), 0) == [
+            "changelog"]
+        with pytest.raises(Exception, match="history mode scd2 needs a key"):
+            apply_history(lake.history(), bag, ("scd2",), [(1, str(path))], None, ValueRules(), 0)
+        rows = sorted(_read(lake, bag, "changelog", "_hr_lsn, _hr_op, a, b"))
+    assert rows == [(10, "I", 1, "x"), (10, "I", 1, "x"), (11, "U", 2, "y"), (12, "D", 1, "x"), (13, "T", None, None)]
