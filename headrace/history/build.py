@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
+
 from headrace.core.position import Position
 from headrace.core.schema import TableSchema
 from headrace.history.changes import Change, Key, key_of
@@ -169,11 +171,13 @@ class SoftDeleteBatch:
     """``truncate``: the batch's first TRUNCATE, marking every row live before the batch deleted;
     ``rows``: per key touched before the batch, the row after the batch's last change to it (with
     its deletion time, or None while live); ``deletes``: keys whose last change deleted a row the
-    batch never held (their row before the batch is marked deleted in place)."""
+    batch never held (their row before the batch is marked deleted in place). Either as Python
+    values, or as Arrow tables (``changes.soft_delete_arrow``: the rows in ``tables.arrow_schema``'s
+    columns, the deletes as key columns, ``_hr_lsn``, ``_hr_seq``, ``_hr_commit_ts``)."""
 
     truncate: Event | None = None
-    rows: dict[Key, Row] = field(default_factory=dict)
-    deletes: dict[Key, Event] = field(default_factory=dict)
+    rows: dict[Key, Row] | pa.Table = field(default_factory=dict)
+    deletes: dict[Key, Event] | pa.Table = field(default_factory=dict)
 
 
 def soft_delete_batch(table: TableSchema, changes: Iterable[Change], previous: Previous) -> SoftDeleteBatch:
@@ -181,6 +185,8 @@ def soft_delete_batch(table: TableSchema, changes: Iterable[Change], previous: P
     changes = list(changes)
     versions = _Versions(table, changes, previous)
     out = SoftDeleteBatch()
+    deletes: dict[Key, Event] = {}
+    out.deletes = deletes
     held: dict[Key, Row] = {}  # the batch's latest full row per key (live or not)
 
     def mark(key: Key, at: Event) -> None:
@@ -189,7 +195,7 @@ def soft_delete_batch(table: TableSchema, changes: Iterable[Change], previous: P
             if row[DELETED_AT] is None:
                 row.update({DELETED_AT: at.ts, COMMIT_TS: at.ts, LSN: at.lsn, SEQ: at.seq})
         elif out.truncate is None:
-            out.deletes[key] = at
+            deletes[key] = at
 
     for c in changes:
         at = _event(c)
@@ -208,7 +214,7 @@ def soft_delete_batch(table: TableSchema, changes: Iterable[Change], previous: P
                 held[gone] = {**before, DELETED_AT: None, COMMIT_TS: None, LSN: None, SEQ: None}
             mark(gone, at)
         if row is not None:
-            out.deletes.pop(key, None)
+            deletes.pop(key, None)
             held[key] = {**row, DELETED_AT: None, COMMIT_TS: c.ts, LSN: c.lsn, SEQ: c.seq}
     out.rows = held
     return out

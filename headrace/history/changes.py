@@ -123,13 +123,45 @@ SELECT * FROM (
     con = _connection()
     try:
         con.register("hr_staged", staged)
-        result = con.execute(sql).arrow()
+        rows = _read_all(con.execute(sql).arrow())  # before the close: the result may be a lazy reader
     except duckdb.Error as exc:
         raise _cast_error(table, exc) from exc
     finally:
         con.close()
-    rows = result if isinstance(result, pa.Table) else result.read_all()
     return rows.drop_columns(["hr_sub"])
+
+
+def soft_delete_arrow(changelog: pa.Table, table: TableSchema) -> tuple[pa.Table, pa.Table] | None:
+    """``build.soft_delete_batch`` for a batch whose changelog (``changelog_arrow``) holds no TRUNCATE, by
+    one DuckDB query: per key touched, the row after its last change (a deleted one with the values
+    of its last change before the delete), and the keys whose last change deleted a row the batch
+    never held (marked deleted in place). None when the batch holds a TRUNCATE."""
+    if "T" in changelog.column("_hr_op").to_pylist():
+        return None
+    key = ", ".join(quote_ident(k) for k in table.key)
+    cols = ", ".join(f"l.{quote_ident(c)}" for c in table.column_names)
+    on = " AND ".join(f"l.{quote_ident(k)} = f.{quote_ident(k)}" for k in table.key)
+    keys = ", ".join(f"f.{quote_ident(k)}" for k in table.key)
+    ranked = f"row_number() OVER (PARTITION BY {key} ORDER BY _hr_lsn DESC, _hr_seq DESC)"
+    con = _connection()
+    try:
+        con.register("hr_changelog", changelog)
+        con.execute(f"CREATE TEMP TABLE hr_final AS SELECT * FROM (SELECT *, {ranked} AS r FROM hr_changelog) WHERE r = 1")
+        con.execute(f"CREATE TEMP TABLE hr_live AS SELECT * FROM (SELECT *, {ranked} AS r FROM hr_changelog"
+                    " WHERE _hr_op <> 'D') WHERE r = 1")
+        rows = _read_all(con.execute(
+            f"SELECT {cols}, CASE WHEN f._hr_op = 'D' THEN f._hr_commit_ts END AS _hr_deleted_at, f._hr_commit_ts,"
+            f" f._hr_lsn, f._hr_seq FROM hr_final f JOIN hr_live l ON {on}").arrow())
+        deletes = _read_all(con.execute(
+            f"SELECT {keys}, f._hr_lsn, f._hr_seq, f._hr_commit_ts FROM hr_final f WHERE f._hr_op = 'D'"
+            f" AND NOT EXISTS (SELECT 1 FROM hr_live l WHERE {on})").arrow())
+    finally:
+        con.close()
+    return rows, deletes
+
+
+def _read_all(result: pa.Table | pa.RecordBatchReader) -> pa.Table:
+    return result if isinstance(result, pa.Table) else result.read_all()
 
 
 def _cast_error(table: TableSchema, exc: duckdb.Error) -> HistoryCastError:

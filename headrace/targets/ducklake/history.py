@@ -161,13 +161,15 @@ class DuckLakeHistory(HistoryWriter):
 
     def _soft_delete(self, table: TableSchema, name: str, batch: b.SoftDeleteBatch) -> None:
         mark = f"{b.DELETED_AT} = {{ts}}, {b.COMMIT_TS} = {{ts}}, {b.LSN} = {{lsn}}, {b.SEQ} = {{seq}}"
-        if batch.deletes:
-            self._with("hr_deletes", self._events(table, batch.deletes),
+        if len(batch.deletes):
+            deletes = batch.deletes if isinstance(batch.deletes, pa.Table) else self._events(table, batch.deletes)
+            self._with("hr_deletes", deletes,
                        f"UPDATE {name} AS v SET {mark.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
                        f" FROM hr_deletes c WHERE v.{b.DELETED_AT} IS NULL AND {self._on_key(table, 'v', 'c')}"
                        f" AND {_before('v', 'c')}")
-        if batch.rows:
-            rows = to_arrow(table, "soft_delete", list(batch.rows.values()))
+        if len(batch.rows):
+            rows = batch.rows if isinstance(batch.rows, pa.Table) else to_arrow(table, "soft_delete",
+                                                                                  list(batch.rows.values()))
             self._with("hr_rows", rows, f"DELETE FROM {name} AS v USING hr_rows c WHERE "
                                         f"{self._on_key(table, 'v', 'c')} AND {_before('v', 'c')}")
             keep = f"NOT EXISTS (SELECT 1 FROM {name} v WHERE {self._on_key(table, 'v', 'hr_rows')})"

@@ -151,15 +151,20 @@ class IcebergHistory(HistoryWriter):
         arrow = rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
         return arrow_frame(self.spark, arrow, self._struct(table, mode))
 
-    def _events(self, table: TableSchema, events: dict[Key, b.Event]) -> DataFrame:
+    def _events(self, table: TableSchema, events: dict[Key, b.Event] | pa.Table) -> DataFrame:
+        struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key]
+                            + [StructField(b.LSN, _type("bigint")), StructField(b.SEQ, _type("bigint")),
+                               StructField(b.COMMIT_TS, _type("timestamp"))])
+        if isinstance(events, pa.Table):
+            fields = [pa.field(k, key_table(table, []).schema.field(k).type) for k in table.key]
+            fields += [pa.field(b.LSN, pa.int64()), pa.field(b.SEQ, pa.int64()),
+                       pa.field(b.COMMIT_TS, pa.timestamp("us", tz="UTC"))]
+            return arrow_frame(self.spark, events.cast(pa.schema(fields)), struct)
         keys = key_table(table, list(events))
         at = list(events.values())
         rows = (keys.append_column(b.LSN, pa.array([e.lsn for e in at], pa.int64()))
                 .append_column(b.SEQ, pa.array([e.seq for e in at], pa.int64()))
                 .append_column(b.COMMIT_TS, pa.array([e.ts for e in at], pa.timestamp("us", tz="UTC"))))
-        struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key]
-                            + [StructField(b.LSN, _type("bigint")), StructField(b.SEQ, _type("bigint")),
-                               StructField(b.COMMIT_TS, _type("timestamp"))])
         return arrow_frame(self.spark, rows, struct)
 
     def _merge(self, frame: DataFrame, statement: str) -> None:
@@ -205,12 +210,13 @@ class IcebergHistory(HistoryWriter):
 
     def _soft_delete(self, table: TableSchema, name: str, batch: b.SoftDeleteBatch) -> None:
         mark = f"{b.DELETED_AT} = s.{b.COMMIT_TS}, {b.COMMIT_TS} = s.{b.COMMIT_TS}, {b.LSN} = s.{b.LSN}, {b.SEQ} = s.{b.SEQ}"
-        if batch.deletes:
+        if len(batch.deletes):
             self._merge(self._events(table, batch.deletes),
                         f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.DELETED_AT} IS NULL"
                         f" AND {_before('t', 's')} WHEN MATCHED THEN UPDATE SET {mark}")
-        if batch.rows:
-            self._merge(self._frame(table, "soft_delete", list(batch.rows.values())),
+        if len(batch.rows):
+            rows = batch.rows if isinstance(batch.rows, pa.Table) else list(batch.rows.values())
+            self._merge(self._frame(table, "soft_delete", rows),
                         f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)}"
                         f" WHEN MATCHED AND {_before('t', 's')} THEN UPDATE SET {self._update(table, 'soft_delete')}"
                         f" WHEN NOT MATCHED THEN {self._insert(table, 'soft_delete')}")
