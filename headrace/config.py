@@ -23,6 +23,7 @@ from headrace.core.names import columns_as_text_item as columns_as_text_item  # 
 from headrace.core.settings import Frozen as _Frozen
 from headrace.core.settings import ListenAddress, is_loopback, read_yaml, validate
 from headrace.core.settings import redacted_dsn as redacted_dsn  # re-exported: imported from here elsewhere
+from headrace.history.config import HistoryConfig
 from headrace.lineage.config import LineageConfig
 from headrace.source.config import MYSQL_SCHEMES as MYSQL_SCHEMES  # re-exported
 from headrace.source.config import SourceConfig
@@ -288,6 +289,7 @@ class PipelineConfig(_Frozen):
     lineage: LineageConfig = LineageConfig()  # OpenLineage events (off by default)
     maintenance: MaintenanceConfig = MaintenanceConfig()  # compaction and snapshot expiry (on by default)
     storage: StorageConfig = StorageConfig()  # the object store s3:// paths name (endpoint, region, keys)
+    history: HistoryConfig = HistoryConfig()  # changelog, scd2, soft_delete tables beside the mirror
 
     @field_validator("name")
     @classmethod

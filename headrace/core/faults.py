@@ -16,6 +16,7 @@ CRASH_POINTS = (
     "capture.after_write",  # staged files written, not registered
     "capture.after_register",  # files registered, slot not acknowledged
     "apply.after_target_commit",  # target committed, cursor not advanced
+    "apply.after_history_commit",  # history tables committed, the mirror not
     "snapshot.after_chunk",  # a chunk group written to the target, its progress not yet recorded
     "snapshot.after_write",  # copy written to the target, state not yet CATCHUP
     "fanout.after_destination_commit",  # a destination lake committed, its cursor not advanced

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
+    from headrace.history.writer import HistoryWriter
+
 
 class Target(ABC):
     """A lakehouse format headrace keeps in sync with the source.
@@ -156,6 +158,11 @@ class Target(ABC):
 
     def table_files(self, table: TableSchema) -> TableFiles | None:
         """The table's file counts from its metadata (cheap); None when the target cannot tell."""
+        return None
+
+    def history(self) -> HistoryWriter | None:
+        """The target's history tables (changelog, scd2, soft_delete: ``headrace.history``); None when
+        the target writes none (a history mode configured for it is then refused)."""
         return None
 
     def close(self) -> None:

@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from headrace.config import ApplyConfig, SchemaChangesConfig, ValuesConfig
+from headrace.core.errors import ConfigError
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.lanes import Engine, Lane, LaneChoice, NotOnLane
 from headrace.core.position import Position, format_lsn
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules, value_rules
+from headrace.history.config import HistoryConfig, Mode
+from headrace.history.writer import apply_history
 from headrace.log.index import LogEntry
 from headrace.logs import event
 from headrace.materialize.batch import ChangeBatch, read_change_batch
@@ -144,12 +147,14 @@ class PlannedBatch:
     ddl: tuple[str, ...]
     started: float  # time.monotonic() when planned
     build: LaneChoice = SPARK_ENGINE  # where it is to be read, deduplicated and cast (lanes.batch_build_lane)
+    history: tuple[Mode, ...] = ()  # history tables written beside the mirror (headrace.history)
 
 
 def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
                policy: SchemaChangesConfig | None = None, values: ValuesConfig | None = None,
                cursors: CursorCache | None = None, driver_rows: int = DRIVER_BATCH_ROWS,
-               max_rows: int | None = None, engine: Engine = "auto", through: int | None = None) -> PlannedBatch | None:
+               max_rows: int | None = None, engine: Engine = "auto", through: int | None = None,
+               history: HistoryConfig | None = None) -> PlannedBatch | None:
     """The table's next batch, or None when it is caught up with the staged log. Touches the state
     store and runs the schema change DDL, so it runs where the state store's connection lives (the
     run loop's thread); ``execute_batch`` may then run on another thread. ``driver_rows`` is
@@ -177,7 +182,8 @@ def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
         target.ensure_table(schema)
     rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
     build = batch_build_lane(engine, target.applies_arrow, schema, [e.facts for e in entries], driver_rows)
-    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build)
+    modes = history.history_modes(row.schema.table_name) if history is not None else ()
+    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build, modes)
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,8 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) ->
     """
     schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries
     paths, facts = [e.path for e in entries], [e.facts for e in entries]
+    if planned.history:
+        write_history(target, planned)
     batch, build = None, planned.build
     if build.lane is Lane.DRIVER:
         try:
@@ -214,6 +222,22 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) ->
     else:
         applied = target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     return Executed(batch, build, applied)
+
+
+def write_history(target: Target, planned: PlannedBatch) -> None:
+    """Write the batch into the table's history tables before the mirror (``history.writer``)."""
+    writer = target.history()
+    if writer is None:
+        raise ConfigError(f"history modes {list(planned.history)} for {planned.row.qualified_name}: target"
+                          f" {target.name} writes no history tables; use target ducklake or iceberg, or"
+                          " remove the table from history.tables")
+    entries = [(e.offset, e.path) for e in planned.entries]
+    written = apply_history(writer, planned.schema, planned.history, entries, planned.skip, planned.rules,
+                            planned.cursor)
+    if written:
+        event(log, "apply.history", table=planned.row.qualified_name, modes=",".join(written),
+              log_offset=planned.entries[-1].offset)
+        crash_point("apply.after_history_commit")
 
 
 def finish_batch(state: StateStore, target: Target, planned: PlannedBatch,

@@ -155,7 +155,8 @@ class ApplyPass:
                     apply = self.config.apply
                     planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
                                          self.config.values, self.cursors, apply.driver_batch_rows,
-                                         apply.batch_rows(target.caps_batches), self.config.engine)
+                                         apply.batch_rows(target.caps_batches), self.config.engine,
+                                         history=self.config.history)
                 except Exception as exc:
                     self._failed(state, row, exc)
                     continue
@@ -200,7 +201,8 @@ class ApplyPass:
             try:
                 planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
                                      self.config.values, self.cursors, apply.driver_batch_rows,
-                                     apply.batch_rows(target.caps_batches), self.config.engine, through)
+                                     apply.batch_rows(target.caps_batches), self.config.engine, through,
+                                     self.config.history)
             except Exception as exc:
                 self._failed(state, row, exc)
                 continue

@@ -13,6 +13,7 @@ are untouched, and the next schedule tries again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,6 +24,8 @@ from headrace.core.errors import ConfigError
 from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import TableName
+from headrace.core.schema import TableSchema
+from headrace.history.config import Mode, history_table
 from headrace.logs import event
 from headrace.materialize.failure import translate
 from headrace.state.maintenance import MaintenanceStore
@@ -31,13 +34,26 @@ from headrace.state.store import StateStore, TableRow
 log = logging.getLogger("headrace.maintenance")
 
 
-def maintain_table(target: Target, store: MaintenanceStore, row: TableRow, policy: MaintenancePolicy) -> TableFiles | None:
-    """One pass over one table; records the outcome and the file counts after it. Raises nothing
-    but what stops the process (the error is logged and recorded)."""
+def history_tables(target: Target, table: TableSchema, modes: tuple[Mode, ...]) -> list[TableSchema]:
+    """``table``'s history tables that exist, as tables of their own name (``target_as``) for ``maintain``."""
+    writer = target.history() if modes else None
+    if writer is None:
+        return []
+    return [dataclasses.replace(table, target_as=(table.target_schema, history_table(table.target_table, mode)))
+            for mode in modes if writer.applied_offset(table, mode) is not None]
+
+
+def maintain_table(target: Target, store: MaintenanceStore, row: TableRow, policy: MaintenancePolicy,
+                   history: tuple[Mode, ...] = ()) -> TableFiles | None:
+    """One pass over one table and its ``history`` tables (docs/history.md); records the outcome and
+    the mirror's file counts after it. Raises nothing but what stops the process (the error is logged
+    and recorded)."""
     started = time.monotonic()
     before = _measure(target, row)
     try:
         target.maintain(row.schema, policy)
+        for table in history_tables(target, row.schema, history):
+            target.maintain(table, policy)
     except Exception as exc:
         text = str(translate(exc, row.qualified_name))[:1000]  # unwraps Py4J and DuckDB errors
         event(log, "maintenance.failed", logging.WARNING, table=row.qualified_name, error=text)
@@ -63,6 +79,7 @@ class MaintenanceSchedule:
 
     def __init__(self, config: PipelineConfig, state_dsn: str) -> None:
         self.settings = config.maintenance
+        self.history = config.history
         self.state_dsn = state_dsn
         self.pipeline = config.name
         self.batches: dict[int, int] = {}  # apply batches since the table's last pass
@@ -116,7 +133,8 @@ class MaintenanceSchedule:
 
         def run() -> None:
             try:
-                maintain_table(target, store, row, policy)  # logs and records its own failure
+                maintain_table(target, store, row, policy,  # logs and records its own failure
+                               self.history.history_modes(row.schema.table_name))
             finally:
                 self.last_pass[row.oid] = time.monotonic()
                 self.on_done()
@@ -149,7 +167,8 @@ def maintain_tables(config: PipelineConfig, target: Target, only: str | None = N
             if not rows:
                 raise ConfigError(f"table {only} is not replicated by pipeline {config.name} (or not copied yet):"
                                   f" see `headrace status -c ...` for its tables")
-        return {r.qualified_name: maintain_table(target, store, r, config.maintenance.policy()) for r in rows}
+        return {r.qualified_name: maintain_table(target, store, r, config.maintenance.policy(),
+                                                 config.history.history_modes(r.schema.table_name)) for r in rows}
     finally:
         store.close()
         state.close()

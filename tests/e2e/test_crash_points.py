@@ -32,6 +32,7 @@ POINTS = {
     "capture.after_write": 2,  # staged files written, not registered: they become orphans
     "capture.after_register": 2,  # registered, slot not acknowledged: the stream repeats them
     "apply.after_target_commit": 2,  # target committed, cursor not advanced: the batch is replayed
+    "apply.after_history_commit": 2,  # history tables committed, the mirror not: replayed, written once
     "snapshot.after_chunk": 2,  # mid-copy: the copy resumes with the chunks left
     "snapshot.after_write": 1,  # copied, state not CATCHUP: copied again
 }
@@ -72,8 +73,12 @@ def _workload(dsn: str, stop: threading.Event, seed: int) -> None:
 # The Spark lane (engine: spark) at a batch's commit, where the lanes differ most. A copy group killed
 # on the Spark lane (snapshot.after_chunk with engine: spark) passed too, and is left out for the
 # suite's time (36 s).
-@pytest.mark.parametrize(("point", "engine"), [(p, "auto") for p in POINTS]
-                         + [("apply.after_target_commit", "spark")])
+HISTORY = "apply.after_history_commit"  # its pipeline writes items in every history mode (docs/history.md)
+
+
+@pytest.mark.parametrize(("point", "engine"), [(p, "auto") for p in POINTS if p != HISTORY]
+                         + [("apply.after_target_commit", "spark"),
+                            pytest.param(HISTORY, "auto", marks=pytest.mark.slow)])
 def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp_path: Path, spark: Any) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
@@ -87,6 +92,8 @@ def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp
            "staging": {"path": str(tmp_path / "staging"), "flush_seconds": 0.2, "heartbeat_seconds": 1.0},
            "snapshot": {"chunk_pages": 16, "max_connections": 1},
            "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[1]"}, "engine": engine}
+    if point == HISTORY:
+        raw["history"] = {"tables": {"public.items": ["mirror", "changelog", "scd2", "soft_delete"]}}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "headrace.cli", "run", "-c", str(path)]
@@ -127,5 +134,27 @@ def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp
         assert assert_same(local, source_dsn, "public.lines") > 500
         if engine == "spark":
             assert_built_by_spark(local)
+        if point == HISTORY:
+            _assert_history_once(local, source_dsn)
     finally:
         local.target.close()
+
+
+def _assert_history_once(pipeline: Pipeline, dsn: str) -> None:
+    """After the crash between the history and the mirror commits: every change once in the changelog,
+    and scd2's current versions, soft_delete's live rows and the changelog replayed all equal the source."""
+    from headrace.history.queries import CHANGELOG_AS_OF
+
+    with psycopg.connect(dsn) as conn:
+        source = set(conn.execute("SELECT id, v, note FROM items").fetchall())
+    con, t = pipeline.target._con, "hr_lake.public.items"  # type: ignore[attr-defined]
+    twice = con.execute(f"SELECT count(*) - count(DISTINCT (_hr_lsn, _hr_seq, _hr_op)) FROM {t}__changelog"
+                        " WHERE _hr_xid IS NOT NULL").fetchone()
+    assert twice == (0,), "a change written twice into the changelog"
+    cols = "id, v, note"
+    assert set(con.execute(f"SELECT {cols} FROM {t}__scd2 WHERE _hr_current").fetchall()) == source
+    assert con.execute(f"SELECT count(*) FROM {t}__scd2 WHERE _hr_current GROUP BY id HAVING count(*) > 1"
+                       ).fetchall() == []
+    assert set(con.execute(f"SELECT {cols} FROM {t}__soft_delete WHERE _hr_deleted_at IS NULL").fetchall()) == source
+    replay = CHANGELOG_AS_OF.format(table=f"{t}__changelog", columns=cols, key="id")
+    assert set(con.execute(replay, ["infinity"]).fetchall()) == source

@@ -39,6 +39,8 @@ from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, regist
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from headrace.history.writer import HistoryWriter
+
 L = extension.LAKE_ALIAS
 CURSOR_TABLE = f"{L}._headrace.cursor"  # its own schema: cannot collide with replicated tables
 SNAPSHOT_ROWS = "hr_snapshot_rows"  # what DuckDB calls a driver-side copy's Arrow rows
@@ -371,6 +373,12 @@ class DuckLakeTarget(Target):
         if exists and exists[0]:
             self._con.execute(f"ALTER TABLE {self._qualified(old)} RENAME TO {quote_ident(new.target_table)}")
         return self._qualified(new)
+
+    def history(self) -> HistoryWriter:
+        """History tables beside the mirror, in the same lake (``ducklake.history``)."""
+        from headrace.targets.ducklake.history import writer
+
+        return writer(self)
 
     def drop_table(self, table: TableSchema) -> None:
         """Drop the table and its cursor row together."""

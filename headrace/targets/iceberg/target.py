@@ -23,7 +23,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -49,6 +49,9 @@ from headrace.targets.iceberg.evolve import evolve_columns
 from headrace.targets.iceberg.keyless import KeylessApply
 from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
 from headrace.targets.iceberg.session import JDBC_DRIVER_JAR
+
+if TYPE_CHECKING:
+    from headrace.history.writer import HistoryWriter
 
 WRITE_MODE = "merge-on-read"
 
@@ -414,6 +417,12 @@ class IcebergTarget(Target):
     def drop_table(self, table: TableSchema) -> None:
         """Drop the table and its files."""
         self.spark.sql(f"DROP TABLE IF EXISTS {self.table_name(table)} PURGE")
+
+    def history(self) -> HistoryWriter:
+        """History tables beside the mirror, in the same namespace (``iceberg.history``)."""
+        from headrace.targets.iceberg.history import writer
+
+        return writer(self)
 
     def read_table(self, table: TableSchema) -> DataFrame:
         """The table as a DataFrame (target columns and ``_hr_*`` metadata)."""

@@ -1,0 +1,115 @@
+"""How a batch reaches the history tables, exactly once: the part every target shares.
+
+Per table and mode, the target keeps the staged-log offset its history table holds, committed with
+its rows (``HistoryWriter.write``). A batch is written into a history table only when that offset
+is below the batch's last offset, so a batch replayed after a crash (between the history commit and
+the mirror's, or the mirror's and the cursor's) is written once. The history tables are written
+before the mirror: the mirror then still holds the rows before the batch, the previous versions a
+change does not carry (TOAST columns left unchanged, a deleted row's values). A history table
+starts as the mirror's rows at the batch's cursor (``HistoryWriter.start``), so it also starts
+right for a table copied before its history mode was configured.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import pyarrow as pa
+
+from headrace.core.errors import ConfigError
+from headrace.core.position import Position
+from headrace.core.schema import TableSchema
+from headrace.core.spark_types import ValueRules
+from headrace.history import build
+from headrace.history.changes import Change, Key, changelog_arrow, changes_of, read_staged, soft_delete_arrow
+from headrace.history.config import Mode
+from headrace.logs import event
+
+log = logging.getLogger("headrace.history")
+Built: TypeAlias = list[build.Row] | pa.Table | build.Scd2Batch | build.SoftDeleteBatch  # a changelog: rows or Arrow
+
+
+class HistoryWriter(ABC):
+    """A target's history tables (``<table>__<mode>``); every write commits with its offset."""
+
+    @abstractmethod
+    def applied_offset(self, table: TableSchema, mode: Mode) -> int | None:
+        """The staged-log offset ``table``'s ``mode`` table holds; None when it does not exist yet."""
+
+    @abstractmethod
+    def start(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+        """Create the history table from the mirror's rows (which are at ``log_offset``), in one commit
+        with that offset."""
+
+    @abstractmethod
+    def previous(self, table: TableSchema, keys: list[Key]) -> dict[Key, build.Row]:
+        """The mirror's rows of ``keys`` (source columns), before the batch's mirror apply."""
+
+    @abstractmethod
+    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
+        """Write one batch's ``built`` rows and record ``log_offset``, in one commit; the history table
+        first follows ``table``'s columns (an added column is added; a dropped one stays, NULL on)."""
+
+
+def refuse_keyless(table: TableSchema, mode: Mode) -> None:
+    """scd2 and soft_delete follow rows by key: a table without one is refused with the fix."""
+    if mode != "changelog" and not table.key:
+        raise ConfigError(
+            f"history mode {mode} needs a key and table {table.qualified_name} has none (REPLICA IDENTITY"
+            f" FULL): add a primary key, or write it as [mirror, changelog] in history.tables")
+
+
+def build_mode(table: TableSchema, mode: Mode, changes: list[Change], writer: HistoryWriter) -> Built:
+    """What ``changes`` write into ``table``'s ``mode`` table."""
+    previous = lambda keys: writer.previous(table, keys)  # noqa: E731
+    if mode == "changelog":
+        return build.changelog_rows(table, changes, previous)
+    if mode == "scd2":
+        return build.scd2_batch(table, changes, previous)
+    return build.soft_delete_batch(table, changes, previous)
+
+
+def apply_history(writer: HistoryWriter, table: TableSchema, modes: Sequence[Mode],
+                  entries: Sequence[tuple[int, str]], skip: Position | None, rules: ValueRules,
+                  cursor: int) -> list[Mode]:
+    """Write the batch's staged files (``entries``: offset and path, after ``cursor``) into each history
+    table of ``modes``, each from the first file it does not hold yet (a batch replayed after a crash
+    may be cut otherwise than the one a history table took); the modes written."""
+    if not entries:
+        return []
+    last = max(offset for offset, _ in entries)
+    held: dict[Mode, int] = {}
+    for mode in modes:
+        refuse_keyless(table, mode)
+        offset = writer.applied_offset(table, mode)
+        if offset is None:
+            writer.start(table, mode, cursor)
+            offset = cursor
+        elif offset < cursor:
+            # The mirror moved on without this table: a resync's copy, or the mode left out of the config
+            # for a while. What the mirror took meanwhile is not in the history (docs/history.md, resync).
+            event(log, "history.gap", logging.WARNING, table=table.qualified_name, mode=mode,
+                  history_offset=offset, mirror_offset=cursor)
+            offset = cursor
+        if offset < last:
+            held[mode] = offset
+    staged: dict[int, pa.Table] = {}
+    read: dict[int, list[Change]] = {}
+    for mode, offset in held.items():
+        if offset not in staged:
+            staged[offset] = read_staged([p for o, p in entries if o > offset])
+        built: Built | None = None
+        if mode in ("changelog", "soft_delete"):
+            built = changelog_arrow(staged[offset], table, skip, rules)  # None: TOAST to fill, below
+            if built is not None and mode == "soft_delete":
+                fast = soft_delete_arrow(built, table)  # None: a TRUNCATE in the batch
+                built = build.SoftDeleteBatch(rows=fast[0], deletes=fast[1]) if fast is not None else None
+        if built is None:
+            if offset not in read:
+                read[offset] = changes_of(staged[offset], table, skip, rules)
+            built = build_mode(table, mode, read[offset], writer)
+        writer.write(table, mode, built, last)
+    return list(held)

@@ -1,0 +1,193 @@
+"""History tables in DuckLake (``headrace.history``): each batch in one DuckDB transaction with its offset.
+
+The offset a history table holds is a row of ``_headrace.history_offset`` in the lake, written in the
+same transaction as the table's rows, so a batch is in a history table with its offset or not at
+all. scd2 closes versions with an ``UPDATE`` of the open versions of the batch's keys
+(``_hr_current``) and soft_delete replaces the batch's keys' rows; both also only touch rows written
+before the change (by position), so even a batch written twice would change nothing the second time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from headrace.core.names import quote_ident
+from headrace.core.schema import TableSchema
+from headrace.history import build as b
+from headrace.history.changes import Key, tuples
+from headrace.history.config import Mode, history_table
+from headrace.history.tables import EXTRA, key_table, to_arrow
+from headrace.history.writer import Built, HistoryWriter
+from headrace.targets.ducklake import extension
+from headrace.targets.ducklake.types import cast_in, cast_out, duck_type
+
+if TYPE_CHECKING:
+    from headrace.targets.ducklake.target import DuckLakeTarget
+
+L = extension.LAKE_ALIAS
+OFFSET_TABLE = f"{L}._headrace.history_offset"
+
+
+def _before(row: str, change: str) -> str:
+    """The row aliased ``row`` was written (opened) before the change aliased ``change``."""
+    return (f"({row}.{b.LSN} < {change}.{b.LSN} OR ({row}.{b.LSN} = {change}.{b.LSN} "
+            f"AND {row}.{b.SEQ} < {change}.{b.SEQ}))")
+
+
+class DuckLakeHistory(HistoryWriter):
+    """The history tables of one DuckLake target (its connection and lock)."""
+
+    def __init__(self, target: DuckLakeTarget) -> None:
+        self.target = target
+        self.con = target._con
+        self.con.execute(f"CREATE TABLE IF NOT EXISTS {OFFSET_TABLE} (pipeline VARCHAR, table_name VARCHAR,"
+                         " log_offset BIGINT)")
+
+    def name(self, table: TableSchema, mode: Mode) -> str:
+        """The history table's qualified name in the lake."""
+        return (f"{L}.{quote_ident(self.target._schema(table))}."
+                f"{quote_ident(history_table(table.target_table, mode))}")
+
+    def _key(self, table: TableSchema, mode: Mode) -> list[str]:
+        return [self.target.pipeline, f"{self.target._schema(table)}.{history_table(table.target_table, mode)}"]
+
+    def applied_offset(self, table: TableSchema, mode: Mode) -> int | None:
+        with self.target._lock:
+            row = self.con.execute(f"SELECT max(log_offset) FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
+                                   self._key(table, mode)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", self._key(table, mode))
+        self.con.execute(f"INSERT INTO {OFFSET_TABLE} VALUES (?, ?, ?)", [*self._key(table, mode), log_offset])
+
+    def start(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+        name, mirror = self.name(table, mode), self.target._qualified(table)
+        cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
+        cols += [f"{n} {duck}" for n, _, duck, _ in EXTRA[mode]]
+        source = ", ".join(quote_ident(c.name) for c in table.columns)
+        seeded = {
+            "changelog": f"'I', {b.COMMIT_TS}, {b.LSN}, {b.SEQ}, NULL",
+            "scd2": f"{b.COMMIT_TS}, NULL, true, {b.LSN}, {b.SEQ}, NULL, NULL",
+            "soft_delete": f"NULL, {b.COMMIT_TS}, {b.LSN}, {b.SEQ}",
+        }[mode]
+        with self.target._lock, self.target._transaction(table):
+            self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({', '.join(cols)})")
+            self.con.execute(f"DELETE FROM {name}")  # a table left without its offset row: started again
+            self.con.execute(f"INSERT INTO {name} SELECT {source}, {seeded} FROM {mirror}")
+            self._set_offset(table, mode, log_offset)
+
+    def previous(self, table: TableSchema, keys: list[Key]) -> dict[Key, b.Row]:
+        mirror = self.target._qualified(table)
+        on = " AND ".join(f"m.{quote_ident(k)} = {cast_in('k.' + quote_ident(k), table.column(k).type)}"
+                          for k in table.key)
+        cols = ", ".join(cast_out(f"m.{quote_ident(c.name)}", c.type) for c in table.columns)
+        with self.target._lock:
+            self.con.register("hr_keys", key_table(table, keys))
+            try:
+                rows = tuples(self.con.execute(f"SELECT {cols} FROM {mirror} m JOIN hr_keys k ON {on}").arrow())
+            finally:
+                self.con.unregister("hr_keys")
+        out = {}
+        for r in rows:
+            row = dict(zip(table.column_names, r, strict=True))
+            out[tuple(row[k] for k in table.key)] = row
+        return out
+
+    def _follow_columns(self, table: TableSchema, name: str) -> None:
+        have = {r[0]: r[1] for r in self.con.execute(f"DESCRIBE {name}").fetchall()}
+        for c in table.columns:
+            if c.name not in have:
+                self.con.execute(f"ALTER TABLE {name} ADD COLUMN {quote_ident(c.name)} {duck_type(c.type)}")
+            elif have[c.name] != self._type_name(duck_type(c.type)):
+                self.con.execute(f"ALTER TABLE {name} ALTER {quote_ident(c.name)} SET DATA TYPE {duck_type(c.type)}")
+
+    def _type_name(self, duck: str) -> str:
+        row = self.con.execute(f"SELECT typeof(CAST(NULL AS {duck}))").fetchone()
+        return str(row[0]) if row else duck
+
+    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
+        name = self.name(table, mode)
+        with self.target._lock, self.target._transaction(table):
+            self._follow_columns(table, name)
+            if isinstance(built, (list, pa.Table)):
+                self._insert(table, mode, name, built)
+            elif isinstance(built, b.Scd2Batch):
+                self._scd2(table, name, built)
+            else:
+                self._soft_delete(table, name, built)
+            self._set_offset(table, mode, log_offset)
+
+    def _insert(self, table: TableSchema, mode: Mode, name: str, rows: list[b.Row] | pa.Table) -> None:
+        if not len(rows):
+            return
+        cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA[mode]]
+        values = [cast_in(quote_ident(c.name), c.type) for c in table.columns] + [n for n, _, _, _ in EXTRA[mode]]
+        self._with("hr_rows", rows if isinstance(rows, pa.Table) else to_arrow(table, mode, rows),
+                   f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} FROM hr_rows")
+
+    def _with(self, relation: str, rows: pa.Table, sql: str) -> None:
+        self.con.register(relation, rows)
+        try:
+            self.con.execute(sql)
+        finally:
+            self.con.unregister(relation)
+
+    def _events(self, table: TableSchema, events: dict[Key, b.Event]) -> pa.Table:
+        keys = key_table(table, list(events))
+        at = list(events.values())
+        return (keys.append_column(b.LSN, pa.array([e.lsn for e in at], pa.int64()))
+                .append_column(b.SEQ, pa.array([e.seq for e in at], pa.int64()))
+                .append_column(b.COMMIT_TS, pa.array([e.ts for e in at], pa.timestamp("us", tz="UTC"))))
+
+    def _on_key(self, table: TableSchema, row: str, other: str) -> str:
+        return " AND ".join(f"{row}.{quote_ident(k)} = {cast_in(other + '.' + quote_ident(k), table.column(k).type)}"
+                            for k in table.key)
+
+    def _scd2(self, table: TableSchema, name: str, batch: b.Scd2Batch) -> None:
+        close = f"{b.VALID_TO} = {{ts}}, {b.CURRENT} = false, {b.END_LSN} = {{lsn}}, {b.END_SEQ} = {{seq}}"
+        if batch.closes:
+            self._with("hr_closes", self._events(table, batch.closes),
+                       f"UPDATE {name} AS v SET {close.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
+                       f" FROM hr_closes c WHERE v.{b.CURRENT} AND {self._on_key(table, 'v', 'c')}"
+                       f" AND {_before('v', 'c')}")
+        if (t := batch.truncate) is not None:
+            self.con.execute(
+                f"UPDATE {name} SET {close.format(ts='?', lsn=t.lsn, seq=t.seq)} WHERE {b.CURRENT} AND "
+                f"({b.LSN} < {t.lsn} OR ({b.LSN} = {t.lsn} AND {b.SEQ} < {t.seq}))", [t.ts])
+        self._insert(table, "scd2", name, batch.versions)
+
+    def _soft_delete(self, table: TableSchema, name: str, batch: b.SoftDeleteBatch) -> None:
+        mark = f"{b.DELETED_AT} = {{ts}}, {b.COMMIT_TS} = {{ts}}, {b.LSN} = {{lsn}}, {b.SEQ} = {{seq}}"
+        if len(batch.deletes):
+            deletes = batch.deletes if isinstance(batch.deletes, pa.Table) else self._events(table, batch.deletes)
+            self._with("hr_deletes", deletes,
+                       f"UPDATE {name} AS v SET {mark.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
+                       f" FROM hr_deletes c WHERE v.{b.DELETED_AT} IS NULL AND {self._on_key(table, 'v', 'c')}"
+                       f" AND {_before('v', 'c')}")
+        if len(batch.rows):
+            rows = batch.rows if isinstance(batch.rows, pa.Table) else to_arrow(table, "soft_delete",
+                                                                                  list(batch.rows.values()))
+            self._with("hr_rows", rows, f"DELETE FROM {name} AS v USING hr_rows c WHERE "
+                                        f"{self._on_key(table, 'v', 'c')} AND {_before('v', 'c')}")
+            keep = f"NOT EXISTS (SELECT 1 FROM {name} v WHERE {self._on_key(table, 'v', 'hr_rows')})"
+            cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA["soft_delete"]]
+            values = [cast_in(quote_ident(c.name), c.type) for c in table.columns]
+            values += [n for n, _, _, _ in EXTRA["soft_delete"]]
+            self._with("hr_rows", rows, f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} "
+                                        f"FROM hr_rows WHERE {keep}")
+        if (t := batch.truncate) is not None:
+            self.con.execute(
+                f"UPDATE {name} SET {mark.format(ts='?', lsn=t.lsn, seq=t.seq)} WHERE {b.DELETED_AT} IS NULL AND "
+                f"({b.LSN} < {t.lsn} OR ({b.LSN} = {t.lsn} AND {b.SEQ} < {t.seq}))", [t.ts, t.ts])
+
+
+def writer(target: Any) -> DuckLakeHistory:
+    """The target's history writer (one per target, kept on it)."""
+    found: DuckLakeHistory | None = getattr(target, "_history", None)
+    if found is None:
+        found = DuckLakeHistory(target)
+        target._history = found
+    return found

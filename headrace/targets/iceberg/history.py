@@ -1,0 +1,234 @@
+"""History tables in Iceberg (``headrace.history``), written by Spark SQL.
+
+Iceberg commits one statement at a time, so a history batch is several commits; each is idempotent
+by position on its own, which makes the batch exactly-once however a crash cuts it:
+- changelog: one append whose snapshot carries the batch's offset (``snapshot-property``), then the
+  offset in the table's properties too (read back as the larger of the two: a snapshot expired by
+  maintenance still leaves the property). A replay finds the offset and appends nothing.
+- scd2: closes (a MERGE updating only the open version of a key written before the change), the
+  truncate's closes (likewise), then a MERGE inserting each new version unless the same version
+  (key and opening position) is there.
+- soft_delete: a MERGE replacing a key's row only when written before the batch's, in-place
+  deletions likewise, the truncate's marks last.
+A history table is created (``CREATE TABLE AS SELECT`` from the mirror) with the property
+``headrace.history.started``; one without it (a crash inside the create) is created again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.types import DataType, StructField, StructType
+
+from headrace.core.names import quote_spark
+from headrace.core.schema import TableSchema
+from headrace.core.spark_types import spark_type
+from headrace.history import build as b
+from headrace.history.changes import Key
+from headrace.history.config import Mode, history_table
+from headrace.history.tables import EXTRA, arrow_schema, key_table, to_arrow
+from headrace.history.writer import Built, HistoryWriter
+from headrace.targets.iceberg.arrow_frame import arrow_frame
+from headrace.targets.iceberg.catalog import java_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from headrace.targets.iceberg.target import IcebergTarget
+
+OFFSET = "headrace.history.offset"
+STARTED = "headrace.history.started"
+
+
+def _type(spark_sql: str) -> DataType:
+    from pyspark.sql.types import _parse_datatype_string
+
+    return _parse_datatype_string(spark_sql.lower())
+
+
+def _before(row: str, change: str) -> str:
+    return (f"({row}.{b.LSN} < {change}.{b.LSN} OR ({row}.{b.LSN} = {change}.{b.LSN} "
+            f"AND {row}.{b.SEQ} < {change}.{b.SEQ}))")
+
+
+class IcebergHistory(HistoryWriter):
+    """The history tables of one Iceberg target (its Spark session and catalog)."""
+
+    def __init__(self, target: IcebergTarget) -> None:
+        self.target = target
+        self.spark = target.spark
+
+    def name(self, table: TableSchema, mode: Mode) -> str:
+        """The history table's Spark name."""
+        mirror = self.target.table_name(table)
+        return mirror.rsplit(".", 1)[0] + "." + quote_spark(history_table(table.target_table, mode))
+
+    def _struct(self, table: TableSchema, mode: Mode) -> StructType:
+        fields = [StructField(c.name, spark_type(c.type)) for c in table.columns]
+        return StructType(fields + [StructField(n, _type(sql)) for n, _, _, sql in EXTRA[mode]])
+
+    def _properties(self, name: str, appends: bool) -> dict[str, str] | None:
+        """The table's properties (None: no table), with ``appends`` the offset of its last append when
+        newer (a crash between the append and the property's commit)."""
+        if not self.spark.catalog.tableExists(name):
+            return None
+        jtable = java_table(self.spark, name)
+        jtable.refresh()
+        props = dict(jtable.properties())
+        snap = jtable.currentSnapshot() if appends else None
+        while snap is not None:  # back over maintenance's snapshots to the last append
+            summary = snap.summary()
+            if summary.containsKey(OFFSET):
+                found = int(summary.get(OFFSET))
+                if found > int(props.get(OFFSET, -1)):
+                    props[OFFSET] = str(found)
+                break
+            parent = snap.parentId()
+            snap = jtable.snapshot(parent) if parent is not None else None
+        return props
+
+    def applied_offset(self, table: TableSchema, mode: Mode) -> int | None:
+        props = self._properties(self.name(table, mode), appends=mode == "changelog")
+        if props is None or STARTED not in props:
+            return None
+        return int(props.get(OFFSET, props[STARTED]))
+
+    def start(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+        name, mirror = self.name(table, mode), self.target.table_name(table)
+        source = ", ".join(quote_spark(c.name) for c in table.columns)
+        seeded = {
+            "changelog": f"CAST('I' AS STRING) AS {b.OP}, {b.COMMIT_TS}, {b.LSN}, {b.SEQ}, CAST(NULL AS BIGINT) AS {b.XID}",
+            "scd2": (f"{b.COMMIT_TS} AS {b.VALID_FROM}, CAST(NULL AS TIMESTAMP) AS {b.VALID_TO}, true AS {b.CURRENT},"
+                     f" {b.LSN}, {b.SEQ}, CAST(NULL AS BIGINT) AS {b.END_LSN}, CAST(NULL AS BIGINT) AS {b.END_SEQ}"),
+            "soft_delete": f"CAST(NULL AS TIMESTAMP) AS {b.DELETED_AT}, {b.COMMIT_TS}, {b.LSN}, {b.SEQ}",
+        }[mode]
+        self.spark.sql(f"DROP TABLE IF EXISTS {name}")  # a create a crash cut short
+        self.spark.sql(f"CREATE TABLE {name} USING iceberg TBLPROPERTIES ('format-version'='2') AS "
+                       f"SELECT {source}, {seeded} FROM {mirror}")
+        self._set(name, {OFFSET: str(log_offset), STARTED: str(log_offset)})
+
+    def _set(self, name: str, props: dict[str, str]) -> None:
+        update = java_table(self.spark, name).updateProperties()
+        for key, value in props.items():
+            update = update.set(key, value)
+        update.commit()
+
+    def previous(self, table: TableSchema, keys: list[Key]) -> dict[Key, b.Row]:
+        from headrace.targets.ducklake.files import to_arrow as collect
+
+        struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key])
+        wanted = arrow_frame(self.spark, key_table(table, keys), struct)
+        mirror = self.spark.table(self.target.table_name(table))
+        rows = collect(mirror.join(wanted, list(table.key), "left_semi").select(*[quote_spark(c) for c in
+                                                                                 table.column_names]))
+        out = {}
+        for row in rows.to_pylist():
+            out[tuple(row[k] for k in table.key)] = row
+        return out
+
+    def _follow_columns(self, table: TableSchema, name: str) -> None:
+        have = set(self.spark.table(name).columns)
+        for c in table.columns:
+            if c.name not in have:
+                self.spark.sql(f"ALTER TABLE {name} ADD COLUMN {quote_spark(c.name)} {spark_type(c.type).simpleString()}")
+
+    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
+        name = self.name(table, mode)
+        self._follow_columns(table, name)
+        if isinstance(built, (list, pa.Table)):
+            if len(built):
+                (self._frame(table, mode, built).writeTo(name)
+                 .option(f"snapshot-property.{OFFSET}", str(log_offset)).append())
+        elif isinstance(built, b.Scd2Batch):
+            self._scd2(table, name, built)
+        else:
+            self._soft_delete(table, name, built)
+        self._set(name, {OFFSET: str(log_offset)})
+
+    def _frame(self, table: TableSchema, mode: Mode, rows: list[b.Row] | pa.Table) -> DataFrame:
+        arrow = rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
+        return arrow_frame(self.spark, arrow, self._struct(table, mode))
+
+    def _events(self, table: TableSchema, events: dict[Key, b.Event] | pa.Table) -> DataFrame:
+        struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key]
+                            + [StructField(b.LSN, _type("bigint")), StructField(b.SEQ, _type("bigint")),
+                               StructField(b.COMMIT_TS, _type("timestamp"))])
+        if isinstance(events, pa.Table):
+            fields = [pa.field(k, key_table(table, []).schema.field(k).type) for k in table.key]
+            fields += [pa.field(b.LSN, pa.int64()), pa.field(b.SEQ, pa.int64()),
+                       pa.field(b.COMMIT_TS, pa.timestamp("us", tz="UTC"))]
+            return arrow_frame(self.spark, events.cast(pa.schema(fields)), struct)
+        keys = key_table(table, list(events))
+        at = list(events.values())
+        rows = (keys.append_column(b.LSN, pa.array([e.lsn for e in at], pa.int64()))
+                .append_column(b.SEQ, pa.array([e.seq for e in at], pa.int64()))
+                .append_column(b.COMMIT_TS, pa.array([e.ts for e in at], pa.timestamp("us", tz="UTC"))))
+        return arrow_frame(self.spark, rows, struct)
+
+    def _merge(self, frame: DataFrame, statement: str) -> None:
+        view = f"hr_history_{uuid.uuid4().hex}"
+        frame.createOrReplaceTempView(view)
+        try:
+            self.spark.sql(statement.format(source=view))
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+    @staticmethod
+    def _on_key(table: TableSchema) -> str:
+        return " AND ".join(f"t.{quote_spark(k)} = s.{quote_spark(k)}" for k in table.key)
+
+    def _scd2(self, table: TableSchema, name: str, batch: b.Scd2Batch) -> None:
+        close = (f"{b.VALID_TO} = s.{b.COMMIT_TS}, {b.CURRENT} = false, {b.END_LSN} = s.{b.LSN},"
+                 f" {b.END_SEQ} = s.{b.SEQ}")
+        if batch.closes:
+            self._merge(self._events(table, batch.closes),
+                        f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.CURRENT}"
+                        f" AND {_before('t', 's')} WHEN MATCHED THEN UPDATE SET {close}")
+        if (t := batch.truncate) is not None:
+            self._truncate(name, t, f"{b.CURRENT}", f"{b.VALID_TO} = {{ts}}, {b.CURRENT} = false,"
+                           f" {b.END_LSN} = {t.lsn}, {b.END_SEQ} = {t.seq}")
+        if batch.versions:
+            self._merge(self._frame(table, "scd2", batch.versions),
+                        f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.LSN} = s.{b.LSN}"
+                        f" AND t.{b.SEQ} = s.{b.SEQ} WHEN NOT MATCHED THEN {self._insert(table, 'scd2')}")
+
+    def _insert(self, table: TableSchema, mode: Mode) -> str:
+        """``INSERT`` of the batch's columns only (a history table keeps columns the source dropped)."""
+        cols = [quote_spark(f.name) for f in self._struct(table, mode).fields]
+        return f"INSERT ({', '.join(cols)}) VALUES ({', '.join('s.' + c for c in cols)})"
+
+    def _update(self, table: TableSchema, mode: Mode) -> str:
+        cols = [quote_spark(f.name) for f in self._struct(table, mode).fields]
+        return ", ".join(f"{c} = s.{c}" for c in cols)
+
+    def _truncate(self, name: str, t: b.Event, live: str, assignments: str) -> None:
+        at = f"TIMESTAMP '{t.ts.isoformat()}'"
+        self.spark.sql(f"UPDATE {name} SET {assignments.format(ts=at)} WHERE {live} AND "
+                       f"({b.LSN} < {t.lsn} OR ({b.LSN} = {t.lsn} AND {b.SEQ} < {t.seq}))")
+
+    def _soft_delete(self, table: TableSchema, name: str, batch: b.SoftDeleteBatch) -> None:
+        mark = f"{b.DELETED_AT} = s.{b.COMMIT_TS}, {b.COMMIT_TS} = s.{b.COMMIT_TS}, {b.LSN} = s.{b.LSN}, {b.SEQ} = s.{b.SEQ}"
+        if len(batch.deletes):
+            self._merge(self._events(table, batch.deletes),
+                        f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.DELETED_AT} IS NULL"
+                        f" AND {_before('t', 's')} WHEN MATCHED THEN UPDATE SET {mark}")
+        if len(batch.rows):
+            rows = batch.rows if isinstance(batch.rows, pa.Table) else list(batch.rows.values())
+            self._merge(self._frame(table, "soft_delete", rows),
+                        f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)}"
+                        f" WHEN MATCHED AND {_before('t', 's')} THEN UPDATE SET {self._update(table, 'soft_delete')}"
+                        f" WHEN NOT MATCHED THEN {self._insert(table, 'soft_delete')}")
+        if (t := batch.truncate) is not None:
+            self._truncate(name, t, f"{b.DELETED_AT} IS NULL", f"{b.DELETED_AT} = {{ts}}, {b.COMMIT_TS} = {{ts}},"
+                           f" {b.LSN} = {t.lsn}, {b.SEQ} = {t.seq}")
+
+
+def writer(target: Any) -> IcebergHistory:
+    """The target's history writer (one per target, kept on it)."""
+    found: IcebergHistory | None = getattr(target, "_history", None)
+    if found is None:
+        found = IcebergHistory(target)
+        target._history = found
+    return found
