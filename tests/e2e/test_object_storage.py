@@ -6,8 +6,8 @@ not ours (DuckDB with httpfs and ducklake/iceberg, pyiceberg) and compared with 
 from __future__ import annotations
 
 import itertools
-import os
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ _dbs = itertools.count()
 
 
 def new_database(pg: ThrowawayPostgres, prefix: str) -> str:
-    name = f"{prefix}_{os.getpid()}_{next(_dbs)}"
+    """A database of its own on the shared server (a random suffix: other files make theirs too)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return name
