@@ -40,6 +40,9 @@ _E2E_DIRS = {"e2e", "control"}
 _SLOW = {
     "test_mysql.py::test_mysql_kill_9_under_load_then_converge[iceberg]",
     "test_mysql_copy_resume.py::test_mysql_kill_mid_copy_resumes_with_the_chunks_left[iceberg]",
+    # and its DuckLake variant (39 s): the chunk-resume machinery is the PostgreSQL copy's, which
+    # test_initial_copy.py::test_kill_mid_copy_resumes_with_the_chunks_left kills and resumes in make test
+    "test_mysql_copy_resume.py::test_mysql_kill_mid_copy_resumes_with_the_chunks_left[ducklake]",
     "test_mysql.py::test_mysql_copy_under_writes_then_changes_and_a_restart[iceberg]",
     "test_mysql_ddl.py::test_mysql_ddl_streams_renames_widening_and_a_drop[iceberg]",
 }
