@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 KEY_ID = "headrace-test-key"
 SECRET = "headrace-test-secret-3f9c1e"  # the redaction tests look for this in logs, status, metrics
@@ -69,12 +70,7 @@ class MotoServer:
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
         self._log.close()
 
 
@@ -158,3 +154,11 @@ class TcpCut:
                     end.close()
 
 
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """A test server's process ended: terminated, killed after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -145,6 +145,18 @@ def maintained(pipeline: Pipeline, dsn: str) -> Any:
     return before, after
 
 
+def read_back_equals(server: MotoServer, source_dsn: str, table: Any) -> bool:
+    """``public.orders`` read back from the Iceberg ``table`` (pyiceberg's) by pyiceberg and by DuckDB,
+    each equal to the source's rows (asserted); True."""
+    schema, expected = source_rows(source_dsn, "public.orders")
+    by_pyiceberg = sorted((tuple(_norm(v) for v in row.values()) for row in
+                           table.scan(selected_fields=tuple(schema.column_names)).to_arrow().to_pylist()), key=repr)
+    assert by_pyiceberg == expected, f"pyiceberg: {len(by_pyiceberg)} rows, source {len(expected)}"
+    by_duckdb = iceberg_rows(server, table.metadata_location, schema.column_names)
+    assert by_duckdb == expected, f"DuckDB: {len(by_duckdb)} rows, source {len(expected)}"
+    return True
+
+
 def iceberg_rows(server: MotoServer, metadata: str, columns: list[str]) -> list[tuple[Any, ...]]:
     """The table at ``metadata`` (its current metadata file on S3) as DuckDB's iceberg extension reads it."""
     con = duckdb_on_s3(server, "avro", "iceberg")
@@ -177,15 +189,7 @@ def iceberg_jdbc_on_s3_on_spark(source_dsn: str, pg_server: ThrowawayPostgres, s
     catalog = SqlCatalog(name, uri=f"postgresql+psycopg2://{user}@{rest}", **pyiceberg_s3(s3_server))
 
     def table_equals_source() -> bool:
-        schema, expected = source_rows(source_dsn, "public.orders")
-        table = catalog.load_table(("public", "orders"))
-        by_pyiceberg = sorted((tuple(_norm(v) for v in row.values()) for row in
-                               table.scan(selected_fields=tuple(schema.column_names)).to_arrow().to_pylist()),
-                              key=repr)
-        assert by_pyiceberg == expected, f"pyiceberg: {len(by_pyiceberg)} rows, source {len(expected)}"
-        by_duckdb = iceberg_rows(s3_server, table.metadata_location, schema.column_names)
-        assert by_duckdb == expected, f"DuckDB: {len(by_duckdb)} rows, source {len(expected)}"
-        return True
+        return read_back_equals(s3_server, source_dsn, catalog.load_table(("public", "orders")))
 
     run_caught_up(pipeline)
     assert table_equals_source()

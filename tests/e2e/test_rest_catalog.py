@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from headrace.pipeline import Pipeline
-from tests.e2e.helpers import _norm, make_config, source_rows
-from tests.e2e.test_object_storage import _dbs, change_orders, iceberg_rows, make_orders, pyiceberg_s3
+from tests.e2e.helpers import make_config
+from tests.e2e.test_object_storage import _dbs, change_orders, make_orders, pyiceberg_s3, read_back_equals
 from tests.e2e.test_pipeline import run_caught_up
 from tests.objectstore import SECRET, MotoServer, free_port
 
@@ -38,15 +38,7 @@ def test_iceberg_rest_catalog_on_s3_with_oauth2_client_credentials(
     catalog = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
 
     def table_equals_source() -> bool:
-        schema, expected = source_rows(source_dsn, "public.orders")
-        table = catalog.load_table((namespace, "orders"))
-        by_pyiceberg = sorted((tuple(_norm(v) for v in row.values()) for row in
-                               table.scan(selected_fields=tuple(schema.column_names)).to_arrow().to_pylist()),
-                              key=repr)
-        assert by_pyiceberg == expected, f"pyiceberg: {len(by_pyiceberg)} rows, source {len(expected)}"
-        by_duckdb = iceberg_rows(s3_server, table.metadata_location, schema.column_names)
-        assert by_duckdb == expected, f"DuckDB: {len(by_duckdb)} rows, source {len(expected)}"
-        return True
+        return read_back_equals(s3_server, source_dsn, catalog.load_table((namespace, "orders")))
 
     run_caught_up(pipeline)
     assert table_equals_source()

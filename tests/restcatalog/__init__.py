@@ -16,7 +16,7 @@ import psycopg
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.storage.spark_conf import DEFAULT_FOLDER
 from headrace.targets.iceberg.session import JDBC_DRIVER_JAR, iceberg_jars
-from tests.objectstore import KEY_ID, SECRET, MotoServer
+from tests.objectstore import KEY_ID, SECRET, MotoServer, stop_process
 
 SOURCE = Path(__file__).parent / "RestCatalogServer.java"
 TOKEN = "rest-test-token-7d41"
@@ -71,10 +71,5 @@ class RestCatalog:
         self.uri = f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
         self._log.close()
