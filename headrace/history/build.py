@@ -93,6 +93,30 @@ class _Versions:
         self.before = {}
 
 
+def after(table: TableSchema, changes: list[Change], previous: Previous) -> Previous:
+    """``previous`` as it stands after ``changes``: the part of a replayed batch a history table holds
+    already and the mirror has not applied (a crash between the two commits). A later change's values
+    it does not carry come from those changes first, not from the mirror's older row."""
+    if not table.key or not changes:
+        return previous
+    versions = _Versions(table, changes, previous)
+    truncated = False
+    for change in changes:
+        if change.op == "T":
+            versions.truncate()
+            truncated = True
+        else:
+            versions.apply(change)
+
+    def lookup(keys: list[Key]) -> dict[Key, Row]:
+        rest = [k for k in keys if k not in versions.rows and not truncated]
+        fetched = previous(rest) if rest else {}
+        found = {k: versions.rows[k] if k in versions.rows else fetched.get(k) for k in keys}
+        return {k: row for k, row in found.items() if row is not None}
+
+    return lookup
+
+
 def changelog_rows(table: TableSchema, changes: Iterable[Change], previous: Previous) -> list[Row]:
     """One row per change: I/U with the row after it, D with the key's values (a key change: a D of the
     old key then an I of the new one, at the change's position), T with no values."""

@@ -62,9 +62,8 @@ def refuse_keyless(table: TableSchema, mode: Mode) -> None:
             f" FULL): add a primary key, or write it as [mirror, changelog] in history.tables")
 
 
-def build_mode(table: TableSchema, mode: Mode, changes: list[Change], writer: HistoryWriter) -> Built:
-    """What ``changes`` write into ``table``'s ``mode`` table."""
-    previous = lambda keys: writer.previous(table, keys)  # noqa: E731
+def build_mode(table: TableSchema, mode: Mode, changes: list[Change], previous: build.Previous) -> Built:
+    """What ``changes`` write into ``table``'s ``mode`` table (``previous``: the rows before them)."""
     if mode == "changelog":
         return build.changelog_rows(table, changes, previous)
     if mode == "scd2":
@@ -98,6 +97,7 @@ def apply_history(writer: HistoryWriter, table: TableSchema, modes: Sequence[Mod
             held[mode] = offset
     staged: dict[int, pa.Table] = {}
     read: dict[int, list[Change]] = {}
+    before: dict[int, build.Previous] = {}  # per history offset: the rows before its first change
     for mode, offset in held.items():
         if offset not in staged:
             staged[offset] = read_staged([p for o, p in entries if o > offset])
@@ -110,6 +110,13 @@ def apply_history(writer: HistoryWriter, table: TableSchema, modes: Sequence[Mod
         if built is None:
             if offset not in read:
                 read[offset] = changes_of(staged[offset], table, skip, rules)
-            built = build_mode(table, mode, read[offset], writer)
+            if offset not in before:
+                mirror: build.Previous = lambda keys: writer.previous(table, keys)  # noqa: E731
+                # A replay after a crash between this table's commit and the mirror's: the files it holds
+                # are not in the mirror yet, and the values a later change leaves out are theirs.
+                held_files = [p for o, p in entries if cursor < o <= offset]
+                before[offset] = (build.after(table, changes_of(read_staged(held_files), table, skip, rules), mirror)
+                                  if held_files else mirror)
+            built = build_mode(table, mode, read[offset], before[offset])
         writer.write(table, mode, built, last)
     return list(held)

@@ -39,7 +39,8 @@ settings.register_profile("history-ci", max_examples=int(os.environ.get("HISTORY
                           phases=[Phase.explicit, Phase.reuse, Phase.generate])  # shrinking a failure takes minutes
 settings.register_profile("history-nightly", settings.get_profile("history-ci"), max_examples=300,
                           phases=list(Phase))
-settings.load_profile("history-nightly" if os.environ.get("HYPOTHESIS_PROFILE") == "nightly" else "history-ci")
+# Per test, not loaded for the process: the apply property tests in the same worker keep their own profile.
+_PROFILE = settings.get_profile("history-nightly" if os.environ.get("HYPOTHESIS_PROFILE") == "nightly" else "history-ci")
 
 BASE_US = 1_700_000_000_000_000  # staged commit time of lsn 0 (a change's time is BASE_US + its lsn)
 KEYS = (1, 2, 3, 4)
@@ -141,6 +142,7 @@ def _us(column: str) -> str:
     return f"epoch_us({column}) - {BASE_US}"  # the lsn a test commit time stands for
 
 
+@settings(_PROFILE)
 @given(intents=st.lists(INTENT, min_size=1, max_size=16), data=st.data())
 def test_history_tables_equal_the_model(intents: list[tuple[str, int, int, int, bool, bool]], data: Any,
                                         tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -42,7 +42,7 @@ from headrace.targets.ducklake.target import DuckLakeTarget
 settings.register_profile("ci", max_examples=10, deadline=None,
                           suppress_health_check=[HealthCheck.function_scoped_fixture])
 settings.register_profile("nightly", settings.get_profile("ci"), max_examples=200)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+_PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))  # per test (below), not for the process
 
 KEYS = (1, 2, 3, 4)
 _FACTS: dict[str, FileFacts] = {}  # staged path -> its facts, as capture registers them
@@ -153,6 +153,7 @@ def _cut_into_files(data: Any, changes: list[Any], folder: Path, stage: Callable
     return [stage(folder / f"{i}.parquet", changes[a:b]) for i, (a, b) in enumerate(itertools.pairwise(bounds))]
 
 
+@settings(_PROFILE)
 @given(intents=st.lists(INTENT, min_size=1, max_size=14), data=st.data())
 def test_any_batches_any_replays_give_the_reference(intents: list[tuple[str, int, int, int, bool]], data: Any,
                                                     lake: DuckLakeTarget, spark: Any,
@@ -235,6 +236,7 @@ def _keyless_stage(path: Path, changes: list[tuple[Any, ...]]) -> str:
     return str(path)
 
 
+@settings(_PROFILE)
 @given(intents=st.lists(KEYLESS_INTENT, min_size=1, max_size=14), data=st.data())
 def test_keyless_batches_give_the_reference_multiset(intents: list[tuple[str, int, int, str | None, bool]],
                                                      data: Any, lake: DuckLakeTarget, spark: Any,
