@@ -140,22 +140,16 @@ def _maintenance(dsn: str, pipeline: str) -> dict[int, dict[str, Any]]:
     """Last maintenance pass and file counts per table (``headrace.maintenance``)."""
     from headrace.state.maintenance import MaintenanceStore
 
-    store = MaintenanceStore(dsn, pipeline)
-    try:
+    with MaintenanceStore(dsn, pipeline) as store:
         return store.all()
-    finally:
-        store.close()
 
 
 def _verify_results(dsn: str, pipeline: str) -> dict[int, dict[str, Any]]:
     """The last ``headrace verify`` result per table (``headrace.verify``)."""
     from headrace.state.verify import VerifyStore
 
-    store = VerifyStore(dsn, pipeline)
-    try:
+    with VerifyStore(dsn, pipeline) as store:
         return store.all()
-    finally:
-        store.close()
 
 
 def _verify_line(v: dict[str, Any]) -> str:

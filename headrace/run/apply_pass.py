@@ -152,11 +152,7 @@ class ApplyPass:
                 if len(self._in_flight) >= limit:
                     continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
-                    apply = self.config.apply
-                    planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
-                                         self.config.values, self.cursors, apply.driver_batch_rows,
-                                         apply.batch_rows(target.caps_batches), self.config.engine,
-                                         history=self.config.history)
+                    planned = self._plan(state, target, row)
                 except Exception as exc:
                     self._failed(state, row, exc)
                     continue
@@ -167,6 +163,13 @@ class ApplyPass:
             if limit == 1:
                 did_work |= self.harvest(state, target, wait=True)  # one table after another
         return did_work
+
+    def _plan(self, state: StateStore, target: Target, row: TableRow, through: int | None = None) -> PlannedBatch | None:
+        """The table's next batch under the pipeline's settings (``through``: no entry past this cut)."""
+        config, apply = self.config, self.config.apply
+        return plan_batch(state, target, row, apply.max_batch_files, config.schema_changes, config.values,
+                          self.cursors, apply.driver_batch_rows, apply.batch_rows(target.caps_batches),
+                          config.engine, through, config.history)
 
     def _dispatch(self, spark: SparkSession, target: Target, planned: PlannedBatch, captured_lsn: int) -> None:
         self._submit(spark, target, [planned], captured_lsn)
@@ -194,15 +197,11 @@ class ApplyPass:
                and ((cursor := self.cursors.get(target, r)) is None or tail > cursor)]
         if not due or any(self.maintenance.busy(r.oid) for r in due):
             return members  # nothing staged, or a table is being compacted: the cut waits for it
-        apply = self.config.apply
-        through, whole = cut_offset(state, target, due, tails, self.cursors, apply)
+        through, whole = cut_offset(state, target, due, tails, self.cursors, self.config.apply)
         batches = []
         for row in due:
             try:
-                planned = plan_batch(state, target, row, apply.max_batch_files, self.config.schema_changes,
-                                     self.config.values, self.cursors, apply.driver_batch_rows,
-                                     apply.batch_rows(target.caps_batches), self.config.engine, through,
-                                     self.config.history)
+                planned = self._plan(state, target, row, through)
             except Exception as exc:
                 self._failed(state, row, exc)
                 continue

@@ -11,7 +11,7 @@ Where the cut falls: at the newest registered offset, unless a table's batch sto
 to the end of the last flush whose entries of that table the batch holds whole, so every table stops
 at the same transaction. When that would leave the short table nothing (one flush over the caps, or a shape
 change inside a flush), the cut falls right after the short table's batch instead: that flush's
-transactions then appear in two steps (the closing note of the pass's event says so).
+transactions then appear in two steps (the run logs ``apply.cut_split``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ first use rather than by ``StateStore.install``."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import psycopg
 from psycopg.rows import dict_row
@@ -28,3 +28,9 @@ class OwnTableStore:
 
     def close(self) -> None:
         self.conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

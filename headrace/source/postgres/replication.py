@@ -27,6 +27,7 @@ from headrace.core.names import TableName
 from headrace.core.position import format_lsn, parse_lsn
 from headrace.source.postgres.catalog import find_relation, missing_table
 from headrace.source.postgres.pgoutput import UNDECODED, UNDECODED_KINDS, decode
+from headrace.source.postgres.standby import in_recovery
 
 Conn = psycopg.Connection[Any]
 
@@ -108,11 +109,6 @@ def ensure_publication(conn: Conn, name: str, tables: Sequence[str | TableName])
             conn.execute(drop)
 
 
-def _in_recovery(conn: Conn) -> bool:
-    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-    return bool(row and row[0])
-
-
 def _generated_columns(conn: Conn, pub_oid: int) -> str:
     row = conn.execute("SELECT pubgencols::text FROM pg_publication WHERE oid = %s", (pub_oid,)).fetchone()
     return str(row[0]) if row else ""
@@ -124,7 +120,7 @@ def ensure_slot(conn: Conn, slot: str, failover: bool = False) -> int:
     ``failover`` (PostgreSQL 17+, on a primary): create it as a failover slot, which standbys with
     ``sync_replication_slots = on`` keep a copy of, so a promoted standby has it.
     """
-    failover = failover and conn.info.server_version >= FAILOVER_SLOTS_VERSION and not _in_recovery(conn)
+    failover = failover and conn.info.server_version >= FAILOVER_SLOTS_VERSION and not in_recovery(conn)
     create = ("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)"
               if failover else "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')")
     query = (
