@@ -83,6 +83,7 @@ class TableCheck:
     # identity text -> (its hash, its key's texts): rows not settled yet
     pending: dict[str, tuple[int, KeyTexts]] = field(default_factory=dict)
     position: int | None = None  # the first point's position
+    position_text: str | None = None  # as the source spells it
     error: str | None = None
     unlisted: int = 0  # rows in differing ranges, when too many to read (MAX_ROWS_COMPARED)
 

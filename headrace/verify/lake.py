@@ -41,7 +41,8 @@ def _copy_sqlite(location: str, folder: str) -> str:
                 src.backup(dst)
             return copy
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() >= deadline:
+            # a commit during the copy: locked, or (seen under load) a read of a page being written
+            if not any(m in str(exc) for m in ("locked", "disk I/O error")) or time.monotonic() >= deadline:
                 raise VerifyError(f"cannot read the DuckLake catalog {location}: {exc}") from exc
             time.sleep(0.1)
 

@@ -8,21 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import psycopg
 
 from headrace.config import PipelineConfig
 from headrace.core.errors import HeadraceError
 from headrace.core.names import TableName, TableNameError
-from headrace.core.position import format_lsn
 from headrace.source import source_kind
-from headrace.source.postgres import catalog
-from headrace.source.postgres.replication import SESSION_OPTIONS
-from headrace.source.postgres.types import TypeCatalog
 from headrace.state.store import StateStore, TableRow
 from headrace.state.verify import VerifyStore
 from headrace.verify.compare import Progress, TableCheck, compare_table, recheck_table
 from headrace.verify.lake import pinned_target
-from headrace.verify.point import VerifyError, source_snapshot, wait_for_target
+from headrace.verify.point import SourcePoint, VerifyError, wait_for_target
 from headrace.verify.sides import LakeSide, SourceSide
 
 
@@ -53,16 +48,10 @@ def _selected(rows: list[TableRow], names: tuple[str, ...] | None) -> list[Table
     return out
 
 
-def _estimates(conn: psycopg.Connection[Any], oids: list[int]) -> dict[int, int]:
-    rows = conn.execute("SELECT oid::bigint, greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = ANY(%s)",
-                        (oids,)).fetchall()
-    return {int(o): int(n) for o, n in rows}
-
-
-def _shape_problem(conn: psycopg.Connection[Any], row: TableRow, types: TypeCatalog) -> str | None:
+def _shape_problem(point: SourcePoint, side: SourceSide, row: TableRow) -> str | None:
     """Why the source table's shape at the point differs from the target's (a change in flight)."""
     try:
-        at = catalog.read_table_schema(conn, row.oid, types)
+        at = point.shape(side, row)
     except HeadraceError as exc:
         return str(exc)
     if [(c.name, c.type.kind) for c in at.columns] != [(c.name, c.type.kind) for c in row.schema.columns]:
@@ -71,11 +60,21 @@ def _shape_problem(conn: psycopg.Connection[Any], row: TableRow, types: TypeCata
     return None
 
 
+def source_point(config: PipelineConfig) -> SourcePoint:
+    """The pipeline's source, as verify reads it."""
+    dsn = config.source.resolved_dsn()
+    if source_kind(dsn) == "mysql":
+        from headrace.verify.mysql import MySqlPoint
+
+        return MySqlPoint(dsn)
+    from headrace.verify.postgres import PostgresPoint
+
+    return PostgresPoint(dsn, config.source.text_columns)
+
+
 def verify(config: PipelineConfig, options: VerifyOptions, progress: Progress) -> list[TableCheck]:
     """Compare the selected tables; each ``TableCheck`` says what differs (or why it could not run)."""
-    dsn = config.source.resolved_dsn()
-    if source_kind(dsn) != "postgresql":
-        raise VerifyError("verify reads PostgreSQL sources only for now (MySQL: not yet)")
+    point = source_point(config)
     state = StateStore(config.source.resolved_state_dsn(), config.name)
     try:
         if not state.installed() or state.meta() is None:
@@ -83,55 +82,53 @@ def verify(config: PipelineConfig, options: VerifyOptions, progress: Progress) -
         rows = _selected(state.tables(), options.tables)
         if not rows:
             raise VerifyError(f"pipeline {config.name} replicates no tables yet")
-        return _verify(config, dsn, state, rows, options, progress)
+        return _verify(config, point, state, rows, options, progress)
     finally:
         state.close()
 
 
-def _verify(config: PipelineConfig, dsn: str, state: StateStore, rows: list[TableRow], options: VerifyOptions,
-            progress: Progress) -> list[TableCheck]:
+def _verify(config: PipelineConfig, point: SourcePoint, state: StateStore, rows: list[TableRow],
+            options: VerifyOptions, progress: Progress) -> list[TableCheck]:
     """The first round at one point, every table; then ``_settle``. One connection reads the source
-    in the snapshot, one reads it as it is now (tuple versions), one exports the snapshot for a moment."""
+    in the snapshot, one reads it as it is now (row versions)."""
     checks = {r.oid: TableCheck(r.qualified_name, r.schema) for r in rows}
-    with psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS) as now_conn:
-        current = SourceSide(now_conn)
-        with source_snapshot(dsn) as (snap_conn, position):
-            progress.note(f"source snapshot at {format_lsn(position)}; waiting for the target to reach it")
-            estimates = _estimates(snap_conn, [r.oid for r in rows])
-            types = TypeCatalog(snap_conn, config.source.text_columns)
+    with point.current() as current:
+        with point.snapshot() as (source, position):
+            progress.note(f"source snapshot at {point.format_position(position)}; waiting for the target to reach it")
+            estimates = point.estimates(source, rows)
             live = []
             for r in rows:
                 checks[r.oid].position = position
-                if (problem := _shape_problem(snap_conn, r, types)) is not None:
+                checks[r.oid].position_text = point.format_position(position)
+                if (problem := _shape_problem(point, source, r)) is not None:
                     checks[r.oid].error = f"{r.qualified_name}: {problem}"
                 else:
                     live.append(r)
-            live = _reached(checks, live, wait_for_target(dsn, state, live, position, options.wait_seconds))
+            live = _reached(checks, live, wait_for_target(point, state, live, position, options.wait_seconds))
             if live:
                 with pinned_target(config, [r.schema for r in live]) as target:
-                    _first_round(checks, live, SourceSide(snap_conn), target, current, position, options,
-                                 estimates, progress)
-        _settle(config, dsn, state, current, checks, live, options, progress)
+                    _first_round(point, checks, live, source, target, current, position, options, estimates,
+                                 progress)
+        _settle(config, point, state, current, checks, live, options, progress)
     return [checks[r.oid] for r in rows]
 
 
-def _settle(config: PipelineConfig, dsn: str, state: StateStore, current: SourceSide, checks: dict[int, TableCheck],
-            rows: list[TableRow], options: VerifyOptions, progress: Progress) -> None:
+def _settle(config: PipelineConfig, point: SourcePoint, state: StateStore, current: SourceSide,
+            checks: dict[int, TableCheck], rows: list[TableRow], options: VerifyOptions, progress: Progress) -> None:
     """Later rounds: the rows that changed while compared, again at new points, until they settle
     or ``options.settle_seconds`` have passed."""
     deadline = time.monotonic() + options.settle_seconds
     while (busy := [r for r in rows if checks[r.oid].pending and checks[r.oid].error is None]) \
             and time.monotonic() < deadline:
         progress.note(f"{sum(len(checks[r.oid].pending) for r in busy)} rows changed while compared: again later")
-        with source_snapshot(dsn) as (snap_conn, position):
-            busy = _reached(checks, busy, wait_for_target(dsn, state, busy, position, options.wait_seconds))
+        with point.snapshot() as (source, position):
+            busy = _reached(checks, busy, wait_for_target(point, state, busy, position, options.wait_seconds))
             if not busy:
                 return
             with pinned_target(config, [r.schema for r in busy]) as target:
-                source = SourceSide(snap_conn)
-                progress.note(f"comparing them again at {format_lsn(position)}")
+                progress.note(f"comparing them again at {point.format_position(position)}")
                 for r in busy:
-                    _guarded(checks[r.oid], lambda c=checks[r.oid], s=source, t=target, p=position:
+                    _guarded(point, checks[r.oid], lambda c=checks[r.oid], s=source, t=target, p=position:
                              recheck_table(s, t, current, c, p))
         time.sleep(0.2)
 
@@ -143,21 +140,22 @@ def _reached(checks: dict[int, TableCheck], rows: list[TableRow], behind: dict[i
     return [r for r in rows if r.oid not in behind]
 
 
-def _first_round(checks: dict[int, TableCheck], rows: list[TableRow], source: SourceSide, target: LakeSide,
-                 current: SourceSide, position: int, options: VerifyOptions, estimates: dict[int, int],
-                 progress: Progress) -> None:
+def _first_round(point: SourcePoint, checks: dict[int, TableCheck], rows: list[TableRow], source: SourceSide,
+                 target: LakeSide, current: SourceSide, position: int, options: VerifyOptions,
+                 estimates: dict[int, int], progress: Progress) -> None:
     for i, r in enumerate(rows):
         progress.table(i, len(rows), r.qualified_name)
-        _guarded(checks[r.oid], lambda c=checks[r.oid], r=r: compare_table(
+        _guarded(point, checks[r.oid], lambda c=checks[r.oid], r=r: compare_table(
             source, target, current, c, position, options.sample, estimates.get(r.oid, 0), progress))
     progress.table(len(rows), len(rows), "")
 
 
-def _guarded(check: TableCheck, compare: Any) -> None:
+def _guarded(point: SourcePoint, check: TableCheck, compare: Any) -> None:
     """Run one table's comparison; a database error becomes that table's error, not the command's."""
+    caught: tuple[type[Exception], ...] = (*point.errors, duckdb.Error)
     try:
         compare()
-    except (psycopg.Error, duckdb.Error) as exc:
+    except caught as exc:
         check.error = f"{check.table}: {str(exc).strip().splitlines()[0]}"
 
 
@@ -172,7 +170,7 @@ def report(check: TableCheck, sample: float) -> dict[str, Any]:
     else:
         status = "equal"
     return {"table": check.table, "oid": check.schema.oid, "status": status, "equal": status == "equal",
-            "position": format_lsn(check.position) if check.position is not None else None,
+            "position": check.position_text,
             "position_int": check.position, "sample": sample,
             "rows_source": check.rows_source, "rows_target": check.rows_target,
             "differences": [d.as_dict() for d in check.differences], "unsettled": len(check.pending),

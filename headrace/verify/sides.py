@@ -1,21 +1,21 @@
-"""The two sides of a comparison, each computing its own checksums: PostgreSQL in a snapshot at a
-known position, and the lake through DuckDB at one pinned snapshot (DuckLake version, Iceberg
-metadata file). Only per-range aggregates leave each side, and the rows of ranges found to differ.
+"""The two sides of a comparison, each computing its own checksums: the source in a snapshot at a
+known position (``verify.postgres``, ``verify.mysql``), and the lake through DuckDB at one pinned
+snapshot (DuckLake version, Iceberg metadata file). Only per-range aggregates leave each side, and
+the rows of ranges found to differ.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import psycopg
-from psycopg import sql
 
 from headrace.core.names import quote_ident
 from headrace.core.rows import HR_LSN
-from headrace.core.schema import TableSchema, TypeKind
+from headrace.core.schema import Column, TableSchema
 from headrace.verify import canon
 from headrace.verify.canon import HASH_BITS, Dialect
 
@@ -49,24 +49,6 @@ class Ranges:
     keys: tuple[KeyTexts, ...] | None = None
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def key_literal(kind: TypeKind, text: str) -> str | None:
-    """PostgreSQL SQL for a key column's value from its compared text (None: no way back)."""
-    if kind in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
-        if not text.lstrip("-").isdigit():
-            return _literal(text)  # infinity, -infinity
-        epoch = "TIMESTAMPTZ 'epoch'" if kind is TypeKind.TIMESTAMPTZ else "TIMESTAMP 'epoch'"
-        return f"({epoch} + {int(text)} * interval '1 microsecond')"
-    if kind is TypeKind.BINARY:
-        return f"decode({_literal(text)}, 'hex')"
-    if kind is TypeKind.LIST:
-        return None
-    return _literal(text)  # PostgreSQL's own text, or a form its input takes (floats' 15e-1), coerced
-
-
 def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]) -> str:
     """A FROM item of ``source`` (a table with its WHERE) with, per row, ``_v_ident`` (the identity's
     text), ``_v_kh`` and ``_v_rh`` (identity and row hashes), ``_v_c<i>`` (the compared texts) and
@@ -76,8 +58,7 @@ def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]
     xs = [f"_v_x{j}" for j in range(len(extras))]
     raw = [f"{canon.raw_text(c, dialect)} AS _v_r{i}" for i, c in enumerate(table.columns)]
     raw += [f"{e} AS {x}" for e, x in zip(extras, xs, strict=True)]
-    middle = [f"{canon.middle_text(c, dialect, f'_v_r{i}')} AS _v_m{i}" for i, c in enumerate(table.columns)]
-    final = [f"{canon.final_text(c, dialect, f'_v_m{i}')} AS _v_c{i}" for i, c in enumerate(table.columns)]
+    final = [f"{canon.final_text(c, dialect, f'_v_r{i}')} AS _v_c{i}" for i, c in enumerate(table.columns)]
     names = table.column_names
     ident = canon.joined([f"_v_c{names.index(c.name)}" for c in canon.identity_columns(table)], dialect)
     row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
@@ -87,14 +68,18 @@ def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]
             f" {', '.join(cs + xs)} FROM"
             f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM"
             f" (SELECT {', '.join(final + xs)} FROM"
-            f" (SELECT {', '.join(middle + xs)} FROM"
-            f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) m{fence}) c{fence}) j)")
+            f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) c{fence}) j)")
 
 
-def int_list(values: list[int] | tuple[int, ...], dialect: Dialect) -> str:
-    """A literal list of integers (inlined: no placeholders, so ``%`` in the SQL stays itself)."""
+def _among(expr: str, values: tuple[int, ...], dialect: Dialect) -> str:
+    """SQL: ``expr`` is one of ``values`` (a literal list, inlined: no placeholders, so ``%`` in the
+    SQL stays itself)."""
     items = ", ".join(str(int(v)) for v in values)
-    return f"ARRAY[{items}]::bigint[]" if dialect == "postgres" else f"[{items}]::BIGINT[]"
+    if dialect == "duckdb":
+        return f"list_contains([{items}]::BIGINT[], {expr})"
+    if dialect == "postgres":
+        return f"{expr} = ANY(ARRAY[{items}]::bigint[])"
+    return f"{expr} IN ({items})"
 
 
 def _filters(ranges: Ranges, dialect: Dialect) -> str:
@@ -103,8 +88,7 @@ def _filters(ranges: Ranges, dialect: Dialect) -> str:
         where.append(f"_v_kh % 1000000 < {int(ranges.sample * 1_000_000)}")
     if ranges.among is not None:
         shift = HASH_BITS - ranges.bits
-        where.append(f"list_contains({int_list(ranges.among, dialect)}, _v_kh >> {shift})" if dialect == "duckdb"
-                     else f"(_v_kh >> {shift}) = ANY({int_list(ranges.among, dialect)})")
+        where.append(_among(f"(_v_kh >> {shift})", ranges.among, dialect))
     return " AND ".join(where)
 
 
@@ -142,56 +126,48 @@ class Side(ABC):
         cols = ", ".join(f"_v_c{i}" for i in range(len(table.columns)))
         extra = self.extra_columns()
         rows = _layers(table, self.dialect, self.relation(table) + self.key_filter(table, ranges), extra)
-        tags = ", ".join(f"_v_x{i}" for i in range(len(extra)))
-        query = f"SELECT _v_ident, _v_kh, _v_rh, {tags}, {cols} FROM {rows} v WHERE {where}"
+        tags = "".join(f"_v_x{i}, " for i in range(len(extra)))
+        query = f"SELECT _v_ident, _v_kh, _v_rh, {tags}{cols} FROM {rows} v WHERE {where}"
         out = []
         n = len(extra)
         for r in self.fetch(query):
-            tag = r[3] if n == 1 else ":".join(str(x) for x in r[3:3 + n])
+            tag = r[3] if n == 1 else ":".join(str(x) for x in r[3:3 + n]) if n else str(r[2])  # no tag: the row hash
             out.append(RowImage(r[0], int(r[1]), int(r[2]), tuple(r[3 + n:]), tag))
         return out
 
 
 class SourceSide(Side):
-    """PostgreSQL in one REPEATABLE READ transaction that imported an exported snapshot."""
+    """The source in one snapshot at a known position (``fetch``, ``rows``, ``checksums``), or as it
+    is now (``versions``)."""
 
-    dialect: Dialect = "postgres"
+    @abstractmethod
+    def versions(self, table: TableSchema, ranges: Ranges) -> dict[str, set[str]]:
+        """Identity text -> the versions holding it now (a fresh read outside the snapshot) of the
+        identities ``ranges`` names, comparable with the ``RowImage.tag`` of the snapshot's rows: the
+        same set only when nothing changed them since."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
+    def versions_of(self, table: TableSchema, ranges: Ranges, version: str) -> dict[str, set[str]]:
+        """``versions`` with ``version`` the SQL of a row's version."""
+        rows = _layers(table, self.dialect, self.relation(table) + self.key_filter(table, ranges), [version])
+        query = f"SELECT _v_ident, _v_x0 FROM {rows} v WHERE {_filters(ranges, self.dialect)}"
+        now: dict[str, set[str]] = {}
+        for ident_text, tag in self.fetch(query):
+            now.setdefault(ident_text, set()).add(str(tag))
+        return now
 
-    def relation(self, table: TableSchema) -> str:
-        return f"{quote_ident(table.schema)}.{quote_ident(table.name)}"
-
-    def extra_columns(self) -> list[str]:
-        return ["tableoid::bigint", "ctid::text", "xmin::text"]
-
-    def fetch(self, query: str) -> list[tuple[Any, ...]]:
-        return self.conn.execute(sql.SQL(query)).fetchall()  # type: ignore[arg-type]
-
-    def key_filter(self, table: TableSchema, ranges: Ranges) -> str:
+    def keys_in(self, table: TableSchema, ranges: Ranges, literal: Callable[[Column, str], str | None]) -> str:
+        """`` WHERE (key) IN (...)`` finding ``ranges.keys`` by index, each key's values spelled by
+        ``literal`` ("" when a value has no literal: the rows are found by hash alone)."""
         if not ranges.keys or not table.key:
             return ""
-        kinds = [table.column(k).type.kind for k in table.key]
+        columns = [table.column(k) for k in table.key]
         rows = []
         for key in ranges.keys:
-            values = [key_literal(kind, text) if text is not None else None for kind, text in zip(kinds, key, strict=True)]
+            values = [literal(c, text) if text is not None else None for c, text in zip(columns, key, strict=True)]
             if any(v is None for v in values):
-                return ""  # a key no literal gives back: found by hash alone
+                return ""
             rows.append(f"({', '.join(v for v in values if v is not None)})")
-        columns = ", ".join(quote_ident(k) for k in table.key)
-        return f" WHERE ({columns}) IN ({', '.join(rows)})"
-
-    def versions(self, table: TableSchema, ranges: Ranges) -> dict[str, set[str]]:
-        """Identity text -> the tuple versions holding it now (a fresh read outside the snapshot) of the
-        identities ``ranges`` names (by their whole hash, and their keys when known)."""
-        version = "tableoid::bigint || ':' || ctid::text || ':' || xmin::text"
-        rows = _layers(table, "postgres", self.relation(table) + self.key_filter(table, ranges), [version])
-        query = f"SELECT _v_ident, _v_x0 FROM {rows} v WHERE {_filters(ranges, 'postgres')}"
-        now: dict[str, set[str]] = {}
-        for ident_text, version in self.fetch(query):
-            now.setdefault(ident_text, set()).add(version)
-        return now
+        return f" WHERE ({', '.join(quote_ident(k) for k in table.key)}) IN ({', '.join(rows)})"
 
 
 class LakeSide(Side):

@@ -107,7 +107,7 @@ def test_keys_are_reported_as_json_values() -> None:
                          ids=[f"{c[1]}-{c[2] or 'ducklake'}" for c in CASES if c[0] not in (TypeKind.LIST, TypeKind.JSON)])
 def test_a_key_is_found_again_from_its_compared_text(source_dsn: str, kind: TypeKind, pg_type: str, duck: str | None,
                                                      literals: list[str]) -> None:
-    from headrace.verify.sides import key_literal
+    from headrace.verify.postgres import key_literal
 
     col = Column("v", ColumnType(kind, pg_type, *((10, 2) if kind is TypeKind.DECIMAL else (None, None))), 0)
     texts = _pg_texts(source_dsn, col, literals)[:-1]
