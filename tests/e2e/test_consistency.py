@@ -16,11 +16,12 @@ from typing import Any
 import duckdb
 import psycopg
 import pyarrow.compute as pc
+import pytest
 from pyiceberg.table import StaticTable
 
 from headrace.pipeline import Pipeline
 from headrace.targets.ducklake.extension import load_extension
-from tests.e2e.helpers import assert_same, make_config
+from tests.e2e.helpers import assert_built_by_spark, assert_same, make_config
 from tests.e2e.test_discovery import caught_up, running, wait_for
 
 ACCOUNTS = 20
@@ -76,14 +77,15 @@ def _bank_run(pipeline: Pipeline, config: Any, dsn: str, sample: Callable[[], in
     assert not wrong, f"{len([s for s in sums if s != TOTAL])} of {len(sums)} sums were not {TOTAL}: {wrong[:10]}"
 
 
-def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+@pytest.mark.parametrize("engine", ["auto", pytest.param("spark", marks=pytest.mark.slow)])
+def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Path, spark: Any, engine: str) -> None:
     _open_accounts(source_dsn)
     info = psycopg.conninfo.conninfo_to_dict(source_dsn)
     catalog = f"postgres:host={info['host']} port={info['port']} user={info['user']} dbname={info['dbname']}"
     data = tmp_path / "lake"
     config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'],
                          {"ducklake": {"catalog": catalog, "data_path": str(data)}},
-                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1})
+                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1}, engine=engine)
     pipeline = Pipeline(config, spark=spark)
     reader = duckdb.connect()
     load_extension(reader, "ducklake", "the test's reader")
@@ -98,8 +100,10 @@ def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Pa
         assert row is not None and row[0] is not None
         return int(row[0])
 
-    _bank_run(pipeline, config, source_dsn, both, 8, 30)
+    _bank_run(pipeline, config, source_dsn, both, 8, 20)
     reader.close()
+    if engine == "spark":  # a cut's batches built by Spark, committed in one DuckLake transaction
+        assert_built_by_spark(pipeline)
 
 
 def _iceberg_sum(warehouse: Path, cut: dict[str, int]) -> int:
