@@ -110,13 +110,17 @@ class Target(ABC):
         with the data (``stores_cursor``) does so, and returns it from ``read_cursor``.
         """
 
-    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> AbstractContextManager[dict[str, int]]:
-        """A block applying one cut's batches (``apply_batch``, ``apply_arrow_batch`` on this thread) of
-        ``tables`` (every streaming table; ``changed``: the oids with a batch in it). With
-        ``commits_across_tables`` they commit together when it ends, in one transaction with their
-        cursors, or not at all (an error in the block). Otherwise each commits as it comes and the
-        dict yielded is filled, when the block ends, with each table's snapshot at the cut (target
-        name -> snapshot id)."""
+    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> AbstractContextManager[None]:
+        """With ``commits_across_tables``: a block applying one cut's batches (``apply_batch``,
+        ``apply_arrow_batch`` on this thread) of ``tables`` (every streaming table; ``changed``: the
+        oids with a batch in it); they commit together when it ends, in one transaction with their
+        cursors, or not at all (an error in the block)."""
+        raise NotImplementedError(f"target {self.name} commits one table at a time: see snapshot_at")
+
+    def snapshot_at(self, table: TableSchema) -> tuple[str, int | None]:
+        """Without ``commits_across_tables``: the table's name as readers know it and its current
+        snapshot id, which a cut names for it once every batch of the cut committed (None: no
+        snapshot yet)."""
         raise NotImplementedError(f"target {self.name} has no consistent cuts")
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,

@@ -70,7 +70,8 @@ class _Cut:
     reach: int  # the source position the cut reaches: the commit of its last transaction
     members: list[TableRow]
     changed: set[int]
-    snapshots: dict[str, int] = field(default_factory=dict)
+    # oid -> (target name, snapshot id) of the changed tables, noted on their workers
+    snapshots: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)
     failed: bool = False
 
@@ -106,6 +107,8 @@ class ApplyPass:
         self._lanes: dict[int, tuple[object, ...]] = {}  # each table's last recorded lanes (record_lanes)
         self._pool: ThreadPoolExecutor | None = None
         self._cuts: CutStore | None = None  # Iceberg's consistent cuts (``consistency: transaction``)
+        self._at_cut: dict[int, tuple[str, int | None]] = {}  # oid -> (target name, snapshot id) at the last cut
+        self._last_cut: set[int] = set()  # the tables of the last cut recorded
 
     @property
     def in_flight(self) -> int:
@@ -214,26 +217,37 @@ class ApplyPass:
                              " two commits")
             changed = {p.row.oid for p in batches}
             reach = max(p.entries[-1].max_lsn for p in batches)
-            self._submit(spark, target, batches, captured_lsn,
-                         _Cut(through, reach, streaming, changed, waiting=set(changed)))
+            cut = _Cut(through, reach, streaming, changed, waiting=set(changed))
+            if target.commits_across_tables:
+                self._submit(spark, target, batches, captured_lsn, cut)  # built and committed on one worker
+            else:
+                for planned in batches:  # each table commits on its own worker; the cut is named after the last
+                    self._submit(spark, target, [planned], captured_lsn, cut)
         return members
 
-    def _cut_harvested(self, state: StateStore, cut: _Cut, oid: int, applied: Applied | None) -> None:
+    def _cut_harvested(self, state: StateStore, target: Target, cut: _Cut, oid: int, applied: Applied | None) -> None:
         """One table of ``cut`` harvested (``applied`` None: it failed); the last one records the cut
         for a target that names snapshots (Iceberg), unless one of them failed."""
         cut.waiting.discard(oid)
         cut.failed |= applied is None
-        if cut.waiting or cut.failed or not cut.snapshots:
+        if cut.waiting or cut.failed or target.commits_across_tables:
             return
+        self._at_cut.update(cut.snapshots)
+        for row in cut.members:  # the tables without a batch in the cut: as at the last cut, if in it
+            if row.oid not in cut.snapshots and row.oid not in self._last_cut:
+                self._at_cut[row.oid] = target.snapshot_at(row.schema)  # new to cuts (copied, resynced)
+        self._last_cut = {r.oid for r in cut.members}
+        # a table never written has no snapshot to travel to
+        snapshots = {name: at for name, at in (self._at_cut[r.oid] for r in cut.members) if at is not None}
         if self._cuts is None:
             self._cuts = CutStore(state.dsn, self.config.name)
         try:
-            self._cuts.record(cut.through, cut.reach, cut.snapshots)
+            self._cuts.record(cut.through, cut.reach, snapshots)
         except Exception:
             self._cuts.close()  # an outage broke it: the next cut opens another (this one is not named)
             self._cuts = None
             raise
-        event(log, "apply.cut", through=cut.through, tables=len(cut.snapshots))
+        event(log, "apply.cut", through=cut.through, tables=len(snapshots))
 
     def harvest(self, state: StateStore, target: Target, wait: bool = False) -> bool:
         """Finish the batches whose target commit ended (with ``wait``: every batch in flight, once
@@ -252,11 +266,11 @@ class ApplyPass:
                                        self.cursors)
             except Exception as exc:
                 if flight.cut is not None:
-                    self._cut_harvested(state, flight.cut, oid, None)
+                    self._cut_harvested(state, target, flight.cut, oid, None)
                 self._failed(state, row, exc)
                 continue
             if flight.cut is not None:
-                self._cut_harvested(state, flight.cut, oid, applied)
+                self._cut_harvested(state, target, flight.cut, oid, applied)
             did_work = True
             self._applied(state, row, applied)
             self._transition(state, row, applied, flight.captured_lsn)
@@ -327,8 +341,9 @@ _worker = threading.local()
 def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], cut: _Cut | None) -> list[Executed]:
     """``execute_batch`` on an apply worker, whose Spark jobs run in a FAIR pool of its own (one big
     MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
-    batches are all built on the driver never starts it (``run.spark_on_demand``). Several batches
-    are a cut (``consistency: transaction``): they commit together when the last is built."""
+    batches are all built on the driver never starts it (``run.spark_on_demand``). With ``cut``
+    (``consistency: transaction``): on a target that commits across tables, every batch of the cut,
+    committed together when the last is built; on another, one table's batch, its snapshot id noted."""
     if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
         from headrace.spark import use_pool
 
@@ -336,9 +351,12 @@ def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], c
         _worker.pool_set = True
     if cut is None:
         return [execute_batch(spark, target, planned) for planned in batches]
-    with target.cut([r.schema for r in cut.members], cut.changed) as snapshots:
-        executed = [execute_batch(spark, target, planned) for planned in batches]
-    cut.snapshots = snapshots
+    if target.commits_across_tables:
+        with target.cut([r.schema for r in cut.members], cut.changed):
+            return [execute_batch(spark, target, planned) for planned in batches]
+    executed = [execute_batch(spark, target, planned) for planned in batches]  # one table's, beside the others'
+    for planned in batches:
+        cut.snapshots[planned.row.oid] = target.snapshot_at(planned.row.schema)
     return executed
 
 

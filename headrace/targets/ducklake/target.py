@@ -246,14 +246,14 @@ class DuckLakeTarget(Target):
         return APPLIED_IN_DUCKDB
 
     @contextmanager
-    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> Iterator[dict[str, int]]:
+    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> Iterator[None]:
         """The batches this thread applies in the block commit in one DuckLake transaction when it ends
         (``apply.consistency: transaction``): one snapshot holds them all, with their cursors, so a
         reader sees every table of the cut at the same source transaction, or none of it."""
         writes: list[ChangeWrite] = []
         self._cut.writes = writes
         try:
-            yield {}  # one snapshot holds the cut: no table's needs naming
+            yield  # one snapshot holds the cut: no table's needs naming
         finally:
             self._cut.writes = None
         if writes:

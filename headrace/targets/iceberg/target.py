@@ -21,8 +21,7 @@ import functools
 import operator
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -138,7 +137,6 @@ class IcebergTarget(Target):
         self._namespaces: set[str] = set()  # created (or found) in this run
         self._namespaces_lock = threading.Lock()
         self._java: JavaCatalog | None = None  # ``_java_catalog``
-        self._at_cut: dict[str, int] = {}  # each table's snapshot id at the last cut (``cut``)
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
         self.apply_on_driver = settings.apply_on_driver
         self.driver_key_rows = settings.driver_key_rows
@@ -258,23 +256,12 @@ class IcebergTarget(Target):
         return files.create_with_rows(java, namespace, path_segment(table.target_table), row_struct(table).json(),
                                       TABLE_PROPERTIES, rows, ahead.field_ids)
 
-    @contextmanager
-    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> Iterator[dict[str, int]]:
-        """Iceberg's catalogs commit one table at a time: the cut's batches commit as they come, and the
-        block's dict is then filled with every table's snapshot id (``table_name`` -> id), read again
-        for the tables the cut changed (and for those not seen before)."""
-        snapshots: dict[str, int] = {}
-        yield snapshots
-        for table in tables:
-            name = self.table_name(table)
-            if table.oid in changed or name not in self._at_cut:
-                iceberg = java_table(self.spark, name)
-                iceberg.refresh()
-                current = iceberg.currentSnapshot()
-                if current is None:
-                    continue  # no snapshot yet (an empty table never written): nothing to travel to
-                self._at_cut[name] = int(current.snapshotId())
-            snapshots[name] = self._at_cut[name]
+    def snapshot_at(self, table: TableSchema) -> tuple[str, int | None]:
+        name = self.table_name(table)
+        iceberg = java_table(self.spark, name)
+        iceberg.refresh()
+        current = iceberg.currentSnapshot()
+        return name, None if current is None else int(current.snapshotId())
 
     def apply_batch(
         self,
