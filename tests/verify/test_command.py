@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from headrace.control.metrics import _verify_gauges
+from headrace.control.live_metrics import verify_gauges
 
 
 def _verify(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,6 +36,6 @@ def test_metrics_show_the_last_result() -> None:
     tables = [{"table": "public.a", "verify": {"status": "different", "differences": 3,
                                               "checked_at": "2026-11-27T03:00:00+00:00"}},
               {"table": "public.b", "verify": None}]
-    got = {(m.name, tuple(s.labels.values()), s.value) for m in _verify_gauges(tables) for s in m.samples}
+    got = {(m.name, tuple(s.labels.values()), s.value) for m in verify_gauges(tables) for s in m.samples}
     assert got == {("headrace_verify_differences", ("public.a",), 3.0), ("headrace_verify_equal", ("public.a",), 0.0),
                    ("headrace_verify_last_run_timestamp_seconds", ("public.a",), 1795748400.0)}
