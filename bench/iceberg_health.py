@@ -16,6 +16,7 @@ compared with the source. Plots the series over time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -57,6 +58,15 @@ def _files(folder: Path, suffix: str) -> list[Path]:
     return [p for p in folder.rglob(f"*{suffix}") if p.is_file()] if folder.exists() else []
 
 
+def _bytes(paths: list[Path]) -> int:
+    """Their sizes; a file a commit or maintenance removed meanwhile counts nothing."""
+    total = 0
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            total += p.stat().st_size
+    return total
+
+
 def sample(config: Path, tables: list[str], con: Any) -> dict[str, Any]:
     """The health figures of every table, summed (files, bytes) or worst (scan) over the tables."""
     settings = load_config(config).target.settings
@@ -70,7 +80,7 @@ def sample(config: Path, tables: list[str], con: Any) -> dict[str, Any]:
         folder = location.parent
         out["metadata_files"] += len(_files(folder, ".metadata.json"))
         out["metadata_json_kib_max"] = max(out["metadata_json_kib_max"], location.stat().st_size / 1024)
-        out["metadata_dir_mib"] += sum(p.stat().st_size for p in _files(folder, "")) / 2**20
+        out["metadata_dir_mib"] += _bytes(_files(folder, "")) / 2**20
         out["data_files"] += len(_files(folder.parent / "data", ".parquet"))
         out["scan_ms_max"] = max(out["scan_ms_max"], _scan_ms(con, f"iceberg_scan('{location}')"))
     out["metadata_dir_mib"] = round(out["metadata_dir_mib"], 2)

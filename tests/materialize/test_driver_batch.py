@@ -31,7 +31,7 @@ from headrace.materialize.lanes import batch_build_lane
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg.arrow_frame import arrow_frame
-from headrace.targets.iceberg.target import batch_struct
+from headrace.targets.iceberg.shapes import batch_struct
 from tests.e2e.test_type_matrix import CELLS, DDL, MATRIX
 
 K = TypeKind
