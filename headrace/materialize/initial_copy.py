@@ -53,7 +53,7 @@ from headrace.materialize.snapshot_job import (
     driver_rows,
     prefetched,
     read_by,
-    takes_chunk_rows,
+    takes_files,
 )
 from headrace.outage import lost_connection
 from headrace.source import open_source
@@ -383,12 +383,6 @@ class InitialCopy:
         finally:
             df.unpersist()
         return rows
-
-
-def takes_files(schema: TableSchema, reader: ChunkRead) -> bool:
-    """A copy's tasks may write ``schema``'s chunks as Parquet themselves (into a ``FileSink``), where the
-    target has one: not for a source with per-row positions, nor for column types only Spark casts."""
-    return not reader.per_row_position and takes_chunk_rows(schema, reader.routes)
 
 
 def schema_at_snapshot(source: Source, conn: Any, tracked: TableSchema, snap: CopySnapshot,

@@ -261,3 +261,9 @@ def _observe_changed_values(text: DataFrame, table: TableSchema, texts: dict[int
 
     on_changed(read)
     return text
+
+
+def takes_files(schema: TableSchema, reader: ChunkRead) -> bool:
+    """A copy's tasks may write ``schema``'s chunks as Parquet themselves (into a ``FileSink``), where the
+    target has one: not for a source with per-row positions, nor for column types only Spark casts."""
+    return not reader.per_row_position and takes_chunk_rows(schema, reader.routes)

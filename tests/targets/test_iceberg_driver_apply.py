@@ -27,7 +27,7 @@ from headrace.core.spark_types import ValueRules
 from headrace.materialize.driver_batch import read_driver_batch
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.targets.ducklake.files import to_arrow
-from headrace.targets.iceberg import driver_apply
+from headrace.targets.iceberg import data_files, driver_apply
 from headrace.targets.iceberg.catalog import java_table
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
@@ -247,7 +247,7 @@ def test_a_commit_over_a_concurrent_one_fails_validation(spark: SparkSession, tm
     driver.write_snapshot(TABLE, snapshot_df(spark, TABLE, SNAPSHOT), Position(100))
     iceberg = java_table(spark, driver.table_name(TABLE))
     snapshot = iceberg.currentSnapshot()
-    read = [data for data, _ in driver_apply.planned_files(iceberg, int(snapshot.snapshotId()))]
+    read = [data for data, _ in data_files.planned_files(iceberg, int(snapshot.snapshotId()))]
     driver.write_snapshot(TABLE, snapshot_df(spark, TABLE, [(8, "late", None, None, None)]), Position(100),
                           replace=False)
     with pytest.raises(Py4JJavaError, match="conflicting files"):

@@ -10,7 +10,7 @@ the batch's rows are new versions. So the driver:
 
 1. Finds the table's keys: which file and row number holds each live key, and its ``_hr_lsn``/``_hr_seq``
    (``KeyIndex``). A table of up to ``max_rows`` rows (``driver_key_rows``) is read whole once (the current snapshot's data
-   files and their delete files from ``driver_apply.planned_files``, py4j, no job; only those columns,
+   files and their delete files from ``data_files.planned_files``, py4j, no job; only those columns,
    by field id; rows position deletes removed left out), and the index is kept between batches:
    each commit made here carries it forward (the replaced rows out, the new file's rows in), so the
    next batch reads no file at all, and any other commit (a compaction, another writer) makes it
@@ -61,15 +61,12 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, leaves_unchanged
 from headrace.core.schema import TableSchema
 from headrace.targets.iceberg import files, write_mode
+from headrace.targets.iceberg.data_files import live_rows_mask, local_file, planned_files, same_values
 from headrace.targets.iceberg.driver_apply import (
     ROW_NUMBER,
     SUMMARY_PROPERTY,
     DriverApplied,
-    live_rows_mask,
-    local_file,
     plan_join,
-    planned_files,
-    same_values,
     sink_for,
     table_columns,
 )
