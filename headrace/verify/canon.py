@@ -68,9 +68,9 @@ def _trim(text: str, char: str, leading: bool, dialect: Dialect) -> str:
     return f"{'ltrim' if leading else 'rtrim'}({text}, '{char}')"
 
 
-def float_text(text: str, dialect: Dialect) -> str:
-    """SQL: an engine's text of a double (``text``) as the compared form: ``[-]SIGeP`` (the value is
-    ±SIG × 10^P, SIG without leading or trailing zeros), ``[-]0``, ``NaN``, ``Infinity``, ``-Infinity``."""
+def float_parts(text: str, dialect: Dialect) -> tuple[str, str]:
+    """SQL: the significant digits (no leading or trailing zeros; '' for zero) and the power of ten P
+    of an engine's text of a double (``text``): the value is ±SIG × 10^P."""
     mant = _part(text, "e", True, dialect)
     exp = f"CAST(coalesce(nullif({_part(text, 'e', False, dialect)}, ''), '0') AS {_INT_TYPE[dialect]})"
     absolute = _trim(mant, "-", True, dialect)
@@ -78,7 +78,12 @@ def float_text(text: str, dialect: Dialect) -> str:
     all_digits = f"({whole} || {_part(absolute, '.', False, dialect)})"
     lead = _trim(all_digits, "0", True, dialect)
     sig = _trim(lead, "0", False, dialect)
-    power = f"(length({whole}) + {exp} - (length({all_digits}) - length({lead})) - length({sig}))"
+    return sig, f"(length({whole}) + {exp} - (length({all_digits}) - length({lead})) - length({sig}))"
+
+
+def float_text(text: str, sig: str, power: str, dialect: Dialect) -> str:
+    """SQL: a double's compared form from its engine text and ``float_parts``: ``[-]SIGeP``, ``[-]0``,
+    ``NaN``, ``Infinity``, ``-Infinity``."""
     sign = f"CASE WHEN left({text}, 1) = '-' THEN '-' ELSE '' END"
     return (f"CASE WHEN {text} IS NULL THEN NULL WHEN lower({text}) IN ('nan', '-nan') THEN 'NaN'"
             f" WHEN lower({text}) IN ('inf', 'infinity') THEN 'Infinity'"
@@ -111,8 +116,9 @@ def _mysql_raw(col: Column, q: str) -> str:
 
 def raw_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
     """SQL, the first step of ``value_text``: one conversion of each value to text. Final for every
-    kind but floats, whose engine text ``final_text`` then takes apart (the steps are separate so
-    each value is converted once: string work on a text is cheap, a float's conversion is not)."""
+    kind but floats, whose engine text ``middle_parts`` and ``final_text`` then take apart (the steps
+    are separate so each value is converted once: string work on a text is cheap, a float's
+    conversion is not)."""
     q = expr or quote_ident(col.name)
     kind = col.type.kind
     if dialect == "mysql":
@@ -133,16 +139,30 @@ def raw_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
     return _text(q, dialect)  # int, long, decimal, boolean, date
 
 
-def final_text(col: Column, dialect: Dialect, raw: str) -> str:
-    """SQL, the last step of ``value_text``, over ``raw`` (the first step's result): a float's text
-    taken apart (``float_text``); every other value as it is."""
-    return float_text(raw, dialect) if col.type.kind in _FLOATS else raw
+def middle_parts(col: Column, dialect: Dialect, raw: str) -> list[tuple[str, str]]:
+    """SQL, the second step of ``value_text``, over ``raw`` (the first step's result): (name, SQL) of
+    the values the last step reads: a float's text and its ``float_parts`` (computed once a row, in
+    a query level of their own: no engine here computes a sub-expression used twice only once);
+    every other value as it is."""
+    if col.type.kind not in _FLOATS:
+        return [("m", raw)]
+    sig, power = float_parts(raw, dialect)
+    return [("m", raw), ("g", sig), ("p", power)]
+
+
+def final_text(col: Column, dialect: Dialect, parts: dict[str, str]) -> str:
+    """SQL, the last step of ``value_text``, over the ``middle_parts`` (by name): a float's compared
+    form (``float_text``); every other value as it is."""
+    if col.type.kind not in _FLOATS:
+        return parts["m"]
+    return float_text(parts["m"], parts["g"], parts["p"], dialect)
 
 
 def value_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
     """SQL giving column ``col``'s value (``expr``, default its quoted name) as the compared text;
-    NULL stays NULL. Queries over many rows take the steps one query level each (``verify.sides``)."""
-    return final_text(col, dialect, raw_text(col, dialect, expr))
+    NULL stays NULL (inline: tests; queries over many rows take the steps one query level each,
+    ``verify.sides``)."""
+    return final_text(col, dialect, dict(middle_parts(col, dialect, raw_text(col, dialect, expr))))
 
 
 def joined(texts: Sequence[str], dialect: Dialect) -> str:

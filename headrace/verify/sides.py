@@ -58,7 +58,10 @@ def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]
     xs = [f"_v_x{j}" for j in range(len(extras))]
     raw = [f"{canon.raw_text(c, dialect)} AS _v_r{i}" for i, c in enumerate(table.columns)]
     raw += [f"{e} AS {x}" for e, x in zip(extras, xs, strict=True)]
-    final = [f"{canon.final_text(c, dialect, f'_v_r{i}')} AS _v_c{i}" for i, c in enumerate(table.columns)]
+    parts = [canon.middle_parts(c, dialect, f"_v_r{i}") for i, c in enumerate(table.columns)]
+    middle = [f"{sql} AS _v_{name}{i}" for i, ps in enumerate(parts) for name, sql in ps]
+    final = [f"{canon.final_text(c, dialect, {name: f'_v_{name}{i}' for name, _ in ps})} AS _v_c{i}"
+             for i, (c, ps) in enumerate(zip(table.columns, parts, strict=True))]
     names = table.column_names
     ident = canon.joined([f"_v_c{names.index(c.name)}" for c in canon.identity_columns(table)], dialect)
     row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
@@ -68,7 +71,8 @@ def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]
             f" {', '.join(cs + xs)} FROM"
             f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM"
             f" (SELECT {', '.join(final + xs)} FROM"
-            f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) c{fence}) j)")
+            f" (SELECT {', '.join(middle + xs)} FROM"
+            f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) m{fence}) c{fence}) j)")
 
 
 def _among(expr: str, values: tuple[int, ...], dialect: Dialect) -> str:
