@@ -255,7 +255,11 @@ class MaintenanceConfig(_Frozen):
         600, gt=0, description="a table is also due once it had this many apply batches since its last pass,"
         " however recent that was: each merge-on-read batch adds a data file and a delete file that every"
         " later batch of the table reads until a pass compacts them")
-    retention_hours: float = Field(24.0, ge=0, description="expire snapshots older than this")
+    retention_hours: float = Field(
+        1.0, ge=0, description="expire snapshots older than this (time travel reaches back this far). An Iceberg"
+        " metadata file lists every snapshot kept, ~1 KiB each, and every commit writes it anew: at the commit"
+        " rate the defaults' freshness gives (about one a second per busy table), a day kept would make each"
+        " commit write ~84 MiB")
     keep_last: int = Field(5, ge=1, description="but always keep this many newest snapshots")
     orphan_age_hours: float = Field(
         72.0, ge=24, description="remove unreferenced files older than this (at least 24: a running write's "
