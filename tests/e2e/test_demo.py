@@ -12,7 +12,14 @@ import pytest
 
 from headrace import storage
 from headrace.config import parse_config
-from headrace.demo import BUCKET, DEMO_KEY_ENV, DEMO_SECRET_ENV, _bucket_summary, _start_object_store, run_demo
+from headrace.demo import (
+    BUCKET,
+    DEMO_KEY_ENV,
+    DEMO_SECRET_ENV,
+    _bucket_summary,
+    _start_object_store,
+    run_demo,
+)
 
 
 @pytest.fixture
