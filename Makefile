@@ -4,8 +4,9 @@
 bootstrap:
 	@bash scripts/bootstrap.sh
 
+# make demo STORAGE=s3: the demo's staging and table files on a throwaway object store (moto_server).
 demo: bootstrap
-	.venv/bin/headrace demo
+	.venv/bin/headrace demo $(if $(STORAGE),--storage $(STORAGE))
 
 lint:
 	@bash scripts/bootstrap.sh --with-browser

@@ -18,6 +18,7 @@ sampled every 2 s; then the time to catch up after pgbench stops.
 
     .venv/bin/python bench/freshness.py --smoke
     .venv/bin/python bench/freshness.py --tables 10 --idle-tables 0,200 --rate 1000 --seconds 120
+    .venv/bin/python bench/freshness.py --tables 10 --rate 1000 --seconds 120 --storage local,s3
     .venv/bin/python bench/freshness.py --pgbench-minutes 5 [--pgbench-scale 10 --pgbench-clients 4]
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import random
 import sys
@@ -39,6 +41,7 @@ from harness import (
     ROOT,
     BatchEvent,
     Headrace,
+    ObjectStore,
     Sampler,
     caught_up,
     compare_with_source,
@@ -122,19 +125,25 @@ def freshness(commits: list[Commit], batches: list[BatchEvent]) -> list[float | 
     return out
 
 
-def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One pipeline (target ``kind``, ``idle`` quiet tables) under the steady load."""
-    name = f"fresh_{kind}_{idle}"
+def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Namespace,
+            store: ObjectStore | None = None) -> dict[str, Any]:
+    """One pipeline (target ``kind``, ``idle`` quiet tables) under the steady load; with ``store``, its
+    staging and table files in a bucket of its own there."""
+    name = f"fresh_{kind}_{idle}" + ("_s3" if store else "")
     work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
     create_tables(server.dsn, args.tables, idle)
     apply: dict[str, Any] = {} if args.driver_batch_rows is None else {"driver_batch_rows": args.driver_batch_rows}
     if args.consistency is not None:
         apply["consistency"] = args.consistency
-    target = {}
+    root = store.new_root(name) if store else None
+    target = target_config(kind, work, root)
     if kind == "iceberg" and args.iceberg_cow_below is not None:
-        target = {"iceberg": {**target_config(kind, work)["iceberg"], "copy_on_write_below_rows": args.iceberg_cow_below}}
-    config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind,
-                          staging=({} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}), apply=apply, target=target)
+        target["iceberg"]["copy_on_write_below_rows"] = args.iceberg_cow_below
+    staging: dict[str, Any] = {} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}
+    if root:
+        staging["path"] = f"{root}/staging"
+    config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind, staging=staging, apply=apply,
+                          target=target)
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     try:
@@ -161,7 +170,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
               if d is not None and c.at - load_started >= args.warmup]
     seen = sorted(d for _, d in series)
     result: dict[str, Any] = {
-        "target": kind, "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds or "default",
+        "target": kind, "storage": "s3" if store else "local", "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds or "default",
         "consistency": args.consistency or "default",
         "ready_s": round(ready, 1), "transactions": len(commits), "changes": sum(c.changes for c in commits),
         "rate_offered": round(sum(c.changes for c in commits) / args.seconds),
@@ -182,7 +191,7 @@ def plot(results: list[dict[str, Any]], png: Path) -> None:
     for r in results:
         xs = r["freshness_s"]
         line = cdf.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
-                        label=f"{r['target']}, {r['idle_tables']} idle tables: p50 {r['p50_s']} s, p99 {r['p99_s']} s")
+                        label=f"{r['target']}, {r.get('storage', 'local')}, {r['idle_tables']} idle tables: p50 {r['p50_s']} s, p99 {r['p99_s']} s")
         drift.scatter([t for t, _ in r["over_time"]], [d for _, d in r["over_time"]], s=4,
                       color=line[0].get_color())
     cdf.set_xlabel("freshness, s (target commit - source commit)")
@@ -214,6 +223,8 @@ def main() -> int:
                     " through Spark); default: headrace's")
     ap.add_argument("--iceberg-cow-below", type=int, help="target.iceberg.copy_on_write_below_rows (0: every"
                     " table merge-on-read, as before it existed)")
+    ap.add_argument("--storage", default="local", help="comma list, one run per value: local (disk), s3 (staging"
+                    " and table files on a throwaway moto_server on loopback; the same settings otherwise)")
     ap.add_argument("--pgbench-minutes", type=float, help="pgbench mode: run pgbench this long instead")
     ap.add_argument("--pgbench-scale", type=int, default=10)
     ap.add_argument("--pgbench-clients", type=int, default=4)
@@ -234,18 +245,23 @@ def main() -> int:
                 results.append(result)
                 continue
             for idle in (int(x) for x in args.idle_tables.split(",")):
-                result = run_one(server, kind, idle, args)
-                print(json.dumps({k: v for k, v in result.items() if k not in ("freshness_s", "over_time")}), flush=True)
-                results.append(result)
+                for storage in args.storage.split(","):
+                    with contextlib.ExitStack() as stack:
+                        store = stack.enter_context(ObjectStore(Path(tempfile.mkdtemp(prefix="fresh-s3-")))) \
+                            if storage == "s3" else None
+                        result = run_one(server, kind, idle, args, store)
+                    print(json.dumps({k: v for k, v in result.items() if k not in ("freshness_s", "over_time")}),
+                          flush=True)
+                    results.append(result)
     Path(args.json).write_text(json.dumps(results, indent=1))
     if args.pgbench_minutes:
         plot_lag(results, Path(args.png).with_name("pgbench_lag.png"))
     else:
         plot(results, Path(args.png))
-        print(f"\n{'target':9} {'idle':>4} {'changes/s':>9} {'p50 s':>6} {'p90 s':>6} {'p99 s':>6} {'max s':>6}"
+        print(f"\n{'target':9} {'store':5} {'idle':>4} {'changes/s':>9} {'p50 s':>6} {'p90 s':>6} {'p99 s':>6} {'max s':>6}"
               f" {'cpu %':>6} {'rss MiB':>7} {'load':>5} equal")
         for r in results:
-            print(f"{r['target']:9} {r['idle_tables']:>4} {r['rate_offered']:>9} {r['p50_s']:>6} {r['p90_s']:>6}"
+            print(f"{r['target']:9} {r['storage']:5} {r['idle_tables']:>4} {r['rate_offered']:>9} {r['p50_s']:>6} {r['p90_s']:>6}"
                   f" {r['p99_s']:>6} {r['max_s']!s:>6} {r.get('cpu_core_pct_mean', '-')!s:>6}"
                   f" {r.get('rss_mib_peak', '-')!s:>7} {r['load_avg']:>5} {r['target_equals_source']}")
     return 0

@@ -138,11 +138,55 @@ def table_states(dsn: str, pipeline: str) -> dict[str, tuple[str, int | None]]:
 
 
 # -- headrace as a child process ------------------------------------------------------------------
-def target_config(kind: str, work: Path) -> dict[str, Any]:
-    """The ``target:`` section for ``kind`` (iceberg or ducklake) with its files under ``work``."""
+def target_config(kind: str, work: Path, root: str | None = None) -> dict[str, Any]:
+    """The ``target:`` section for ``kind`` (iceberg or ducklake) with its files under ``work``, or
+    under ``root`` (``s3://bucket``: the warehouse or data path; a DuckLake's catalog file stays in ``work``)."""
+    files = root or str(work)
     if kind == "iceberg":
-        return {"iceberg": {"warehouse": str(work / "warehouse")}}
-    return {"ducklake": {"catalog": str(work / "lake.ducklake"), "data_path": str(work / "lake")}}
+        return {"iceberg": {"warehouse": f"{files}/warehouse"}}
+    return {"ducklake": {"catalog": str(work / "lake.ducklake"), "data_path": f"{files}/lake" + ("/" if root else "")}}
+
+
+class ObjectStore:
+    """A throwaway S3-compatible store for the benches (``moto_server`` on loopback, in memory: the
+    tests' store; no network or disk in between, so a ratio against local disk shows the clients'
+    costs, not a real store's latency). While open, the standard AWS variables of this process (and
+    of the ``headrace run`` children it starts) point at it: all a config of ``s3://`` paths needs."""
+
+    KEY_ID, SECRET = "bench", "bench-secret"
+
+    def __init__(self, work: Path) -> None:
+        from headrace.storage.throwaway import ThrowawayObjectStore
+
+        self._store = ThrowawayObjectStore(work / "objectstore")
+        self._saved = {name: os.environ.get(name) for name in self._variables()}
+        os.environ.update(self._variables())
+        self._buckets = 0
+
+    def _variables(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": self.KEY_ID, "AWS_SECRET_ACCESS_KEY": self.SECRET, "AWS_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": self._store.endpoint}
+
+    def new_root(self, name: str) -> str:
+        """A fresh bucket named after ``name``: its ``s3://`` root."""
+        self._buckets += 1
+        bucket = f"{name.replace('_', '-').lower()[:50]}-{self._buckets}"
+        self._store.create_bucket(bucket, self.KEY_ID, self.SECRET)
+        return f"s3://{bucket}"
+
+    def close(self) -> None:
+        self._store.stop()
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def write_config(work: Path, name: str, dsn: str, source: dict[str, Any], kind: str,

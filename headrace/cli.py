@@ -196,7 +196,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from headrace.demo import run_demo
 
-    return run_demo(output=args.output, target=args.target, seconds=args.seconds)
+    return run_demo(output=args.output, target=args.target, seconds=args.seconds, storage=args.storage)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--target", choices=["iceberg", "ducklake"], default="iceberg", help="the target to replicate into")
     demo.add_argument("--output", default="demo-output", help="folder for the warehouse and staging files")
     demo.add_argument("--seconds", type=float, default=20.0, help="how long to make live changes")
+    demo.add_argument("--storage", choices=["local", "s3"], default="local", help="where staging and the table"
+                      " files go: the --output folder, or a bucket on a throwaway S3-compatible store (moto_server,"
+                      " in memory) the demo starts itself")
     demo.set_defaults(func=cmd_demo)
     from headrace.teardown_cli import add_commands as add_teardown_commands
 

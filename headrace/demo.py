@@ -1,10 +1,16 @@
-"""`headrace demo`: a throwaway Postgres with a small shop, replicated live into a local lakehouse."""
+"""`headrace demo`: a throwaway Postgres with a small shop, replicated live into a local lakehouse;
+``--storage s3``: its staging and table files on a throwaway S3-compatible store (``moto_server``)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import shutil
+import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -75,67 +81,143 @@ def make_changes(dsn: str, seconds: float, stop: threading.Event, seed: int = 7)
     return count
 
 
-def run_demo(output: str = "demo-output", target: str = "iceberg", seconds: float = 20.0) -> int:
-    """Start Postgres, load the shop, replicate it with live changes, and compare counts."""
-    from headrace.pipeline import Pipeline
+# ``--storage s3``: the demo's store accepts any key; the pipeline reads it from these variables
+# (set in this process only), as a user's pipeline reads its own from AWS_ACCESS_KEY_ID and friends.
+BUCKET = "headrace-demo"
+DEMO_KEY_ENV, DEMO_SECRET_ENV = "HEADRACE_DEMO_S3_KEY_ID", "HEADRACE_DEMO_S3_SECRET"
+DEMO_KEY, DEMO_SECRET = "demo", "demo-secret"
 
+
+@dataclass(frozen=True)
+class DemoLayout:
+    """Where the demo's files go: ``root`` is the output folder, or ``s3://headrace-demo`` on the
+    throwaway store (the DuckLake catalog file stays in the output folder either way)."""
+
+    out: Path
+    root: str
+    endpoint: str | None = None
+
+    @property
+    def on_s3(self) -> bool:
+        return self.endpoint is not None
+
+    @property
+    def warehouse(self) -> str:
+        return f"{self.root}/warehouse"
+
+    @property
+    def lake_catalog(self) -> Path:
+        return self.out / ("lake-s3" if self.on_s3 else "lake") / "meta.ducklake"
+
+    @property
+    def lake_data(self) -> str:
+        return f"{self.root}/lake/" if self.on_s3 else str(self.out / "lake" / "data")
+
+    def sections(self, target: str) -> dict[str, object]:
+        """The target, staging and (on S3) storage sections of the demo's pipeline file."""
+        if target == "ducklake":
+            target_cfg: dict[str, object] = {"ducklake": {"catalog": str(self.lake_catalog), "data_path": self.lake_data}}
+        else:
+            target_cfg = {"iceberg": {"warehouse": self.warehouse}}
+        raw: dict[str, object] = {"target": target_cfg, "staging": {"path": f"{self.root}/staging"}}
+        if self.on_s3:
+            raw["storage"] = {"endpoint": self.endpoint, "region": "us-east-1",
+                              "access_key_id_env": DEMO_KEY_ENV, "secret_access_key_env": DEMO_SECRET_ENV}
+        return raw
+
+
+def run_demo(output: str = "demo-output", target: str = "iceberg", seconds: float = 20.0,
+             storage: str = "local") -> int:
+    """Start Postgres (and with ``storage="s3"`` an object store), load the shop, replicate it with live
+    changes, and compare counts."""
     out = Path(output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    print("starting a throwaway PostgreSQL (wal_level=logical) ...", flush=True)
-    with ThrowawayPostgres() as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute(SAMPLE_SCHEMA)
-        target_cfg: dict[str, object]
-        if target == "ducklake":
-            target_cfg = {"ducklake": {"catalog": str(out / "lake" / "meta.ducklake"),
-                                       "data_path": str(out / "lake" / "data")}}
-        else:
-            target_cfg = {"iceberg": {"warehouse": str(out / "warehouse")}}
-        raw = {
-            "name": "demo",
-            "source": {"dsn": pg.dsn, "tables": TABLES},
-            "target": target_cfg,
-            "staging": {"path": str(out / "staging")},
-            "spark": {"master": "local[2]"},
-        }
-        (out / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-        config = parse_config(raw)
-        pipeline = Pipeline(config)
-        stop = threading.Event()
-        runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop}, name="pipeline")
-        print(f"pipeline config: {out / 'pipeline.yaml'}; starting Spark and the initial copy ...", flush=True)
-        runner.start()
-        writer_stop = threading.Event()
-        writes: list[int] = []
-        writer = threading.Thread(target=lambda: writes.append(make_changes(pg.dsn, seconds, writer_stop)))
-        writer.start()
-        shown_api = False
-        try:
-            while writer.is_alive():
-                if not shown_api and pipeline.api_address:
-                    print(f"status page: http://{pipeline.api_address}/  (metrics at /metrics)", flush=True)
-                    shown_api = True
-                _progress(config)
-                writer.join(timeout=3)
-            with psycopg.connect(pg.dsn) as conn:
-                end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
-            print(f"live changes done ({writes[0] if writes else 0} statements); waiting to catch up ...", flush=True)
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and runner.is_alive():
-                status = pipeline_status(config)
-                from headrace.core.position import parse_lsn
+    with contextlib.ExitStack() as stack:
+        layout = DemoLayout(out, str(out))
+        if storage == "s3":
+            layout = _start_object_store(out, stack)
+        print("starting a throwaway PostgreSQL (wal_level=logical) ...", flush=True)
+        pg = stack.enter_context(ThrowawayPostgres())
+        code = _replicate(pg, layout, target, seconds)
+        if layout.on_s3:
+            _hold_store(layout)
+        return code
 
-                caught = "captured_lsn" in status and parse_lsn(status["captured_lsn"]) >= end and all(
-                    t["state"] == "STREAMING" and t["pending_changes"] == 0 for t in status["tables"])
-                if caught:
-                    break
-                _progress(config)
-                time.sleep(1)
-        finally:
-            writer_stop.set()
-            stop.set()
-            runner.join()
-        return _report(pipeline, pg.dsn, out, target)
+
+def _start_object_store(out: Path, stack: contextlib.ExitStack) -> DemoLayout:
+    """A throwaway S3 store (in memory, stopped when the demo ends) with the demo's bucket."""
+    from headrace.storage.throwaway import ThrowawayObjectStore
+
+    print("starting a throwaway S3-compatible object store (moto_server, in memory) ...", flush=True)
+    store = stack.enter_context(ThrowawayObjectStore(out / "objectstore"))
+    os.environ[DEMO_KEY_ENV], os.environ[DEMO_SECRET_ENV] = DEMO_KEY, DEMO_SECRET
+    store.create_bucket(BUCKET, DEMO_KEY, DEMO_SECRET)
+    shutil.rmtree(out / "lake-s3", ignore_errors=True)  # a catalog of an earlier run's (gone) bucket
+    print(f"object store: {store.endpoint}, bucket {BUCKET} (log {store.log_path})", flush=True)
+    return DemoLayout(out, f"s3://{BUCKET}", store.endpoint)
+
+
+def _hold_store(layout: DemoLayout) -> None:
+    """On a terminal, keep the in-memory store up until Enter, for the queries printed above."""
+    if not sys.stdin.isatty():
+        print("the object store is in memory: it stops now, with the demo", flush=True)
+        return
+    with contextlib.suppress(EOFError, KeyboardInterrupt):
+        input(f"\nthe object store at {layout.endpoint} is in memory and stops with the demo: query it from"
+              " another terminal, then press Enter to stop it ")
+
+
+def _replicate(pg: ThrowawayPostgres, layout: DemoLayout, target: str, seconds: float) -> int:
+    """Load the shop into ``pg``, run the pipeline with live changes until caught up, report."""
+    from headrace.pipeline import Pipeline
+
+    out = layout.out
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(SAMPLE_SCHEMA)
+    raw = {
+        "name": "demo",
+        "source": {"dsn": pg.dsn, "tables": TABLES},
+        **layout.sections(target),
+        "spark": {"master": "local[2]"},
+    }
+    (out / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    config = parse_config(raw)
+    pipeline = Pipeline(config)
+    stop = threading.Event()
+    runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop}, name="pipeline")
+    print(f"pipeline config: {out / 'pipeline.yaml'}; starting Spark and the initial copy ...", flush=True)
+    runner.start()
+    writer_stop = threading.Event()
+    writes: list[int] = []
+    writer = threading.Thread(target=lambda: writes.append(make_changes(pg.dsn, seconds, writer_stop)))
+    writer.start()
+    shown_api = False
+    try:
+        while writer.is_alive():
+            if not shown_api and pipeline.api_address:
+                print(f"status page: http://{pipeline.api_address}/  (metrics at /metrics)", flush=True)
+                shown_api = True
+            _progress(config)
+            writer.join(timeout=3)
+        with psycopg.connect(pg.dsn) as conn:
+            end = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+        print(f"live changes done ({writes[0] if writes else 0} statements); waiting to catch up ...", flush=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and runner.is_alive():
+            status = pipeline_status(config)
+            from headrace.core.position import parse_lsn
+
+            caught = "captured_lsn" in status and parse_lsn(status["captured_lsn"]) >= end and all(
+                t["state"] == "STREAMING" and t["pending_changes"] == 0 for t in status["tables"])
+            if caught:
+                break
+            _progress(config)
+            time.sleep(1)
+    finally:
+        writer_stop.set()
+        stop.set()
+        runner.join()
+    return _report(pipeline, pg.dsn, layout, target)
 
 
 _last_progress: list[str] = [""]
@@ -152,7 +234,7 @@ def _progress(config: object) -> None:
         _last_progress[0] = line
 
 
-def _report(pipeline: object, dsn: str, out: Path, target: str) -> int:
+def _report(pipeline: object, dsn: str, layout: DemoLayout, target: str) -> int:
     from headrace.pipeline import Pipeline
     from headrace.source.postgres.catalog import read_table_schema
 
@@ -167,7 +249,7 @@ def _report(pipeline: object, dsn: str, out: Path, target: str) -> int:
             ok &= source_rows == target_rows
             print(f"{name:18} {source_rows:>11} {target_rows:>13}")
     pipeline.target.close()
-    print(_how_to_read(out, target))
+    print(_how_to_read_s3(layout, target) if layout.on_s3 else _how_to_read(layout.out, target))
     print("\nsource and target match" if ok else "\nsource and target DIFFER")
     return 0 if ok else 1
 
@@ -204,3 +286,60 @@ def _how_to_read(out: Path, target: str) -> str:
         f"  spark = iceberg_spark(warehouse='{out / 'warehouse'}')\n"
         "  spark.sql('SELECT status, count(*) FROM headrace.shop.orders GROUP BY status').show()"
     )
+
+
+def _how_to_read_s3(layout: DemoLayout, target: str) -> str:
+    """Where the files are in the bucket, and a DuckDB (httpfs) query that reads them, run once here
+    with a plain DuckDB to show its answer."""
+    from headrace.readers import duckdb_with
+
+    host = (layout.endpoint or "").split("://", 1)[1]
+    secret = (f"CREATE SECRET (TYPE s3, KEY_ID '{DEMO_KEY}', SECRET '{DEMO_SECRET}', REGION 'us-east-1',"
+              f" ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)")
+    if target == "ducklake":
+        where = f"DuckLake catalog: {layout.lake_catalog}, data files in {layout.lake_data}"
+        extensions: tuple[str, ...] = ("httpfs", "ducklake")
+        setup = [secret, f"ATTACH 'ducklake:{layout.lake_catalog}' AS lake (READ_ONLY)"]
+        query = "SELECT status, count(*) AS orders FROM lake.shop.orders GROUP BY status ORDER BY status"
+    else:
+        where = f"Iceberg warehouse: {layout.warehouse} (Hadoop catalog)"
+        extensions = ("httpfs", "avro", "iceberg")
+        setup = [secret]
+        query = (f"SELECT status, count(*) AS orders FROM iceberg_scan('{layout.warehouse}/shop/orders')"
+                 " GROUP BY status ORDER BY status")
+    con = duckdb_with(*extensions)
+    try:
+        for statement in setup:
+            con.execute(statement)
+        answer = con.execute(query).fetchall()
+    finally:
+        con.close()
+    statements = "".join(f"  {s};\n" for s in (*setup, query))
+    python = "".join(f"  con.sql(\"{s}\")\n" for s in setup)
+    return (
+        f"\n{where}; tables shop.customers, shop.orders; staging: {layout.root}/staging (removed once applied)\n"
+        f"object store: {layout.endpoint} (S3 API, path-style), bucket {BUCKET}: {_bucket_summary(layout)}\n"
+        f"Query it with DuckDB (SQL, after INSTALL and LOAD of {', '.join(extensions)}):\n"
+        f"{statements}"
+        "or in Python, extensions loaded from their wheels:\n"
+        "  from headrace.readers import duckdb_with\n"
+        f"  con = duckdb_with({', '.join(repr(e) for e in extensions)})\n"
+        f"{python}"
+        f"  con.sql(\"{query}\").show()\n"
+        f"DuckDB read from the bucket just now: {', '.join(f'{status} {n}' for status, n in answer)}"
+    )
+
+
+def _bucket_summary(layout: DemoLayout) -> str:
+    """Objects and bytes under each top-level prefix of the demo's bucket."""
+    import pyarrow.fs as pafs
+
+    from headrace import storage
+
+    fs, path = storage.filesystem(layout.root)
+    sizes: dict[str, list[int]] = {}
+    for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        if info.type == pafs.FileType.File:
+            prefix = info.path.removeprefix(f"{path}/").split("/", 1)[0]
+            sizes.setdefault(prefix, []).append(info.size or 0)
+    return ", ".join(f"{prefix}/ {len(s)} objects, {sum(s) / 1e6:.1f} MB" for prefix, s in sorted(sizes.items()))

@@ -12,15 +12,12 @@ import contextlib
 import itertools
 import os
 import select
-import shutil
 import socket
 import subprocess
-import sys
 import threading
-import time
-import urllib.request
-from pathlib import Path
 from typing import Any
+
+from headrace.storage.throwaway import ThrowawayObjectStore
 
 KEY_ID = "headrace-test-key"
 SECRET = "headrace-test-secret-3f9c1e"  # the redaction tests look for this in logs, status, metrics
@@ -33,26 +30,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class MotoServer:
-    """``moto_server -H 127.0.0.1 -p PORT`` started and stopped by a fixture."""
-
-    def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._log = (log_dir / f"moto-{self.port}.log").open("w")
-        binary = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
-        self.proc = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(self.port)], stdout=self._log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"moto_server did not start (log {self._log.name})") from None
-                time.sleep(0.1)
+class MotoServer(ThrowawayObjectStore):
+    """``moto_server -H 127.0.0.1 -p PORT`` started and stopped by a fixture, with boto3 at hand to
+    make buckets and look at what is in them."""
 
     def client(self, endpoint: str | None = None, key_id: str = KEY_ID, secret: str = SECRET):  # type: ignore[no-untyped-def]
         import boto3
@@ -68,10 +48,6 @@ class MotoServer:
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self._log.close()
 
 
 def s3_environment(endpoint: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -25,6 +25,9 @@ from headrace.materialize.apply import Applied
 from headrace.run.view import RunView
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 log = logging.getLogger("headrace.control")
 
@@ -233,12 +236,24 @@ def _count_ops(entries: list[LogEntry], snapshot_lsn: int | None) -> tuple[dict[
     return ops, last
 
 
+def _on_filesystem(path: str) -> tuple[str, pafs.FileSystem | None]:
+    """A staged file's path and filesystem: an ``s3://`` one on the configured store (left to pyarrow,
+    the URI would get a client of AWS's defaults, waiting out timeouts against the wrong endpoint)."""
+    if "://" not in path:
+        return path, None
+    from headrace import storage
+
+    filesystem, where = storage.filesystem(path)
+    return where, filesystem
+
+
 def _footer_last_ts(path: str) -> tuple[datetime | None] | None:
     """The latest ``_ts`` of a staged file from its footer's statistics; None when they are missing."""
     import pyarrow.parquet as pq
 
     try:
-        meta = pq.read_metadata(path)
+        where, filesystem = _on_filesystem(path)
+        meta = pq.read_metadata(where, filesystem=filesystem)
         column = meta.schema.names.index("_ts")
         last: datetime | None = None
         for i in range(meta.num_row_groups):
@@ -260,7 +275,8 @@ def _read_ops(path: str, snapshot_lsn: int | None) -> tuple[dict[str, int], date
     import pyarrow.parquet as pq
 
     try:
-        t = pq.read_table(path, columns=["_op", "_lsn", "_seq", "_ts"])
+        where, filesystem = _on_filesystem(path)
+        t = pq.read_table(where, columns=["_op", "_lsn", "_seq", "_ts"], filesystem=filesystem)
     except Exception:
         return None
     if snapshot_lsn is not None:

@@ -184,14 +184,14 @@ def log_count(path: Path, text: str) -> Callable[[], int]:
     return lambda: path.read_text().count(text) if path.exists() else 0
 
 
-def kill_after_batches(cmd: list[str], log_path: Path, rng: random.Random) -> None:
+def kill_after_batches(cmd: list[str], log_path: Path, rng: random.Random, timeout: float = 180) -> None:
     """Run ``cmd`` (a ``headrace run``) logging to ``log_path`` and kill -9 it after its 1st or 2nd
     apply batch plus up to 1 s: a random moment of applying, whatever the machine's speed (a fixed
     delay could end in the JVM's start-up on a loaded machine)."""
     with log_path.open("w") as log, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log) as proc:
         try:
             batches = rng.randint(1, 2)
-            wait_until(lambda: log_count(log_path, "apply.batch ")() >= batches, 180,
+            wait_until(lambda: log_count(log_path, "apply.batch ")() >= batches, timeout,
                        f"the run did not apply {batches} batches")
             time.sleep(rng.uniform(0, 1))  # the random part of the moment, not a wait
         finally:

@@ -3,6 +3,8 @@ and a session's settings follow the section."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from headrace import storage
@@ -38,3 +40,17 @@ def test_a_store_off_loopback_is_virtual_hosted_over_https_unless_told() -> None
     assert (access.path_style, access.use_ssl) == (False, True)
     assert access.pyiceberg_properties()["s3.force-virtual-addressing"] == "true"
     assert S3Access.resolve(StorageConfig(endpoint="https://minio.lan", path_style=True)).path_style
+
+
+def test_a_cluster_gets_the_s3a_jars_shipped_to_its_executors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lighter check of tests/e2e/test_cluster.py's run on S3 (slow): on a cluster master the jars go
+    to the executors with spark.jars besides the driver's class path; in local mode the driver's is all."""
+    jars = [tmp_path / "hadoop-aws-3.3.1.jar", tmp_path / "aws-java-sdk-bundle-1.11.901.jar"]
+    for jar in jars:
+        jar.write_bytes(b"")
+    monkeypatch.setenv("HEADRACE_S3A_JARS", str(tmp_path))
+    monkeypatch.setattr(storage, "_config", None)
+    conf = storage_session_conf("spark://m:7077", {}, with_jars=True)
+    assert conf["spark.jars"].split(",") == [str(j) for j in jars]
+    assert conf["spark.driver.extraClassPath"].split(":") == [str(j) for j in jars]
+    assert "spark.jars" not in storage_session_conf("local[2]", {}, with_jars=True)

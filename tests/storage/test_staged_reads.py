@@ -1,0 +1,32 @@
+"""Staged files on the store are read back (the metrics' and lineage's per-operation counts) through the
+configured store, also when its endpoint is in the storage section only and not in the environment."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from headrace import storage
+from headrace.control.metrics import _footer_last_ts, _read_ops
+from headrace.storage import StorageConfig
+from tests.objectstore import MotoServer
+
+
+def test_staged_file_counts_are_read_from_the_configured_store(s3_server: MotoServer, s3_bucket: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Left to pyarrow, an s3:// URI without AWS_ENDPOINT_URL went to AWS itself and waited out its
+    # timeouts for every staged file (seconds a batch), then counted nothing.
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    storage.configure(StorageConfig(endpoint=s3_server.endpoint))
+    at = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    staged = pa.table({"_op": ["I", "U", "D"], "_lsn": [5, 6, 7], "_seq": [0, 0, 0], "_ts": [at, at, at]})
+    filesystem, path = storage.filesystem(f"s3://{s3_bucket}/staging/t/1.parquet")
+    pq.write_table(staged, path, filesystem=filesystem)
+    started = time.monotonic()
+    assert _read_ops(f"s3://{s3_bucket}/staging/t/1.parquet", None) == ({"insert": 1, "update": 1, "delete": 1}, at)
+    assert _footer_last_ts(f"s3://{s3_bucket}/staging/t/1.parquet") == (at,)
+    assert time.monotonic() - started < 5
