@@ -2,9 +2,11 @@
 
 Each function walks the batch's changes in commit order with the batch's running state per key, so
 several changes to one key inside a batch give every version. The values a change does not carry
-(TOAST columns an update left unchanged, a deleted row's non-key columns) come from the row as it
-was before: earlier in the batch, else ``previous`` (the mirror's row, read before the batch's
-mirror apply; ``Previous`` is asked once, for the keys that need it).
+(TOAST columns an update left unchanged) come from the row as it was before: earlier in the batch,
+else ``previous`` (the mirror's row read before the batch's mirror apply, or for a table without a
+mirror its own current row, ``HistoryWriter.previous``; asked once, for the keys that need it). A
+delete needs no row before: changelog writes the key's values, scd2 closes by key, soft_delete marks
+the row in place.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class _Versions:
                 seen.update(self.rows)  # after a truncate no earlier row is needed
                 break
             key = key_of(table, change.old_key or change.values)
-            if key not in seen and (change.unchanged or change.op == "D" or change.old_key):
+            if key not in seen and change.unchanged:  # only a TOAST column left unchanged needs the row before
                 wanted.append(key)
             seen.add(key)
             if change.old_key:

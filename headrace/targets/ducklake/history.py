@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from headrace.core.errors import TerminalError
 from headrace.core.names import quote_ident
 from headrace.core.schema import TableSchema
 from headrace.history import build as b
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from headrace.targets.ducklake.target import DuckLakeTarget
 
 L = extension.LAKE_ALIAS
+IN_PLACE_MARKERS: dict[Mode, str] = {"changelog": b.OP, "scd2": b.CURRENT, "soft_delete": b.DELETED_AT}  # not in a mirror
+CURSOR_TABLE = f"{L}._headrace.cursor"  # ``target.CURSOR_TABLE``: a table without a mirror commits its cursor here
 OFFSET_TABLE = f"{L}._headrace.history_offset"
 
 
@@ -39,31 +42,57 @@ def _before(row: str, change: str) -> str:
 class DuckLakeHistory(HistoryWriter):
     """The history tables of one DuckLake target (its connection and lock)."""
 
+    writes_in_place = True
+
     def __init__(self, target: DuckLakeTarget) -> None:
         self.target = target
         self.con = target._con
         self.con.execute(f"CREATE TABLE IF NOT EXISTS {OFFSET_TABLE} (pipeline VARCHAR, table_name VARCHAR,"
                          " log_offset BIGINT)")
 
-    def name(self, table: TableSchema, mode: Mode) -> str:
-        """The history table's qualified name in the lake."""
-        return (f"{L}.{quote_ident(self.target._schema(table))}."
-                f"{quote_ident(history_table(table.target_table, mode))}")
+    def name(self, table: TableSchema, mode: Mode, own: bool = False) -> str:
+        """The history table's qualified name in the lake (``own``: the table's own name)."""
+        return self.target._qualified(table) if own else (
+            f"{L}.{quote_ident(self.target._schema(table))}.{quote_ident(history_table(table.target_table, mode))}")
 
-    def _key(self, table: TableSchema, mode: Mode) -> list[str]:
-        return [self.target.pipeline, f"{self.target._schema(table)}.{history_table(table.target_table, mode)}"]
+    def _key(self, table: TableSchema, mode: Mode, own: bool = False) -> list[str]:
+        name = table.target_table if own else history_table(table.target_table, mode)
+        return [self.target.pipeline, f"{self.target._schema(table)}.{name}"]
 
-    def applied_offset(self, table: TableSchema, mode: Mode) -> int | None:
+    def applied_offset(self, table: TableSchema, mode: Mode, own: bool = False) -> int | None:
         with self.target._lock:
             row = self.con.execute(f"SELECT max(log_offset) FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
-                                   self._key(table, mode)).fetchone()
+                                   self._key(table, mode, own)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
-    def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
-        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", self._key(table, mode))
-        self.con.execute(f"INSERT INTO {OFFSET_TABLE} VALUES (?, ?, ?)", [*self._key(table, mode), log_offset])
+    def before_copy(self, table: TableSchema) -> None:
+        """Inside a copy that replaces the table's rows (lock held): refuse when the table is a history
+        table under its own name (the copy would throw its history away), else forget any offset a
+        history table of that name held (dropped by hand: the copy starts it again)."""
+        have = {r[0] for r in self.con.execute(f"DESCRIBE {self.target._qualified(table)}").fetchall()}
+        mode = next((m for m, marker in IN_PLACE_MARKERS.items() if marker in have), None)
+        if mode is not None:
+            raise TerminalError(
+                f"table {table.qualified_name}: {self.target._qualified(table)} is its {mode} table, holding its"
+                f" history, and a copy (a resync) would replace it: refused. To keep streaming, resume the table;"
+                f" to start its history again, drop that lake table (its history is lost) and resync")
+        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
+                         self._key(table, "mirror", own=True))
 
-    def start(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+    def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
+        key = self._key(table, mode, own)
+        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", key)
+        self.con.execute(f"INSERT INTO {OFFSET_TABLE} VALUES (?, ?, ?)", [*key, log_offset])
+        if own:  # no mirror commits this table's cursor: its history table does, with its rows
+            self.con.execute(f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
+                             [self.target.pipeline, table.oid])
+            self.con.execute(f"INSERT INTO {CURSOR_TABLE} VALUES (?, ?, ?, now())",
+                             [self.target.pipeline, table.oid, log_offset])
+
+    def start(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
+        if own:
+            self._start_in_place(table, mode, log_offset)
+            return
         name, mirror = self.name(table, mode), self.target._qualified(table)
         cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
         cols += [f"{n} {duck}" for n, _, duck, _ in EXTRA[mode]]
@@ -79,15 +108,50 @@ class DuckLakeHistory(HistoryWriter):
             self.con.execute(f"INSERT INTO {name} SELECT {source}, {seeded} FROM {mirror}")
             self._set_offset(table, mode, log_offset)
 
-    def previous(self, table: TableSchema, keys: list[Key]) -> dict[Key, b.Row]:
-        mirror = self.target._qualified(table)
+    def _start_in_place(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+        """The copy (in the mirror's shape, under the table's own name) becomes the ``mode`` table: its
+        rows ``I`` rows, open versions or live rows with no commit time (like the rows a history table
+        beside the mirror starts from), in one commit with the offset. DuckLake adds columns without a
+        default only, so ``_hr_op`` and ``_hr_current`` are set by an ``UPDATE`` (one rewrite of the copy)."""
+        name = self.target._qualified(table)
+        with self.target._lock, self.target._transaction(table):
+            have = {r[0] for r in self.con.execute(f"DESCRIBE {name}").fetchall()}
+            if mode == "scd2" and b.COMMIT_TS in have and b.VALID_FROM not in have:
+                self.con.execute(f"ALTER TABLE {name} RENAME COLUMN {b.COMMIT_TS} TO {b.VALID_FROM}")
+                have = (have - {b.COMMIT_TS}) | {b.VALID_FROM}
+            for column, _, duck, _ in EXTRA[mode]:
+                if column not in have:
+                    self.con.execute(f"ALTER TABLE {name} ADD COLUMN {column} {duck}")
+            if mode == "changelog":
+                self.con.execute(f"UPDATE {name} SET {b.OP} = 'I' WHERE {b.OP} IS NULL")
+            elif mode == "scd2":
+                self.con.execute(f"UPDATE {name} SET {b.CURRENT} = true WHERE {b.CURRENT} IS NULL")
+            self._set_offset(table, mode, log_offset, own=True)
+
+    def _current_sql(self, table: TableSchema, mode: Mode, name: str) -> str:
+        """The rows of the table ``name``, written in ``mode``, that are the source's rows now."""
+        if mode == "scd2":
+            return f"(SELECT * FROM {name} WHERE {b.CURRENT})"
+        if mode == "soft_delete":
+            return f"(SELECT * FROM {name} WHERE {b.DELETED_AT} IS NULL)"
+        # changelog: each key's last change after the last TRUNCATE, unless a delete
+        keys = ", ".join(quote_ident(k) for k in table.key)
+        after_truncate = (f"NOT EXISTS (SELECT 1 FROM {name} t WHERE t.{b.OP} = 'T' AND {_before('c', 't')})")
+        return (f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY {b.LSN} DESC,"
+                f" {b.SEQ} DESC) AS hr_r FROM {name} c WHERE {b.OP} <> 'T' AND {after_truncate})"
+                f" WHERE hr_r = 1 AND {b.OP} <> 'D')")
+
+    def previous(self, table: TableSchema, keys: list[Key], own: Mode | None = None) -> dict[Key, b.Row]:
+        rows_now = self.target._qualified(table)
+        if own is not None:
+            rows_now = self._current_sql(table, own, rows_now)
         on = " AND ".join(f"m.{quote_ident(k)} = {cast_in('k.' + quote_ident(k), table.column(k).type)}"
                           for k in table.key)
         cols = ", ".join(cast_out(f"m.{quote_ident(c.name)}", c.type) for c in table.columns)
         with self.target._lock:
             self.con.register("hr_keys", key_table(table, keys))
             try:
-                rows = tuples(self.con.execute(f"SELECT {cols} FROM {mirror} m JOIN hr_keys k ON {on}").arrow())
+                rows = tuples(self.con.execute(f"SELECT {cols} FROM {rows_now} m JOIN hr_keys k ON {on}").arrow())
             finally:
                 self.con.unregister("hr_keys")
         out = {}
@@ -108,8 +172,8 @@ class DuckLakeHistory(HistoryWriter):
         row = self.con.execute(f"SELECT typeof(CAST(NULL AS {duck}))").fetchone()
         return str(row[0]) if row else duck
 
-    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
-        name = self.name(table, mode)
+    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int, own: bool = False) -> None:
+        name = self.name(table, mode, own)
         with self.target._lock, self.target._transaction(table):
             self._follow_columns(table, name)
             if isinstance(built, (list, pa.Table)):
@@ -118,7 +182,7 @@ class DuckLakeHistory(HistoryWriter):
                 self._scd2(table, name, built)
             else:
                 self._soft_delete(table, name, built)
-            self._set_offset(table, mode, log_offset)
+            self._set_offset(table, mode, log_offset, own)
 
     def _insert(self, table: TableSchema, mode: Mode, name: str, rows: list[b.Row] | pa.Table) -> None:
         if not len(rows):
