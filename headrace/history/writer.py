@@ -30,7 +30,15 @@ from headrace.core.position import Position
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules
 from headrace.history import build
-from headrace.history.changes import Change, Key, changelog_arrow, changes_of, read_staged, soft_delete_arrow
+from headrace.history.changes import (
+    Change,
+    Key,
+    changelog_arrow,
+    changes_of,
+    read_staged,
+    scd2_arrow,
+    soft_delete_arrow,
+)
 from headrace.history.config import Mode
 from headrace.logs import event
 
@@ -118,12 +126,14 @@ def apply_history(writer: HistoryWriter, table: TableSchema, modes: Sequence[Mod
     for mode, offset in held.items():
         if offset not in staged:
             staged[offset] = read_staged([p for o, p in entries if o > offset])
-        built: Built | None = None
-        if mode in ("changelog", "soft_delete"):
-            built = changelog_arrow(staged[offset], table, skip, rules)  # None: TOAST to fill, below
-            if built is not None and mode == "soft_delete":
+        built: Built | None = changelog_arrow(staged[offset], table, skip, rules)  # None: TOAST to fill, below
+        if built is not None:
+            if mode == "soft_delete":
                 fast = soft_delete_arrow(built, table)  # None: a TRUNCATE in the batch
                 built = build.SoftDeleteBatch(rows=fast[0], deletes=fast[1]) if fast is not None else None
+            elif mode == "scd2":
+                opened = scd2_arrow(built, table)  # None: a TRUNCATE in the batch
+                built = build.Scd2Batch(versions=opened[0], closes=opened[1]) if opened is not None else None
         if built is None:
             if offset not in read:
                 read[offset] = changes_of(staged[offset], table, skip, rules)

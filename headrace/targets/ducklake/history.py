@@ -49,6 +49,8 @@ class DuckLakeHistory(HistoryWriter):
         self.con = target._con
         self.con.execute(f"CREATE TABLE IF NOT EXISTS {OFFSET_TABLE} (pipeline VARCHAR, table_name VARCHAR,"
                          " log_offset BIGINT)")
+        self._offsets: dict[tuple[int, Mode, bool], int] = {}  # (oid, mode, own) -> offset committed
+        self._followed: set[tuple[int, str, tuple[tuple[str, str], ...]]] = set()  # tables that have these columns
 
     def name(self, table: TableSchema, mode: Mode, own: bool = False) -> str:
         """The history table's qualified name in the lake (``own``: the table's own name)."""
@@ -60,15 +62,29 @@ class DuckLakeHistory(HistoryWriter):
         return [self.target.pipeline, f"{self.target._schema(table)}.{name}"]
 
     def applied_offset(self, table: TableSchema, mode: Mode, own: bool = False) -> int | None:
+        """Read once, then kept as this writer commits (a batch's two catalog queries fewer). A table in
+        place of the mirror holds its offset in its cursor row, once its first batch gave it the mode's
+        columns (``start``)."""
+        known = self._offsets.get((table.oid, mode, own))
+        if known is not None:
+            return known
         with self.target._lock:
-            row = self.con.execute(f"SELECT max(log_offset) FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
-                                   self._key(table, mode, own)).fetchone()
-        return None if row is None or row[0] is None else int(row[0])
+            if own:
+                have = {r[0] for r in self.con.execute(f"DESCRIBE {self.name(table, mode, own)}").fetchall()}
+                row = self.con.execute(f"SELECT log_offset FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
+                                       [self.target.pipeline, table.oid]).fetchone() if IN_PLACE_MARKERS[mode] in have \
+                    else None
+            else:
+                row = self.con.execute(f"SELECT max(log_offset) FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
+                                       self._key(table, mode)).fetchone()
+        found = None if row is None or row[0] is None else int(row[0])
+        if found is not None:
+            self._offsets[(table.oid, mode, own)] = found
+        return found
 
     def before_copy(self, table: TableSchema) -> None:
-        """Inside a copy that replaces the table's rows (lock held): refuse when the table is a history
-        table under its own name (the copy would throw its history away), else forget any offset a
-        history table of that name held (dropped by hand: the copy starts it again)."""
+        """Inside a copy that replaces the table's rows (lock held): refused when the table is a history
+        table under its own name (the copy would throw its history away)."""
         have = {r[0] for r in self.con.execute(f"DESCRIBE {self.target._qualified(table)}").fetchall()}
         mode = next((m for m, marker in IN_PLACE_MARKERS.items() if marker in have), None)
         if mode is not None:
@@ -76,23 +92,36 @@ class DuckLakeHistory(HistoryWriter):
                 f"table {table.qualified_name}: {self.target._qualified(table)} is its {mode} table, holding its"
                 f" history, and a copy (a resync) would replace it: refused. To keep streaming, resume the table;"
                 f" to start its history again, drop that lake table (its history is lost) and resync")
-        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
-                         self._key(table, "mirror", own=True))
+        self._forget(table)
+
+    def _forget(self, table: TableSchema) -> None:
+        """Read ``table``'s offsets and shapes from the lake again (a commit that may or may not have landed)."""
+        self._offsets = {k: v for k, v in self._offsets.items() if k[0] != table.oid}
+        self._followed = {k for k in self._followed if k[0] != table.oid}
 
     def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
-        key = self._key(table, mode, own)
-        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", key)
-        self.con.execute(f"INSERT INTO {OFFSET_TABLE} VALUES (?, ?, ?)", [*key, log_offset])
-        if own:  # no mirror commits this table's cursor: its history table does, with its rows
+        if own:  # no mirror commits this table's cursor: its history table does, with its rows (and offset)
             self.con.execute(f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
                              [self.target.pipeline, table.oid])
             self.con.execute(f"INSERT INTO {CURSOR_TABLE} VALUES (?, ?, ?, now())",
                              [self.target.pipeline, table.oid, log_offset])
+            return
+        key = self._key(table, mode)
+        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", key)
+        self.con.execute(f"INSERT INTO {OFFSET_TABLE} VALUES (?, ?, ?)", [*key, log_offset])
 
     def start(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
-        if own:
-            self._start_in_place(table, mode, log_offset)
-            return
+        try:
+            if own:
+                self._start_in_place(table, mode, log_offset)
+            else:
+                self._start_beside(table, mode, log_offset)
+        except BaseException:
+            self._forget(table)
+            raise
+        self._offsets[(table.oid, mode, own)] = log_offset
+
+    def _start_beside(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
         name, mirror = self.name(table, mode), self.target._qualified(table)
         cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
         cols += [f"{n} {duck}" for n, _, duck, _ in EXTRA[mode]]
@@ -116,6 +145,10 @@ class DuckLakeHistory(HistoryWriter):
         name = self.target._qualified(table)
         with self.target._lock, self.target._transaction(table):
             have = {r[0] for r in self.con.execute(f"DESCRIBE {name}").fetchall()}
+            if other := [m for m, marker in IN_PLACE_MARKERS.items() if marker in have and m != mode]:
+                raise TerminalError(f"table {table.qualified_name}: {name} is its {other[0]} table and history"
+                                    f" mode {mode} is configured for it: put back [{other[0]}], or drop that lake"
+                                    f" table (its history is lost) and resync to start it as {mode}")
             if mode == "scd2" and b.COMMIT_TS in have and b.VALID_FROM not in have:
                 self.con.execute(f"ALTER TABLE {name} RENAME COLUMN {b.COMMIT_TS} TO {b.VALID_FROM}")
                 have = (have - {b.COMMIT_TS}) | {b.VALID_FROM}
@@ -174,15 +207,23 @@ class DuckLakeHistory(HistoryWriter):
 
     def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int, own: bool = False) -> None:
         name = self.name(table, mode, own)
-        with self.target._lock, self.target._transaction(table):
-            self._follow_columns(table, name)
-            if isinstance(built, (list, pa.Table)):
-                self._insert(table, mode, name, built)
-            elif isinstance(built, b.Scd2Batch):
-                self._scd2(table, name, built)
-            else:
-                self._soft_delete(table, name, built)
-            self._set_offset(table, mode, log_offset, own)
+        shape = (table.oid, name, tuple((c.name, duck_type(c.type)) for c in table.columns))
+        try:
+            with self.target._lock, self.target._transaction(table):
+                if shape not in self._followed:
+                    self._follow_columns(table, name)
+                if isinstance(built, (list, pa.Table)):
+                    self._insert(table, mode, name, built)
+                elif isinstance(built, b.Scd2Batch):
+                    self._scd2(table, name, built)
+                else:
+                    self._soft_delete(table, name, built)
+                self._set_offset(table, mode, log_offset, own)
+        except BaseException:
+            self._forget(table)
+            raise
+        self._followed.add(shape)
+        self._offsets[(table.oid, mode, own)] = log_offset
 
     def _insert(self, table: TableSchema, mode: Mode, name: str, rows: list[b.Row] | pa.Table) -> None:
         if not len(rows):
@@ -212,8 +253,9 @@ class DuckLakeHistory(HistoryWriter):
 
     def _scd2(self, table: TableSchema, name: str, batch: b.Scd2Batch) -> None:
         close = f"{b.VALID_TO} = {{ts}}, {b.CURRENT} = false, {b.END_LSN} = {{lsn}}, {b.END_SEQ} = {{seq}}"
-        if batch.closes:
-            self._with("hr_closes", self._events(table, batch.closes),
+        if len(batch.closes):
+            closes = batch.closes if isinstance(batch.closes, pa.Table) else self._events(table, batch.closes)
+            self._with("hr_closes", closes,
                        f"UPDATE {name} AS v SET {close.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
                        f" FROM hr_closes c WHERE v.{b.CURRENT} AND {self._on_key(table, 'v', 'c')}"
                        f" AND {_before('v', 'c')}")
