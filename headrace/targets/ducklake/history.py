@@ -1,10 +1,13 @@
 """History tables in DuckLake (``headrace.history``): each batch in one DuckDB transaction with its offset.
 
-The offset a history table holds is a row of ``_headrace.history_offset`` in the lake, written in the
-same transaction as the table's rows, so a batch is in a history table with its offset or not at
-all. scd2 closes versions with an ``UPDATE`` of the open versions of the batch's keys
-(``_hr_current``) and soft_delete replaces the batch's keys' rows; both also only touch rows written
-before the change (by position), so even a batch written twice would change nothing the second time.
+The offset a history table beside the mirror holds is a row of ``_headrace.history_offset`` in the
+lake; a table written in one mode under its own name (no mirror) holds it in its cursor row
+(``_headrace.cursor``). Either is written in the same transaction as the table's rows, so a batch is
+in a history table with its offset or not at all. scd2 closes versions with an ``UPDATE`` of the
+open versions of the batch's keys (``_hr_current``, the table's partition column: the closed
+versions' files are not read) and soft_delete replaces the batch's keys' rows; both also only touch
+rows written before the change (by position), so even a batch written twice would change nothing
+the second time.
 """
 
 from __future__ import annotations
@@ -133,6 +136,8 @@ class DuckLakeHistory(HistoryWriter):
         }[mode]
         with self.target._lock, self.target._transaction(table):
             self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({', '.join(cols)})")
+            if mode == "scd2":
+                self._partition(name)
             self.con.execute(f"DELETE FROM {name}")  # a table left without its offset row: started again
             self.con.execute(f"INSERT INTO {name} SELECT {source}, {seeded} FROM {mirror}")
             self._set_offset(table, mode, log_offset)
@@ -158,8 +163,14 @@ class DuckLakeHistory(HistoryWriter):
             if mode == "changelog":
                 self.con.execute(f"UPDATE {name} SET {b.OP} = 'I' WHERE {b.OP} IS NULL")
             elif mode == "scd2":
+                self._partition(name)
                 self.con.execute(f"UPDATE {name} SET {b.CURRENT} = true WHERE {b.CURRENT} IS NULL")
             self._set_offset(table, mode, log_offset, own=True)
+
+    def _partition(self, name: str) -> None:
+        """scd2: open and closed versions in files of their own (``_hr_current`` partitions), so closing a
+        batch's versions reads the open ones only, whatever the history holds (docs/history.md)."""
+        self.con.execute(f"ALTER TABLE {name} SET PARTITIONED BY ({b.CURRENT})")
 
     def _current_sql(self, table: TableSchema, mode: Mode, name: str) -> str:
         """The rows of the table ``name``, written in ``mode``, that are the source's rows now."""
