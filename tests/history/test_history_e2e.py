@@ -179,3 +179,31 @@ def test_a_pipeline_in_mode_scd2_writes_each_table_as_its_scd2_table(source_dsn:
         assert notes == [(1, 0)]  # the TOAST column the updates left unchanged, in every version
     finally:
         con.close()
+
+
+def test_a_keyless_table_as_its_changelog(source_dsn: str, tmp_path: Path) -> None:
+    """REPLICA IDENTITY FULL, written as [changelog]: the copy's rows are ``I`` rows, identical rows stay
+    apart, an update of one of two identical rows is one ``U`` with its new image, a delete one ``D``
+    with the whole old row."""
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bag (a int, b text)")
+        conn.execute("ALTER TABLE bag REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO bag VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+    config = make_config(source_dsn, tmp_path, ["public.bag"], "ducklake-sqlite",
+                         history={"tables": {"public.bag": ["changelog"]}})
+    pipeline = Pipeline(config)
+    run_caught_up(pipeline)
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO bag VALUES (1, 'x')")
+        conn.execute("UPDATE bag SET b = 'z' WHERE ctid = (SELECT min(ctid) FROM bag WHERE a = 1)")
+        conn.execute("DELETE FROM bag WHERE a = 2")
+        source = sorted(tuple(r) for r in conn.execute("SELECT a, b FROM bag").fetchall())
+    run_caught_up(pipeline)
+    con = _lake(tmp_path)
+    try:
+        rows = con.execute("SELECT _hr_op, a, b FROM hr_lake.public.bag ORDER BY _hr_lsn, _hr_seq, a, b").fetchall()
+        assert [tuple(r) for r in rows] == [("I", 1, "x"), ("I", 1, "x"), ("I", 2, "y"),  # the copy
+                                            ("I", 1, "x"), ("U", 1, "z"), ("D", 2, "y")]
+    finally:
+        con.close()
+    assert source == [(1, "x"), (1, "x"), (1, "z")]

@@ -256,8 +256,10 @@ def test_maintenance_compacts_the_history_tables_too(tmp_path: Path) -> None:
         assert {m: _read(lake, table, m, "count(*)") for m in MODES} == before  # rows untouched
 
 
-def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path) -> None:
-    """REPLICA IDENTITY FULL: identical rows are kept apart, an update is logged with its new image."""
+@pytest.mark.parametrize("own", [False, True], ids=["beside the mirror", "under its own name"])
+def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path, own: bool) -> None:
+    """REPLICA IDENTITY FULL: identical rows are kept apart, an update is logged with its new image; as
+    [mirror, changelog] or as [changelog] (the table itself, its copy's row becoming an ``I`` row)."""
     bag = TableSchema(oid=79_999, schema="public", name="bag", key=(), replica_identity="f",
                       columns=(Column("a", ColumnType(TypeKind.INT, "integer"), 23), Column("b", ColumnType(
                           TypeKind.STRING, "text"), 25)))
@@ -271,9 +273,13 @@ def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path) -> No
     write_staging_file(path, buf)
     with _lake(tmp_path / "lake") as lake:
         lake.ensure_table(bag)
-        assert apply_history(lake.history(), bag, ("changelog",), [(1, str(path))], None, ValueRules(), 0) == [
+        if own:  # the copy: one row, in the mirror's shape
+            lake._con.execute(f"INSERT INTO {lake._qualified(bag)} VALUES (7, 'c', 5, 0, NULL)")
+        assert apply_history(lake.history(), bag, ("changelog",), [(1, str(path))], None, ValueRules(), 0, own) == [
             "changelog"]
         with pytest.raises(Exception, match="history mode scd2 needs a key"):
             apply_history(lake.history(), bag, ("scd2",), [(1, str(path))], None, ValueRules(), 0)
-        rows = sorted(_read(lake, bag, "changelog", "_hr_lsn, _hr_op, a, b"))
-    assert rows == [(10, "I", 1, "x"), (10, "I", 1, "x"), (11, "U", 2, "y"), (12, "D", 1, "x"), (13, "T", None, None)]
+        rows = sorted(_read(lake, bag, "changelog", "_hr_lsn, _hr_op, a, b", own))
+    copied = [(5, "I", 7, "c")] if own else []
+    assert rows == [*copied, (10, "I", 1, "x"), (10, "I", 1, "x"), (11, "U", 2, "y"), (12, "D", 1, "x"),
+                    (13, "T", None, None)]
