@@ -78,7 +78,7 @@ def refuse_keyless(table: TableSchema, mode: Mode) -> None:
     if mode != "changelog" and not table.key:
         raise ConfigError(
             f"history mode {mode} needs a key and table {table.qualified_name} has none (REPLICA IDENTITY"
-            f" FULL): add a primary key, or write it as [mirror, changelog] in history.tables")
+            f" FULL): add a primary key, or write it as [changelog] or [mirror, changelog] in history.tables")
 
 
 def build_mode(table: TableSchema, mode: Mode, changes: list[Change], previous: build.Previous) -> Built:

@@ -283,3 +283,23 @@ def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path, own: 
     copied = [(5, "I", 7, "c")] if own else []
     assert rows == [*copied, (10, "I", 1, "x"), (10, "I", 1, "x"), (11, "U", 2, "y"), (12, "D", 1, "x"),
                     (13, "T", None, None)]
+
+
+def test_a_copy_does_not_replace_a_table_that_is_its_own_history(tmp_path: Path) -> None:
+    """A resync of a table written as [scd2] is refused (its copy would throw the history away); the
+    versions stay."""
+    import pyarrow as pa
+
+    from headrace.core.errors import TerminalError
+
+    files = [_stage(tmp_path / "0.parquet", _changes([("I", 1, 1, 0, True, False), ("U", 1, 1, 1, True, False)]))]
+    table = _schema()
+    with _lake(tmp_path / "lake") as lake:
+        lake.ensure_table(table)
+        _apply(lake, table, files, 0, 1, True, False, ("scd2",), True)
+        copy = pa.table({"id": pa.array([1], pa.int32()), "v": ["c"], "t": ["c"], "_hr_lsn": pa.array([9], pa.int64()),
+                         "_hr_seq": pa.array([0], pa.int64()),
+                         "_hr_commit_ts": pa.array([None], pa.timestamp("us", tz="UTC"))})
+        with pytest.raises(TerminalError, match="is its scd2 table, holding its history, and a copy"):
+            lake.write_snapshot_arrow(table, copy, replace=True)
+        assert sorted(_read(lake, table, "scd2", "v, _hr_current", own=True)) == [("I0", False), ("U1", True)]
