@@ -3,12 +3,14 @@
 Staged files of mixed changes (60% update, 25% insert, 15% delete, transactions of ``--txn`` changes,
 random keys of ``--keys``) are applied to a DuckLake table the way ``execute_batch`` does on the
 driver lane (the default engine): the history tables first (``history.writer.apply_history``), then
-the mirror (``read_driver_batch`` + ``apply_arrow_batch``). One lake per mode set, the same files for
-each: mirror alone (the reference), then mirror plus changelog, scd2, soft_delete. Capture and
-PostgreSQL are not in it: this is the materializer's cost, where the modes differ.
+the mirror (``read_driver_batch`` + ``apply_arrow_batch``). One lake per run, the same files for
+each: the mirror alone (the reference, run first and last), each mode alone (the table in that one
+mode under its own name, no mirror: ``history: mode: X``), and with ``--beside`` each mode beside the
+mirror (``[mirror, X]``). Capture and PostgreSQL are not in it: this is the materializer's cost,
+where the modes differ.
 
-Then the scd2 growth check: the same burst applied into an scd2 table after ``--history`` bursts and
-after ten times as many (so ~10x the versions); the ratio of the two times.
+Then the scd2 growth check: the same bursts (``--repeat``, the median) applied into a table in mode scd2 after ``--history``
+bursts and after ten times as many (so ~10x the versions); the ratio of the two times.
 
     .venv/bin/python bench/history.py                       # 100,000 changes, 20,000 keys (~1 min)
     .venv/bin/python bench/history.py --changes 20000 --keys 5000 --history 2
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -92,15 +95,18 @@ class Workload:
 
 
 def apply(lake: DuckLakeTarget, modes: tuple[Mode, ...], files: list[str], first: int, facts: dict[str, FileFacts],
-          per_batch: int) -> float:
-    """Apply ``files`` (offsets from ``first``) in batches of ``per_batch`` files; seconds taken."""
+          per_batch: int, own: bool = False) -> float:
+    """Apply ``files`` (offsets from ``first``) in batches of ``per_batch`` files; seconds taken. ``own``:
+    the table is its one mode under its own name (no mirror)."""
     started = time.perf_counter()
     for at in range(0, len(files), per_batch):
         paths = files[at:at + per_batch]
         cursor = first + at - 1
         entries = [(cursor + 1 + i, p) for i, p in enumerate(paths)]
         if modes:
-            apply_history(lake.history(), TABLE, modes, entries, None, ValueRules(), cursor)
+            apply_history(lake.history(), TABLE, modes, entries, None, ValueRules(), cursor, own)
+        if own:
+            continue
         built = read_driver_batch(paths, TABLE, None, ValueRules(), [facts[p] for p in paths])
         lake.apply_arrow_batch(TABLE, built.changes, built.truncate_before, entries[-1][0])
     return time.perf_counter() - started
@@ -117,12 +123,19 @@ def rates(args: argparse.Namespace, root: Path) -> None:
     seed = work.seed_file()
     files = [work.file(args.file_changes) for _ in range(args.changes // args.file_changes)]
     results: dict[str, float] = {}
-    for label, modes in (("mirror", ()), ("changelog", ("changelog",)), ("scd2", ("scd2",)),
-                         ("soft_delete", ("soft_delete",)), ("mirror (again)", ())):
-        lake = open_lake(root / label.replace(" ", "_").strip("()"))
+    runs: list[tuple[str, tuple[Mode, ...], bool]] = [("mirror", (), False)]
+    for mode in ("changelog", "scd2", "soft_delete"):
+        runs.append((f"{mode} alone", (mode,), True))  # type: ignore[arg-type]
+    if args.beside:
+        runs += [(f"mirror + {m}", (m,), False) for m in ("changelog", "scd2", "soft_delete")]  # type: ignore[misc]
+    runs.append(("mirror (again)", (), False))
+    for label, modes, own in runs:
+        lake = open_lake(root / label.replace(" ", "_").replace("+", "and").strip("()"))
         lake.ensure_table(TABLE)
         apply(lake, (), [seed], 1, work.facts, 1)  # the copy: not timed
-        seconds = apply(lake, modes, files, 2, work.facts, args.batch_files)  # type: ignore[arg-type]
+        if own:  # the table becomes the mode's table at its first batch: not timed either
+            lake.history().start(TABLE, modes[0], 1, own=True)
+        seconds = apply(lake, modes, files, 2, work.facts, args.batch_files, own)
         results[label] = len(files) * args.file_changes / seconds
         lake.close()
     reference = (results["mirror"] + results["mirror (again)"]) / 2
@@ -132,22 +145,40 @@ def rates(args: argparse.Namespace, root: Path) -> None:
 
 
 def scd2_growth(args: argparse.Namespace, root: Path) -> None:
-    times = []
-    for n, bursts in (("small", args.history), ("large", args.history * 10)):
-        folder = root / f"growth_{n}"
-        folder.mkdir()
-        work = Workload(folder, args.keys, args.txn, seed=2)
-        lake = open_lake(folder)
-        lake.ensure_table(TABLE)
-        files = [work.seed_file()] + [work.file(args.file_changes) for _ in range(bursts * args.burst_files)]
-        apply(lake, ("scd2",), files, 1, work.facts, args.burst_files)
-        versions = lake._con.execute("SELECT count(*) FROM hr_lake.public.acct__scd2").fetchone()
-        burst = [work.file(args.file_changes) for _ in range(args.burst_files)]
-        times.append((apply(lake, ("scd2",), burst, len(files) + 1, work.facts, args.burst_files), versions))
-        lake.close()
-    (small, v_small), (large, v_large) = times
-    print(f"scd2 burst of {args.burst_files * args.file_changes} changes: {small:.3f} s into {v_small[0] if v_small else 0}"
-          f" versions, {large:.3f} s into {v_large[0] if v_large else 0} versions: {large / small:.2f}x")
+    """The same bursts into a table of few and of many versions, scd2 and (the reference) the mirror; with
+    ``--maintain``, each table compacted first, as the pipeline's ``maintenance:`` passes keep it."""
+    from headrace.core.maintenance import MaintenancePolicy
+
+    for label, modes in (("scd2", ("scd2",)), ("mirror", ())):
+        times = []
+        for n, bursts in (("small", args.history), ("large", args.history * args.factor)):
+            folder = root / f"growth_{label}_{n}"
+            folder.mkdir()
+            work = Workload(folder, args.keys, args.txn, seed=2)
+            lake = open_lake(folder)
+            lake.ensure_table(TABLE)
+            files = [work.seed_file()] + [work.file(args.file_changes) for _ in range(bursts * args.burst_files)]
+            apply(lake, (), files[:1], 1, work.facts, 1)  # the copy
+            if modes:
+                lake.history().start(TABLE, "scd2", 1, own=True)
+            apply(lake, modes, files[1:], 2, work.facts, args.burst_files, own=bool(modes))  # type: ignore[arg-type]
+            if args.maintain:
+                lake.maintain(TABLE, MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=0))
+            rows = lake._con.execute("SELECT count(*) FROM hr_lake.public.acct").fetchone()
+            taken, cpu = [], []
+            for i in range(args.repeat):  # the median of a few bursts: one is at the mercy of the machine's load
+                burst = [work.file(args.file_changes) for _ in range(args.burst_files)]
+                started = time.process_time()
+                taken.append(apply(lake, modes, burst, len(files) + 1 + i * args.burst_files,  # type: ignore[arg-type]
+                                   work.facts, args.burst_files, own=bool(modes)))
+                cpu.append(time.process_time() - started)
+            times.append((statistics.median(taken), rows[0] if rows else 0, statistics.median(cpu)))
+            lake.close()
+        (small, r_small, c_small), (large, r_large, c_large) = times
+        print(f"{label} burst of {args.burst_files * args.file_changes} changes (median of {args.repeat}"
+              f"{', after maintenance' if args.maintain else ''}): {small:.3f} s ({c_small:.3f} s CPU) into"
+              f" {r_small} rows, {large:.3f} s ({c_large:.3f} s CPU) into {r_large} rows ({r_large / r_small:.1f}x):"
+              f" {large / small:.2f}x ({c_large / c_small:.2f}x CPU)")
 
 
 def main() -> None:
@@ -157,12 +188,19 @@ def main() -> None:
     parser.add_argument("--txn", type=int, default=10, help="changes per transaction")
     parser.add_argument("--file-changes", type=int, default=5_000, help="changes per staged file")
     parser.add_argument("--batch-files", type=int, default=4, help="staged files per batch")
-    parser.add_argument("--history", type=int, default=3, help="bursts before the timed one (x10 for the large run)")
+    parser.add_argument("--history", type=int, default=3, help="bursts before the timed ones (times --factor for the large run)")
     parser.add_argument("--burst-files", type=int, default=1)
+    parser.add_argument("--factor", type=int, default=25, help="the large table's bursts: --history times this")
+    parser.add_argument("--maintain", action="store_true", help="compact each table before its timed bursts")
+    parser.add_argument("--repeat", type=int, default=5, help="timed bursts (their median counts)")
+    parser.add_argument("--beside", action="store_true", help="also each mode beside the mirror ([mirror, mode])")
+    parser.add_argument("--only", choices=("rates", "growth"), help="one of the two measurements")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rates(args, Path(tmp))
-        scd2_growth(args, Path(tmp))
+        if args.only != "growth":
+            rates(args, Path(tmp))
+        if args.only != "rates":
+            scd2_growth(args, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -293,7 +293,7 @@ class PipelineConfig(_Frozen):
     lineage: LineageConfig = LineageConfig()  # OpenLineage events (off by default)
     maintenance: MaintenanceConfig = MaintenanceConfig()  # compaction and snapshot expiry (on by default)
     storage: StorageConfig = StorageConfig()  # the object store s3:// paths name (endpoint, region, keys)
-    history: HistoryConfig = HistoryConfig()  # changelog, scd2, soft_delete tables beside the mirror
+    history: HistoryConfig = HistoryConfig()  # changelog, scd2, soft_delete tables (in place of or beside the mirror)
 
     @field_validator("name")
     @classmethod
@@ -308,6 +308,18 @@ class PipelineConfig(_Frozen):
         if refusal and self.schema_changes.rename_table == "follow":
             raise ValueError(f"schema_changes.rename_table: follow is not possible with target.{self.target.kind}"
                              f" {refusal}")
+        return self
+
+    @model_validator(mode="after")
+    def _history_in_place_supported(self) -> PipelineConfig:
+        if self.target.kind == "ducklake":
+            return self
+        own = [name for name, modes in self.history.tables.items() if "mirror" not in modes]
+        if self.history.mode != "mirror" or own:
+            which = f"history.mode: {self.history.mode}" if self.history.mode != "mirror" else f"history.tables {own[0]}"
+            raise ValueError(f"{which} writes a history mode in place of the mirror, which target.{self.target.kind}"
+                             " does not do (DuckLake does): list the mirror first, e.g. [mirror, scd2] in history.tables"
+                             " (the history table is then <table>__scd2)")
         return self
 
     def locations(self) -> list[str]:

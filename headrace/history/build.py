@@ -2,9 +2,11 @@
 
 Each function walks the batch's changes in commit order with the batch's running state per key, so
 several changes to one key inside a batch give every version. The values a change does not carry
-(TOAST columns an update left unchanged, a deleted row's non-key columns) come from the row as it
-was before: earlier in the batch, else ``previous`` (the mirror's row, read before the batch's
-mirror apply; ``Previous`` is asked once, for the keys that need it).
+(TOAST columns an update left unchanged) come from the row as it was before: earlier in the batch,
+else ``previous`` (the mirror's row read before the batch's mirror apply, or for a table without a
+mirror its own current row, ``HistoryWriter.previous``; asked once, for the keys that need it). A
+delete needs no row before: changelog writes the key's values, scd2 closes by key, soft_delete marks
+the row in place.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class _Versions:
                 seen.update(self.rows)  # after a truncate no earlier row is needed
                 break
             key = key_of(table, change.old_key or change.values)
-            if key not in seen and (change.unchanged or change.op == "D" or change.old_key):
+            if key not in seen and change.unchanged:  # only a TOAST column left unchanged needs the row before
                 wanted.append(key)
             seen.add(key)
             if change.old_key:
@@ -154,8 +156,8 @@ class Scd2Batch:
     truncate); ``versions``: every version the batch opens, closed or not."""
 
     truncate: Event | None = None
-    closes: dict[Key, Event] = field(default_factory=dict)
-    versions: list[Row] = field(default_factory=list)
+    closes: dict[Key, Event] | pa.Table = field(default_factory=dict)
+    versions: list[Row] | pa.Table = field(default_factory=list)
 
 
 def scd2_batch(table: TableSchema, changes: Iterable[Change], previous: Previous) -> Scd2Batch:
@@ -163,14 +165,17 @@ def scd2_batch(table: TableSchema, changes: Iterable[Change], previous: Previous
     changes = list(changes)
     versions = _Versions(table, changes, previous)
     out = Scd2Batch()
+    closes: dict[Key, Event] = {}
+    opened: list[Row] = []
+    out.closes, out.versions = closes, opened
     open_at: dict[Key, int] = {}  # key -> index in out.versions of its open version opened in this batch
 
     def close(key: Key, at: Event) -> None:
         if key in open_at:
-            v = out.versions[open_at.pop(key)]
+            v = opened[open_at.pop(key)]
             v.update({VALID_TO: at.ts, CURRENT: False, END_LSN: at.lsn, END_SEQ: at.seq})
-        elif out.truncate is None and key not in out.closes:
-            out.closes[key] = at
+        elif out.truncate is None and key not in closes:
+            closes[key] = at
 
     for c in changes:
         at = _event(c)
@@ -184,8 +189,8 @@ def scd2_batch(table: TableSchema, changes: Iterable[Change], previous: Previous
         key, row, old = versions.apply(c)
         close(old if old is not None else key, at)
         if row is not None:
-            open_at[key] = len(out.versions)
-            out.versions.append({**row, VALID_FROM: c.ts, VALID_TO: None, CURRENT: True, LSN: c.lsn,
+            open_at[key] = len(opened)
+            opened.append({**row, VALID_FROM: c.ts, VALID_TO: None, CURRENT: True, LSN: c.lsn,
                                  SEQ: c.seq, END_LSN: None, END_SEQ: None})
     return out
 

@@ -160,6 +160,36 @@ def soft_delete_arrow(changelog: pa.Table, table: TableSchema) -> tuple[pa.Table
     return rows, deletes
 
 
+def scd2_arrow(changelog: pa.Table, table: TableSchema) -> tuple[pa.Table, pa.Table] | None:
+    """``build.scd2_batch`` for a batch whose changelog (``changelog_arrow``) holds no TRUNCATE, by one
+    DuckDB query: every version the batch opens (an ``I`` or ``U`` row, closed by the key's next change
+    in the batch, else current) in ``tables.arrow_schema``'s columns, and per key its first change (key
+    columns, ``_hr_lsn``, ``_hr_seq``, ``_hr_commit_ts``), which closes the version open before the batch.
+    A key change is a ``D`` of the old key and an ``I`` of the new one already. None when the batch holds
+    a TRUNCATE."""
+    if "T" in changelog.column("_hr_op").to_pylist():
+        return None
+    key = ", ".join(quote_ident(k) for k in table.key)
+    keys = ", ".join(f"{quote_ident(k)}" for k in table.key)
+    cols = ", ".join(quote_ident(c) for c in table.column_names)
+    order = f"PARTITION BY {key} ORDER BY _hr_lsn, _hr_seq"
+    con = _connection()
+    try:
+        con.register("hr_changelog", changelog)
+        versions = _read_all(con.execute(
+            f"SELECT {cols}, _hr_commit_ts AS _hr_valid_from, hr_next_ts AS _hr_valid_to,"
+            f" hr_next_lsn IS NULL AS _hr_current, _hr_lsn, _hr_seq, hr_next_lsn AS _hr_end_lsn,"
+            f" hr_next_seq AS _hr_end_seq FROM (SELECT *, lead(_hr_commit_ts) OVER ({order}) AS hr_next_ts,"
+            f" lead(_hr_lsn) OVER ({order}) AS hr_next_lsn, lead(_hr_seq) OVER ({order}) AS hr_next_seq"
+            f" FROM hr_changelog) WHERE _hr_op <> 'D'").arrow())
+        closes = _read_all(con.execute(
+            f"SELECT {keys}, _hr_lsn, _hr_seq, _hr_commit_ts FROM (SELECT *, row_number() OVER ({order}) AS r"
+            " FROM hr_changelog) WHERE r = 1").arrow())
+    finally:
+        con.close()
+    return versions, closes
+
+
 def _read_all(result: pa.Table | pa.RecordBatchReader) -> pa.Table:
     return result if isinstance(result, pa.Table) else result.read_all()
 

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("headrace.materialize")
 
 
+# A table written in one history mode under its own name: its batches are built and committed there only.
+HISTORY_ONLY = LaneChoice(Lane.DRIVER, "history", "a history table without a mirror: built and committed on the driver")
+
 # apply.driver_batch_rows's default, for callers without a pipeline's config (tests, benches).
 DRIVER_BATCH_ROWS: int = ApplyConfig().driver_batch_rows
 
@@ -147,7 +150,8 @@ class PlannedBatch:
     ddl: tuple[str, ...]
     started: float  # time.monotonic() when planned
     build: LaneChoice = SPARK_ENGINE  # where it is to be read, deduplicated and cast (lanes.batch_build_lane)
-    history: tuple[Mode, ...] = ()  # history tables written beside the mirror (headrace.history)
+    history: tuple[Mode, ...] = ()  # history tables written before the mirror (headrace.history)
+    mirrored: bool = True  # False: the table is its one history mode under its own name, no mirror
 
 
 def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
@@ -183,7 +187,8 @@ def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
     rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
     build = batch_build_lane(engine, target.applies_arrow, schema, [e.facts for e in entries], driver_rows)
     modes = history.history_modes(row.schema.table_name) if history is not None else ()
-    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build, modes)
+    mirrored = history is None or history.mirrored(row.schema.table_name)
+    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build, modes, mirrored)
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,9 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) ->
     paths, facts = [e.path for e in entries], [e.facts for e in entries]
     if planned.history:
         write_history(target, planned)
+    if not planned.mirrored:  # the history table committed the batch and the cursor: no mirror to apply
+        staged = sum(e.rows for e in entries)
+        return Executed(ChangeBatch(pa.table({}), None, staged, lane=Lane.DRIVER), HISTORY_ONLY, HISTORY_ONLY)
     batch, build = None, planned.build
     if build.lane is Lane.DRIVER:
         try:
@@ -233,8 +241,8 @@ def write_history(target: Target, planned: PlannedBatch) -> None:
                           " remove the table from history.tables")
     entries = [(e.offset, e.path) for e in planned.entries]
     written = apply_history(writer, planned.schema, planned.history, entries, planned.skip, planned.rules,
-                            planned.cursor)
-    if written:
+                            planned.cursor, own=not planned.mirrored)
+    if written and planned.mirrored:
         event(log, "apply.history", table=planned.row.qualified_name, modes=",".join(written),
               log_offset=planned.entries[-1].offset)
         crash_point("apply.after_history_commit")

@@ -134,7 +134,7 @@ class MaintenanceSchedule:
         def run() -> None:
             try:
                 maintain_table(target, store, row, policy,  # logs and records its own failure
-                               self.history.history_modes(row.schema.table_name))
+                               self.history.extra_modes(row.schema.table_name))
             finally:
                 self.last_pass[row.oid] = time.monotonic()
                 self.on_done()
@@ -168,7 +168,7 @@ def maintain_tables(config: PipelineConfig, target: Target, only: str | None = N
                 raise ConfigError(f"table {only} is not replicated by pipeline {config.name} (or not copied yet):"
                                   f" see `headrace status -c ...` for its tables")
         return {r.qualified_name: maintain_table(target, store, r, config.maintenance.policy(),
-                                                 config.history.history_modes(r.schema.table_name)) for r in rows}
+                                                 config.history.extra_modes(r.schema.table_name)) for r in rows}
     finally:
         store.close()
         state.close()

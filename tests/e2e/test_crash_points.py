@@ -76,9 +76,13 @@ def _workload(dsn: str, stop: threading.Event, seed: int) -> None:
 HISTORY = "apply.after_history_commit"  # its pipeline writes items in every history mode (docs/history.md)
 
 
+OWN = "scd2"  # engine auto, items written as its scd2 table under its own name (no mirror): its commit is the cursor's
+
+
 @pytest.mark.parametrize(("point", "engine"), [(p, "auto") for p in POINTS if p != HISTORY]
                          + [("apply.after_target_commit", "spark"),
-                            pytest.param(HISTORY, "auto", marks=pytest.mark.slow)])
+                            pytest.param(HISTORY, "auto", marks=pytest.mark.slow),
+                            pytest.param("apply.after_target_commit", OWN, marks=pytest.mark.slow)])
 def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp_path: Path, spark: Any) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
@@ -91,7 +95,10 @@ def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp
            "target": {"ducklake": {"catalog": str(tmp_path / "lake.ducklake"), "data_path": str(tmp_path / "lake")}},
            "staging": {"path": str(tmp_path / "staging"), "flush_seconds": 0.2, "heartbeat_seconds": 1.0},
            "snapshot": {"chunk_pages": 16, "max_connections": 1},
-           "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[1]"}, "engine": engine}
+           "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[1]"},
+           "engine": "auto" if engine == OWN else engine}
+    if engine == OWN:
+        raw["history"] = {"tables": {"public.items": [OWN]}}
     if point == HISTORY:
         raw["history"] = {"tables": {"public.items": ["mirror", "changelog", "scd2", "soft_delete"]}}
     path = tmp_path / "pipeline.yaml"
@@ -130,7 +137,10 @@ def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp
         state.close()
     assert {os.path.abspath(p) for p in staging.rglob("*.parquet")} <= registered  # no orphan left
     try:
-        assert assert_same(local, source_dsn, "public.items") > 500
+        if engine == OWN:
+            _assert_scd2_in_place(local, source_dsn)
+        else:
+            assert assert_same(local, source_dsn, "public.items") > 500
         assert assert_same(local, source_dsn, "public.lines") > 500
         if engine == "spark":
             assert_built_by_spark(local)
@@ -158,3 +168,15 @@ def _assert_history_once(pipeline: Pipeline, dsn: str) -> None:
     assert set(con.execute(f"SELECT {cols} FROM {t}__soft_delete WHERE _hr_deleted_at IS NULL").fetchall()) == source
     replay = CHANGELOG_AS_OF.format(table=f"{t}__changelog", columns=cols, key="id")
     assert set(con.execute(replay, ["infinity"]).fetchall()) == source
+
+
+def _assert_scd2_in_place(pipeline: Pipeline, dsn: str) -> None:
+    """items is its scd2 table: its open versions equal the source, one per key, no version twice."""
+    with psycopg.connect(dsn) as conn:
+        source = set(conn.execute("SELECT id, v, note FROM items").fetchall())
+    con, t = pipeline.target._con, "hr_lake.public.items"  # type: ignore[attr-defined]
+    assert len(source) > 500
+    assert set(con.execute(f"SELECT id, v, note FROM {t} WHERE _hr_current").fetchall()) == source
+    assert con.execute(f"SELECT count(*) FROM {t} WHERE _hr_current GROUP BY id HAVING count(*) > 1").fetchall() == []
+    twice = con.execute(f"SELECT count(*) - count(DISTINCT (id, _hr_lsn, _hr_seq)) FROM {t}").fetchone()
+    assert twice == (0,), "a version written twice"

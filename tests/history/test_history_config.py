@@ -19,12 +19,17 @@ def test_modes_default_to_the_mirror_and_follow_the_pipeline_and_table_settings(
     assert HistoryConfig().modes(orders) == ("mirror",)
     config = HistoryConfig(mode="scd2", tables={"public.orders": ("mirror", "changelog", "soft_delete")})
     assert config.history_modes(orders) == ("changelog", "soft_delete")
-    assert config.modes(items) == ("mirror", "scd2")
+    assert config.extra_modes(orders) == ("changelog", "soft_delete") and config.mirrored(orders)
+    # mode: scd2 makes every other table an scd2 table under its own name, with no mirror
+    assert config.modes(items) == ("scd2",) and not config.mirrored(items) and config.extra_modes(items) == ()
+    one = HistoryConfig(tables={"public.orders": ("changelog",)})
+    assert one.history_modes(orders) == ("changelog",) and not one.mirrored(orders)
     assert history_table("orders", "changelog") == "orders__changelog"
 
 
 @pytest.mark.parametrize(("modes", "says"), [
-    (["scd2"], "write ['mirror', 'scd2']: the scd2 table is then orders__scd2"),
+    (["scd2", "changelog"], "write ['mirror', 'scd2', 'changelog']"),
+    (["scd2", "mirror"], "write ['mirror', 'scd2']"),
     (["mirror", "changelog", "changelog"], "a mode is listed twice"),
     ([], "give at least one mode"),
 ])
@@ -47,3 +52,14 @@ def test_the_history_page_shows_the_queries_the_tests_run() -> None:
                          (CHANGELOG_BETWEEN, "orders__changelog")):
         text = query.format(table=f"lake.public.{table}", columns="id, name, bal", key="id")
         assert " ".join(text.split()) in page, query
+
+
+def test_a_history_mode_in_place_of_the_mirror_is_refused_on_iceberg(tmp_path: Path) -> None:
+    from headrace.config import parse_config
+
+    raw = {"name": "t", "source": {"dsn": "postgresql://x/y", "tables": ["public.orders"]},
+           "target": {"iceberg": {"warehouse": str(tmp_path / "w")}}, "staging": {"path": str(tmp_path / "s")}}
+    parse_config({**raw, "history": {"tables": {"public.orders": ["mirror", "scd2"]}}})
+    with pytest.raises(ConfigError, match=r"history.mode: scd2 writes a history mode in place of the mirror, which"
+                                          r" target.iceberg does not do"):
+        parse_config({**raw, "history": {"mode": "scd2"}})

@@ -143,3 +143,67 @@ def _check_tables(rows: Any) -> None:
     assert dict(ops)["T"] == 1
     tiers = rows("SELECT tier FROM {t}__scd2 WHERE _hr_current AND id = 5")
     assert [tuple(r) for r in tiers] == [(3,)]  # the added column followed
+
+
+def test_a_pipeline_in_mode_scd2_writes_each_table_as_its_scd2_table(source_dsn: str, tmp_path: Path) -> None:
+    """``history: mode: scd2``: the table keeps its name and is the scd2 table, no mirror beside it. The
+    copy's rows are its first open versions; updates (one leaving a TOAST column unchanged: filled from
+    the open version), an insert, a delete and a key change follow; DuckDB reads it "as of" each moment.
+    DuckLake on a SQLite catalog, built on the driver (no Spark)."""
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, name text, bal int, note text)")
+        conn.execute(f"INSERT INTO acct SELECT g, 'a' || g, g * 10, {BIG} FROM generate_series(1, 4) g")
+        moments = [_state(conn)]
+    config = make_config(source_dsn, tmp_path, ["public.acct"], "ducklake-sqlite", history={"mode": "scd2"})
+    pipeline = Pipeline(config)
+    run_caught_up(pipeline)
+    for phase in (PHASES[0], ["UPDATE acct SET bal = 7 WHERE id = 1", "DELETE FROM acct WHERE id = 2"]):
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            for statement in phase:
+                conn.execute(statement)
+            moments.append(_state(conn))
+        run_caught_up(pipeline)
+    con = _lake(tmp_path)
+    try:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'hr_lake'"
+                                            " AND schema_name = 'public'").fetchall()}
+        assert tables == {"acct"}  # no mirror, no acct__scd2
+        for i, (moment, rows) in enumerate(moments):
+            assert _as_of(con, SCD2_AS_OF, "acct", moment) == rows, f"scd2 as of moment {i}"
+        versions = con.execute("SELECT id, bal, _hr_current, _hr_valid_from IS NULL FROM hr_lake.public.acct"
+                               " WHERE id IN (1, 4) ORDER BY _hr_lsn, _hr_seq").fetchall()
+        # the copy's version (no commit time), two updates of 1, then 4 closed by its key change
+        assert versions == [(1, 10, False, True), (4, 40, False, True), (1, 20, False, False), (1, 7, True, False)]
+        notes = con.execute("SELECT count(DISTINCT md5(note)), count(*) FILTER (WHERE note IS NULL)"
+                            " FROM hr_lake.public.acct WHERE id = 1").fetchall()
+        assert notes == [(1, 0)]  # the TOAST column the updates left unchanged, in every version
+    finally:
+        con.close()
+
+
+def test_a_keyless_table_as_its_changelog(source_dsn: str, tmp_path: Path) -> None:
+    """REPLICA IDENTITY FULL, written as [changelog]: the copy's rows are ``I`` rows, identical rows stay
+    apart, an update of one of two identical rows is one ``U`` with its new image, a delete one ``D``
+    with the whole old row."""
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bag (a int, b text)")
+        conn.execute("ALTER TABLE bag REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO bag VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+    config = make_config(source_dsn, tmp_path, ["public.bag"], "ducklake-sqlite",
+                         history={"tables": {"public.bag": ["changelog"]}})
+    pipeline = Pipeline(config)
+    run_caught_up(pipeline)
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO bag VALUES (1, 'x')")
+        conn.execute("UPDATE bag SET b = 'z' WHERE ctid = (SELECT min(ctid) FROM bag WHERE a = 1)")
+        conn.execute("DELETE FROM bag WHERE a = 2")
+        source = sorted(tuple(r) for r in conn.execute("SELECT a, b FROM bag").fetchall())
+    run_caught_up(pipeline)
+    con = _lake(tmp_path)
+    try:
+        rows = con.execute("SELECT _hr_op, a, b FROM hr_lake.public.bag ORDER BY _hr_lsn, _hr_seq, a, b").fetchall()
+        assert [tuple(r) for r in rows] == [("I", 1, "x"), ("I", 1, "x"), ("I", 2, "y"),  # the copy
+                                            ("I", 1, "x"), ("U", 1, "z"), ("D", 2, "y")]
+    finally:
+        con.close()
+    assert source == [(1, "x"), (1, "x"), (1, "z")]

@@ -120,20 +120,20 @@ def _stage(path: Path, changes: list[tuple[Any, ...]]) -> str:
 
 
 def _apply(lake: DuckLakeTarget, table: TableSchema, files: list[str], cursor: int, end: int, history: bool,
-           mirror: bool) -> None:
+           mirror: bool, modes: tuple[str, ...] = MODES, own: bool = False) -> None:
     """The batch of files cursor+1..end as ``execute_batch`` writes it: history tables, then the mirror
-    (skipped by a crash between the two)."""
+    (skipped by a crash between the two, and for a table in one mode under its own name, ``own``)."""
     entries = [(i + 1, files[i]) for i in range(cursor, end)]
     if history:
-        apply_history(lake.history(), table, MODES, entries, None, ValueRules(), cursor)
+        apply_history(lake.history(), table, modes, entries, None, ValueRules(), cursor, own)  # type: ignore[arg-type]
     if mirror:
         paths = [p for _, p in entries]
         built = read_driver_batch(paths, table, None, ValueRules(), [_FACTS[p] for p in paths])
         lake.apply_arrow_batch(table, built.changes, built.truncate_before, end)
 
 
-def _read(lake: DuckLakeTarget, table: TableSchema, mode: str, columns: str) -> list[tuple[Any, ...]]:
-    name = lake.history().name(table, mode)  # type: ignore[union-attr]
+def _read(lake: DuckLakeTarget, table: TableSchema, mode: str, columns: str, own: bool = False) -> list[tuple[Any, ...]]:
+    name = lake.history().name(table, mode, own)  # type: ignore[attr-defined]
     with lake._lock:
         return lake._con.execute(f"SELECT {columns} FROM {name}").fetchall()
 
@@ -150,8 +150,22 @@ def test_history_tables_equal_the_model(intents: list[tuple[str, int, int, int, 
         _check(intents, data, lake, tmp_path_factory)
 
 
+@settings(_PROFILE)
+@given(intents=st.lists(INTENT, min_size=1, max_size=16), data=st.data(), mode=st.sampled_from(MODES))
+def test_a_table_in_one_mode_under_its_own_name_equals_the_model(
+        intents: list[tuple[str, int, int, int, bool, bool]], data: Any, mode: str,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No mirror: the files before history is on stand for the initial copy (they land in the table in the
+    mirror's shape), the first batch turns it into the mode's table, and TOAST columns left unchanged are
+    filled from the table itself. A crash replays from an older cursor, cut into other batches."""
+    with _lake(tmp_path_factory.mktemp("history_lake")) as lake:
+        _check(intents, data, lake, tmp_path_factory, (mode,))
+
+
 def _check(intents: list[tuple[str, int, int, int, bool, bool]], data: Any, lake: DuckLakeTarget,
-           tmp_path_factory: pytest.TempPathFactory) -> None:
+           tmp_path_factory: pytest.TempPathFactory, own: tuple[str, ...] = ()) -> None:
+    """``own``: the table is written in this one mode under its own name (else MODES beside the mirror)."""
+    modes = own or MODES
     changes = _changes(intents)
     folder = tmp_path_factory.mktemp("history_files")
     cuts = sorted(data.draw(st.sets(st.integers(1, len(changes) - 1), max_size=5), label="cuts")) \
@@ -170,7 +184,7 @@ def _check(intents: list[tuple[str, int, int, int, bool, bool]], data: Any, lake
         if not history:
             end = min(end, off_until)
         crash = history and crashes < 3 and data.draw(st.booleans(), label="crash between history and mirror")
-        _apply(lake, table, files, cursor, end, history, mirror=not crash)
+        _apply(lake, table, files, cursor, end, history, not crash and not (own and history), modes, bool(own))
         if crash:
             crashes += 1
             continue
@@ -179,17 +193,24 @@ def _check(intents: list[tuple[str, int, int, int, bool, bool]], data: Any, lake
         cursor = end
         if cursor == off_until and off_until:
             model.seed()
-    _apply(lake, table, files, len(files) - 1, len(files), True, True)  # a restart replaying the last batch
+    # a restart replaying the last batch
+    _apply(lake, table, files, len(files) - 1, len(files), True, not own, modes, bool(own))
+    if own:
+        assert lake.read_cursor(table) == len(files)  # committed with the history table's rows
 
-    changelog = _read(lake, table, "changelog", f"_hr_op, id, v, t, _hr_lsn, _hr_seq, _hr_xid, {_us('_hr_commit_ts')}")
-    assert Counter(r[:7] for r in changelog) == Counter(model.changelog)
-    assert all(r[7] == r[4] for r in changelog)  # commit time of the change
-    scd2 = _read(lake, table, "scd2", f"id, v, t, {_us('_hr_valid_from')}, {_us('_hr_valid_to')}, _hr_current,"
-                                      " _hr_lsn, _hr_seq")
-    assert Counter(scd2) == Counter(tuple(v) for v in model.versions)
-    soft = _read(lake, table, "soft_delete", f"id, v, t, {_us('_hr_deleted_at')}")
-    assert {r[0]: list(r[1:]) for r in soft} == model.soft
-    assert len(soft) == len(model.soft)
+    if "changelog" in modes:
+        changelog = _read(lake, table, "changelog", f"_hr_op, id, v, t, _hr_lsn, _hr_seq, _hr_xid,"
+                                                    f" {_us('_hr_commit_ts')}", bool(own))
+        assert Counter(r[:7] for r in changelog) == Counter(model.changelog)
+        assert all(r[7] == r[4] for r in changelog)  # commit time of the change
+    if "scd2" in modes:
+        scd2 = _read(lake, table, "scd2", f"id, v, t, {_us('_hr_valid_from')}, {_us('_hr_valid_to')}, _hr_current,"
+                                          " _hr_lsn, _hr_seq", bool(own))
+        assert Counter(scd2) == Counter(tuple(v) for v in model.versions)
+    if "soft_delete" in modes:
+        soft = _read(lake, table, "soft_delete", f"id, v, t, {_us('_hr_deleted_at')}", bool(own))
+        assert {r[0]: list(r[1:]) for r in soft} == model.soft
+        assert len(soft) == len(model.soft)
 
 
 def test_a_history_table_resumes_behind_the_mirror_without_losing_its_rows(
@@ -235,8 +256,10 @@ def test_maintenance_compacts_the_history_tables_too(tmp_path: Path) -> None:
         assert {m: _read(lake, table, m, "count(*)") for m in MODES} == before  # rows untouched
 
 
-def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path) -> None:
-    """REPLICA IDENTITY FULL: identical rows are kept apart, an update is logged with its new image."""
+@pytest.mark.parametrize("own", [False, True], ids=["beside the mirror", "under its own name"])
+def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path, own: bool) -> None:
+    """REPLICA IDENTITY FULL: identical rows are kept apart, an update is logged with its new image; as
+    [mirror, changelog] or as [changelog] (the table itself, its copy's row becoming an ``I`` row)."""
     bag = TableSchema(oid=79_999, schema="public", name="bag", key=(), replica_identity="f",
                       columns=(Column("a", ColumnType(TypeKind.INT, "integer"), 23), Column("b", ColumnType(
                           TypeKind.STRING, "text"), 25)))
@@ -250,9 +273,33 @@ def test_a_keyless_table_has_a_changelog_of_its_row_images(tmp_path: Path) -> No
     write_staging_file(path, buf)
     with _lake(tmp_path / "lake") as lake:
         lake.ensure_table(bag)
-        assert apply_history(lake.history(), bag, ("changelog",), [(1, str(path))], None, ValueRules(), 0) == [
+        if own:  # the copy: one row, in the mirror's shape
+            lake._con.execute(f"INSERT INTO {lake._qualified(bag)} VALUES (7, 'c', 5, 0, NULL)")
+        assert apply_history(lake.history(), bag, ("changelog",), [(1, str(path))], None, ValueRules(), 0, own) == [
             "changelog"]
         with pytest.raises(Exception, match="history mode scd2 needs a key"):
             apply_history(lake.history(), bag, ("scd2",), [(1, str(path))], None, ValueRules(), 0)
-        rows = sorted(_read(lake, bag, "changelog", "_hr_lsn, _hr_op, a, b"))
-    assert rows == [(10, "I", 1, "x"), (10, "I", 1, "x"), (11, "U", 2, "y"), (12, "D", 1, "x"), (13, "T", None, None)]
+        rows = sorted(_read(lake, bag, "changelog", "_hr_lsn, _hr_op, a, b", own))
+    copied = [(5, "I", 7, "c")] if own else []
+    assert rows == [*copied, (10, "I", 1, "x"), (10, "I", 1, "x"), (11, "U", 2, "y"), (12, "D", 1, "x"),
+                    (13, "T", None, None)]
+
+
+def test_a_copy_does_not_replace_a_table_that_is_its_own_history(tmp_path: Path) -> None:
+    """A resync of a table written as [scd2] is refused (its copy would throw the history away); the
+    versions stay."""
+    import pyarrow as pa
+
+    from headrace.core.errors import TerminalError
+
+    files = [_stage(tmp_path / "0.parquet", _changes([("I", 1, 1, 0, True, False), ("U", 1, 1, 1, True, False)]))]
+    table = _schema()
+    with _lake(tmp_path / "lake") as lake:
+        lake.ensure_table(table)
+        _apply(lake, table, files, 0, 1, True, False, ("scd2",), True)
+        copy = pa.table({"id": pa.array([1], pa.int32()), "v": ["c"], "t": ["c"], "_hr_lsn": pa.array([9], pa.int64()),
+                         "_hr_seq": pa.array([0], pa.int64()),
+                         "_hr_commit_ts": pa.array([None], pa.timestamp("us", tz="UTC"))})
+        with pytest.raises(TerminalError, match="is its scd2 table, holding its history, and a copy"):
+            lake.write_snapshot_arrow(table, copy, replace=True)
+        assert sorted(_read(lake, table, "scd2", "v, _hr_current", own=True)) == [("I0", False), ("U1", True)]

@@ -1,10 +1,13 @@
 """History tables in DuckLake (``headrace.history``): each batch in one DuckDB transaction with its offset.
 
-The offset a history table holds is a row of ``_headrace.history_offset`` in the lake, written in the
-same transaction as the table's rows, so a batch is in a history table with its offset or not at
-all. scd2 closes versions with an ``UPDATE`` of the open versions of the batch's keys
-(``_hr_current``) and soft_delete replaces the batch's keys' rows; both also only touch rows written
-before the change (by position), so even a batch written twice would change nothing the second time.
+The offset a history table beside the mirror holds is a row of ``_headrace.history_offset`` in the
+lake; a table written in one mode under its own name (no mirror) holds it in its cursor row
+(``_headrace.cursor``). Either is written in the same transaction as the table's rows, so a batch is
+in a history table with its offset or not at all. scd2 closes versions with an ``UPDATE`` of the
+open versions of the batch's keys (``_hr_current``, the table's partition column: the closed
+versions' files are not read) and soft_delete replaces the batch's keys' rows; both also only touch
+rows written before the change (by position), so even a batch written twice would change nothing
+the second time.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from headrace.core.errors import TerminalError
 from headrace.core.names import quote_ident
 from headrace.core.schema import TableSchema
 from headrace.history import build as b
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
     from headrace.targets.ducklake.target import DuckLakeTarget
 
 L = extension.LAKE_ALIAS
+IN_PLACE_MARKERS: dict[Mode, str] = {"changelog": b.OP, "scd2": b.CURRENT, "soft_delete": b.DELETED_AT}  # not in a mirror
+CURSOR_TABLE = f"{L}._headrace.cursor"  # ``target.CURSOR_TABLE``: a table without a mirror commits its cursor here
 OFFSET_TABLE = f"{L}._headrace.history_offset"
 
 
@@ -39,31 +45,86 @@ def _before(row: str, change: str) -> str:
 class DuckLakeHistory(HistoryWriter):
     """The history tables of one DuckLake target (its connection and lock)."""
 
+    writes_in_place = True
+
     def __init__(self, target: DuckLakeTarget) -> None:
         self.target = target
         self.con = target._con
         self.con.execute(f"CREATE TABLE IF NOT EXISTS {OFFSET_TABLE} (pipeline VARCHAR, table_name VARCHAR,"
                          " log_offset BIGINT)")
+        self._offsets: dict[tuple[int, Mode, bool], int] = {}  # (oid, mode, own) -> offset committed
+        self._followed: set[tuple[int, str, tuple[tuple[str, str], ...]]] = set()  # tables that have these columns
 
-    def name(self, table: TableSchema, mode: Mode) -> str:
-        """The history table's qualified name in the lake."""
-        return (f"{L}.{quote_ident(self.target._schema(table))}."
-                f"{quote_ident(history_table(table.target_table, mode))}")
+    def name(self, table: TableSchema, mode: Mode, own: bool = False) -> str:
+        """The history table's qualified name in the lake (``own``: the table's own name)."""
+        return self.target._qualified(table) if own else (
+            f"{L}.{quote_ident(self.target._schema(table))}.{quote_ident(history_table(table.target_table, mode))}")
 
-    def _key(self, table: TableSchema, mode: Mode) -> list[str]:
-        return [self.target.pipeline, f"{self.target._schema(table)}.{history_table(table.target_table, mode)}"]
+    def _key(self, table: TableSchema, mode: Mode, own: bool = False) -> list[str]:
+        name = table.target_table if own else history_table(table.target_table, mode)
+        return [self.target.pipeline, f"{self.target._schema(table)}.{name}"]
 
-    def applied_offset(self, table: TableSchema, mode: Mode) -> int | None:
+    def applied_offset(self, table: TableSchema, mode: Mode, own: bool = False) -> int | None:
+        """Read once, then kept as this writer commits (a batch's two catalog queries fewer). A table in
+        place of the mirror holds its offset in its cursor row, once its first batch gave it the mode's
+        columns (``start``)."""
+        known = self._offsets.get((table.oid, mode, own))
+        if known is not None:
+            return known
         with self.target._lock:
-            row = self.con.execute(f"SELECT max(log_offset) FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
-                                   self._key(table, mode)).fetchone()
-        return None if row is None or row[0] is None else int(row[0])
+            if own:
+                have = {r[0] for r in self.con.execute(f"DESCRIBE {self.name(table, mode, own)}").fetchall()}
+                row = self.con.execute(f"SELECT log_offset FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
+                                       [self.target.pipeline, table.oid]).fetchone() if IN_PLACE_MARKERS[mode] in have \
+                    else None
+            else:
+                row = self.con.execute(f"SELECT max(log_offset) FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
+                                       self._key(table, mode)).fetchone()
+        found = None if row is None or row[0] is None else int(row[0])
+        if found is not None:
+            self._offsets[(table.oid, mode, own)] = found
+        return found
 
-    def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
-        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", self._key(table, mode))
-        self.con.execute(f"INSERT INTO {OFFSET_TABLE} VALUES (?, ?, ?)", [*self._key(table, mode), log_offset])
+    def before_copy(self, table: TableSchema) -> None:
+        """Inside a copy that replaces the table's rows (lock held): refused when the table is a history
+        table under its own name (the copy would throw its history away)."""
+        have = {r[0] for r in self.con.execute(f"DESCRIBE {self.target._qualified(table)}").fetchall()}
+        mode = next((m for m, marker in IN_PLACE_MARKERS.items() if marker in have), None)
+        if mode is not None:
+            raise TerminalError(
+                f"table {table.qualified_name}: {self.target._qualified(table)} is its {mode} table, holding its"
+                f" history, and a copy (a resync) would replace it: refused. To keep streaming, resume the table;"
+                f" to start its history again, drop that lake table (its history is lost) and resync")
+        self._forget(table)
 
-    def start(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+    def _forget(self, table: TableSchema) -> None:
+        """Read ``table``'s offsets and shapes from the lake again (a commit that may or may not have landed)."""
+        self._offsets = {k: v for k, v in self._offsets.items() if k[0] != table.oid}
+        self._followed = {k for k in self._followed if k[0] != table.oid}
+
+    def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
+        if own:  # no mirror commits this table's cursor: its history table does, with its rows (and offset)
+            self.con.execute(f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
+                             [self.target.pipeline, table.oid])
+            self.con.execute(f"INSERT INTO {CURSOR_TABLE} VALUES (?, ?, ?, now())",
+                             [self.target.pipeline, table.oid, log_offset])
+            return
+        key = self._key(table, mode)
+        self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", key)
+        self.con.execute(f"INSERT INTO {OFFSET_TABLE} VALUES (?, ?, ?)", [*key, log_offset])
+
+    def start(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
+        try:
+            if own:
+                self._start_in_place(table, mode, log_offset)
+            else:
+                self._start_beside(table, mode, log_offset)
+        except BaseException:
+            self._forget(table)
+            raise
+        self._offsets[(table.oid, mode, own)] = log_offset
+
+    def _start_beside(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
         name, mirror = self.name(table, mode), self.target._qualified(table)
         cols = [f"{quote_ident(c.name)} {duck_type(c.type)}" for c in table.columns]
         cols += [f"{n} {duck}" for n, _, duck, _ in EXTRA[mode]]
@@ -75,19 +136,66 @@ class DuckLakeHistory(HistoryWriter):
         }[mode]
         with self.target._lock, self.target._transaction(table):
             self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({', '.join(cols)})")
+            if mode == "scd2":
+                self._partition(name)
             self.con.execute(f"DELETE FROM {name}")  # a table left without its offset row: started again
             self.con.execute(f"INSERT INTO {name} SELECT {source}, {seeded} FROM {mirror}")
             self._set_offset(table, mode, log_offset)
 
-    def previous(self, table: TableSchema, keys: list[Key]) -> dict[Key, b.Row]:
-        mirror = self.target._qualified(table)
+    def _start_in_place(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+        """The copy (in the mirror's shape, under the table's own name) becomes the ``mode`` table: its
+        rows ``I`` rows, open versions or live rows with no commit time (like the rows a history table
+        beside the mirror starts from), in one commit with the offset. DuckLake adds columns without a
+        default only, so ``_hr_op`` and ``_hr_current`` are set by an ``UPDATE`` (one rewrite of the copy)."""
+        name = self.target._qualified(table)
+        with self.target._lock, self.target._transaction(table):
+            have = {r[0] for r in self.con.execute(f"DESCRIBE {name}").fetchall()}
+            if other := [m for m, marker in IN_PLACE_MARKERS.items() if marker in have and m != mode]:
+                raise TerminalError(f"table {table.qualified_name}: {name} is its {other[0]} table and history"
+                                    f" mode {mode} is configured for it: put back [{other[0]}], or drop that lake"
+                                    f" table (its history is lost) and resync to start it as {mode}")
+            if mode == "scd2" and b.COMMIT_TS in have and b.VALID_FROM not in have:
+                self.con.execute(f"ALTER TABLE {name} RENAME COLUMN {b.COMMIT_TS} TO {b.VALID_FROM}")
+                have = (have - {b.COMMIT_TS}) | {b.VALID_FROM}
+            for column, _, duck, _ in EXTRA[mode]:
+                if column not in have:
+                    self.con.execute(f"ALTER TABLE {name} ADD COLUMN {column} {duck}")
+            if mode == "changelog":
+                self.con.execute(f"UPDATE {name} SET {b.OP} = 'I' WHERE {b.OP} IS NULL")
+            elif mode == "scd2":
+                self._partition(name)
+                self.con.execute(f"UPDATE {name} SET {b.CURRENT} = true WHERE {b.CURRENT} IS NULL")
+            self._set_offset(table, mode, log_offset, own=True)
+
+    def _partition(self, name: str) -> None:
+        """scd2: open and closed versions in files of their own (``_hr_current`` partitions), so closing a
+        batch's versions reads the open ones only, whatever the history holds (docs/history.md)."""
+        self.con.execute(f"ALTER TABLE {name} SET PARTITIONED BY ({b.CURRENT})")
+
+    def _current_sql(self, table: TableSchema, mode: Mode, name: str) -> str:
+        """The rows of the table ``name``, written in ``mode``, that are the source's rows now."""
+        if mode == "scd2":
+            return f"(SELECT * FROM {name} WHERE {b.CURRENT})"
+        if mode == "soft_delete":
+            return f"(SELECT * FROM {name} WHERE {b.DELETED_AT} IS NULL)"
+        # changelog: each key's last change after the last TRUNCATE, unless a delete
+        keys = ", ".join(quote_ident(k) for k in table.key)
+        after_truncate = (f"NOT EXISTS (SELECT 1 FROM {name} t WHERE t.{b.OP} = 'T' AND {_before('c', 't')})")
+        return (f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY {b.LSN} DESC,"
+                f" {b.SEQ} DESC) AS hr_r FROM {name} c WHERE {b.OP} <> 'T' AND {after_truncate})"
+                f" WHERE hr_r = 1 AND {b.OP} <> 'D')")
+
+    def previous(self, table: TableSchema, keys: list[Key], own: Mode | None = None) -> dict[Key, b.Row]:
+        rows_now = self.target._qualified(table)
+        if own is not None:
+            rows_now = self._current_sql(table, own, rows_now)
         on = " AND ".join(f"m.{quote_ident(k)} = {cast_in('k.' + quote_ident(k), table.column(k).type)}"
                           for k in table.key)
         cols = ", ".join(cast_out(f"m.{quote_ident(c.name)}", c.type) for c in table.columns)
         with self.target._lock:
             self.con.register("hr_keys", key_table(table, keys))
             try:
-                rows = tuples(self.con.execute(f"SELECT {cols} FROM {mirror} m JOIN hr_keys k ON {on}").arrow())
+                rows = tuples(self.con.execute(f"SELECT {cols} FROM {rows_now} m JOIN hr_keys k ON {on}").arrow())
             finally:
                 self.con.unregister("hr_keys")
         out = {}
@@ -108,17 +216,25 @@ class DuckLakeHistory(HistoryWriter):
         row = self.con.execute(f"SELECT typeof(CAST(NULL AS {duck}))").fetchone()
         return str(row[0]) if row else duck
 
-    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
-        name = self.name(table, mode)
-        with self.target._lock, self.target._transaction(table):
-            self._follow_columns(table, name)
-            if isinstance(built, (list, pa.Table)):
-                self._insert(table, mode, name, built)
-            elif isinstance(built, b.Scd2Batch):
-                self._scd2(table, name, built)
-            else:
-                self._soft_delete(table, name, built)
-            self._set_offset(table, mode, log_offset)
+    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int, own: bool = False) -> None:
+        name = self.name(table, mode, own)
+        shape = (table.oid, name, tuple((c.name, duck_type(c.type)) for c in table.columns))
+        try:
+            with self.target._lock, self.target._transaction(table):
+                if shape not in self._followed:
+                    self._follow_columns(table, name)
+                if isinstance(built, (list, pa.Table)):
+                    self._insert(table, mode, name, built)
+                elif isinstance(built, b.Scd2Batch):
+                    self._scd2(table, name, built)
+                else:
+                    self._soft_delete(table, name, built)
+                self._set_offset(table, mode, log_offset, own)
+        except BaseException:
+            self._forget(table)
+            raise
+        self._followed.add(shape)
+        self._offsets[(table.oid, mode, own)] = log_offset
 
     def _insert(self, table: TableSchema, mode: Mode, name: str, rows: list[b.Row] | pa.Table) -> None:
         if not len(rows):
@@ -148,8 +264,9 @@ class DuckLakeHistory(HistoryWriter):
 
     def _scd2(self, table: TableSchema, name: str, batch: b.Scd2Batch) -> None:
         close = f"{b.VALID_TO} = {{ts}}, {b.CURRENT} = false, {b.END_LSN} = {{lsn}}, {b.END_SEQ} = {{seq}}"
-        if batch.closes:
-            self._with("hr_closes", self._events(table, batch.closes),
+        if len(batch.closes):
+            closes = batch.closes if isinstance(batch.closes, pa.Table) else self._events(table, batch.closes)
+            self._with("hr_closes", closes,
                        f"UPDATE {name} AS v SET {close.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
                        f" FROM hr_closes c WHERE v.{b.CURRENT} AND {self._on_key(table, 'v', 'c')}"
                        f" AND {_before('v', 'c')}")

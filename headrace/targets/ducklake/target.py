@@ -187,7 +187,12 @@ class DuckLakeTarget(Target):
         return counts
 
     def _clear_for_copy(self, table: TableSchema, replace: bool) -> None:
-        """Inside a copy's transaction (lock held): with ``replace``, drop what an earlier copy left."""
+        """Inside a copy's transaction (lock held): with ``replace``, drop what an earlier copy left
+        (never a history table under the table's own name: ``history.before_copy``)."""
+        if replace:
+            from headrace.targets.ducklake.history import writer
+
+            writer(self).before_copy(table)
         if replace and not self._shape_matches(table):
             # A copy in a new shape (resync after a schema change the table could not follow):
             # the table is recreated in the same transaction as its new contents.

@@ -89,13 +89,13 @@ class IcebergHistory(HistoryWriter):
             snap = jtable.snapshot(parent) if parent is not None else None
         return props
 
-    def applied_offset(self, table: TableSchema, mode: Mode) -> int | None:
+    def applied_offset(self, table: TableSchema, mode: Mode, own: bool = False) -> int | None:
         props = self._properties(self.name(table, mode), appends=mode == "changelog")
         if props is None or STARTED not in props:
             return None
         return int(props.get(OFFSET, props[STARTED]))
 
-    def start(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+    def start(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
         name, mirror = self.name(table, mode), self.target.table_name(table)
         source = ", ".join(quote_spark(c.name) for c in table.columns)
         seeded = {
@@ -115,7 +115,7 @@ class IcebergHistory(HistoryWriter):
             update = update.set(key, value)
         update.commit()
 
-    def previous(self, table: TableSchema, keys: list[Key]) -> dict[Key, b.Row]:
+    def previous(self, table: TableSchema, keys: list[Key], own: Mode | None = None) -> dict[Key, b.Row]:
         from headrace.targets.ducklake.files import to_arrow as collect
 
         struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key])
@@ -134,7 +134,7 @@ class IcebergHistory(HistoryWriter):
             if c.name not in have:
                 self.spark.sql(f"ALTER TABLE {name} ADD COLUMN {quote_spark(c.name)} {spark_type(c.type).simpleString()}")
 
-    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int) -> None:
+    def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int, own: bool = False) -> None:
         name = self.name(table, mode)
         self._follow_columns(table, name)
         if isinstance(built, (list, pa.Table)):
@@ -182,14 +182,14 @@ class IcebergHistory(HistoryWriter):
     def _scd2(self, table: TableSchema, name: str, batch: b.Scd2Batch) -> None:
         close = (f"{b.VALID_TO} = s.{b.COMMIT_TS}, {b.CURRENT} = false, {b.END_LSN} = s.{b.LSN},"
                  f" {b.END_SEQ} = s.{b.SEQ}")
-        if batch.closes:
+        if len(batch.closes):
             self._merge(self._events(table, batch.closes),
                         f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.CURRENT}"
                         f" AND {_before('t', 's')} WHEN MATCHED THEN UPDATE SET {close}")
         if (t := batch.truncate) is not None:
             self._truncate(name, t, f"{b.CURRENT}", f"{b.VALID_TO} = {{ts}}, {b.CURRENT} = false,"
                            f" {b.END_LSN} = {t.lsn}, {b.END_SEQ} = {t.seq}")
-        if batch.versions:
+        if len(batch.versions):
             self._merge(self._frame(table, "scd2", batch.versions),
                         f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.LSN} = s.{b.LSN}"
                         f" AND t.{b.SEQ} = s.{b.SEQ} WHEN NOT MATCHED THEN {self._insert(table, 'scd2')}")
