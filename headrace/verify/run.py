@@ -100,7 +100,12 @@ def _verify(config: PipelineConfig, point: SourcePoint, state: StateStore, rows:
             for r in rows:
                 checks[r.oid].position = position
                 checks[r.oid].position_text = point.format_position(position)
-                if (problem := _shape_problem(point, source, r)) is not None:
+                if not config.history.mirrored(r.schema.table_name):
+                    modes = ", ".join(config.history.modes(r.schema.table_name))
+                    checks[r.oid].error = (f"{r.qualified_name}: its target table is its history ({modes}), not a"
+                                           " mirror of it; verify compares mirrors: list the table as"
+                                           " [mirror, ...] in history.tables to have one")
+                elif (problem := _shape_problem(point, source, r)) is not None:
                     checks[r.oid].error = f"{r.qualified_name}: {problem}"
                 else:
                     live.append(r)

@@ -179,6 +179,11 @@ def test_a_pipeline_in_mode_scd2_writes_each_table_as_its_scd2_table(source_dsn:
         assert notes == [(1, 0)]  # the TOAST column the updates left unchanged, in every version
     finally:
         con.close()
+    from headrace.verify.compare import Progress
+    from headrace.verify.run import VerifyOptions, verify
+
+    (check,) = verify(config, VerifyOptions(wait_seconds=1), Progress())  # no mirror to compare: said, not guessed
+    assert check.error is not None and "not a mirror of it; verify compares mirrors" in check.error
 
 
 def test_a_keyless_table_as_its_changelog(source_dsn: str, tmp_path: Path) -> None:
