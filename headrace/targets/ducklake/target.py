@@ -24,17 +24,18 @@ from headrace.core.lanes import Lane, LaneChoice
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import TableName, quote_ident
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ, POSITION_COLUMNS
-from headrace.core.schema import SchemaChange, TableSchema, rename_collision
+from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ
+from headrace.core.schema import SchemaChange, TableSchema
 from headrace.core.spark_types import text_value_frame
 from headrace.logs import event
 from headrace.targets.ducklake import batches, extension, files, maintenance, naming, plan
 from headrace.targets.ducklake.batches import ChangeWrite
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.copies import CopyWrite
+from headrace.targets.ducklake.evolve import evolve_columns, rename_table, scalar, shape_matches
 from headrace.targets.ducklake.group import GroupQueue, write_through
 from headrace.targets.ducklake.kept_keys import KeptKeys, StaleKeys
-from headrace.targets.ducklake.types import cast_in, cast_out, duck_type, registers_directly
+from headrace.targets.ducklake.types import cast_out, registers_directly
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -193,7 +194,7 @@ class DuckLakeTarget(Target):
             from headrace.targets.ducklake.history import writer
 
             writer(self).before_copy(table)
-        if replace and not self._shape_matches(table):
+        if replace and not shape_matches(self._con, self._qualified(table), table):
             # A copy in a new shape (resync after a schema change the table could not follow):
             # the table is recreated in the same transaction as its new contents.
             self._con.execute(f"DROP TABLE {self._qualified(table)}")
@@ -313,10 +314,8 @@ class DuckLakeTarget(Target):
             self._con.execute("ROLLBACK")
 
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
-        """All the changes in one DuckLake transaction (DuckLake's DDL is transactional).
-
-        Each step checks the table as it stands, so a second run after a crash skips what is done.
-        """
+        """All the changes in one DuckLake transaction (DuckLake's DDL is transactional), each step
+        skipped where done (``evolve.evolve_columns``)."""
         fills = {}
         for change in changes:
             col = change.column
@@ -326,43 +325,7 @@ class DuckLakeTarget(Target):
             name = self._qualified(old)
             if any(c.kind == "rename_table" and c.apply for c in changes):
                 name = self._rename_table(old, new)
-            current = {r[0]: r[1] for r in self._con.execute(f"DESCRIBE {name}").fetchall()}
-            for change in changes:
-                col = change.column
-                if not change.apply or col is None:
-                    continue
-                column = quote_ident(col.name)
-                if change.kind == "drop_column" and col.name in current:
-                    self._con.execute(f"ALTER TABLE {name} DROP COLUMN {column}")
-                elif change.kind == "rename_column" and change.old_name and change.old_name in current:
-                    if col.name in current:
-                        raise rename_collision(new, change, name)
-                    self._con.execute(f"ALTER TABLE {name} RENAME COLUMN {quote_ident(change.old_name)} TO {column}")
-                elif change.kind == "alter_column_type" and col.name in current:
-                    wanted = self._scalar(f"SELECT typeof(CAST(NULL AS {duck_type(col.type)}))")
-                    if current[col.name] != wanted:
-                        self._con.execute(f"ALTER TABLE {name} ALTER COLUMN {column} SET DATA TYPE {wanted}")
-                elif change.kind == "add_column":
-                    existed = col.name in current
-                    if not existed:
-                        self._con.execute(f"ALTER TABLE {name} ADD COLUMN {column} {duck_type(col.type)}")
-                    if existed or col.missing is not None:
-                        # Rows older than the column read PostgreSQL's default for it (NULL if none).
-                        self._con.register("hr_default", fills[col.name])
-                        try:
-                            self._con.execute(
-                                f"UPDATE {name} SET {column} = (SELECT {cast_in('v', col.type)} FROM hr_default)"
-                            )
-                        finally:
-                            self._con.unregister("hr_default")
-
-    def _shape_matches(self, table: TableSchema) -> bool:
-        """The target table has exactly the columns and types ``table`` maps to (lock held)."""
-        have = [(r[0], r[1]) for r in self._con.execute(f"DESCRIBE {self._qualified(table)}").fetchall()]
-        types = [duck_type(c.type) for c in table.columns] + [m.split(" ", 1)[1] for m in plan.META]
-        names = [*table.column_names, *POSITION_COLUMNS]
-        row = self._con.execute(f"SELECT {', '.join(f'typeof(CAST(NULL AS {t}))' for t in types)}").fetchone()
-        return row is not None and have == list(zip(names, row, strict=True))
+            evolve_columns(self._con, name, new, changes, fills)
 
     def _rename_table(self, old: TableSchema, new: TableSchema) -> str:
         """Rename the target table to follow the source (unless done already); return its name."""
@@ -371,12 +334,7 @@ class DuckLakeTarget(Target):
                 f"{old.qualified_name} moved to {new.qualified_name}: DuckLake renames tables only within a"
                 " schema; set schema_changes.rename_table: keep and restart, or set target.ducklake.schema"
             )
-        exists = self._con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? AND table_name = ?",
-            [L, self._schema(old), old.target_table],
-        ).fetchone()
-        if exists and exists[0]:
-            self._con.execute(f"ALTER TABLE {self._qualified(old)} RENAME TO {quote_ident(new.target_table)}")
+        rename_table(self._con, L, self._schema(old), old.target_table, new.target_table)
         return self._qualified(new)
 
     def history(self) -> HistoryWriter:
@@ -436,7 +394,5 @@ class DuckLakeTarget(Target):
                 self._con.execute(f"DETACH {L}")
             self._con.close()
 
-    # -- internals ---------------------------------------------------------------------------
     def _scalar(self, sql: str) -> Any:
-        row = self._con.execute(sql).fetchone()
-        return None if row is None else row[0]
+        return scalar(self._con, sql)
