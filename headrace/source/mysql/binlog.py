@@ -58,8 +58,10 @@ from headrace.source.mysql.catalog import (
 )
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.ddl import parse
+from headrace.source.mysql.gtid import MariaDbGtidPosition, MySqlGtidSet, Resume
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
+from headrace.source.mysql.server import gtid_at, server_identity
 from headrace.source.mysql.types import binlog_converters, binlog_text
 
 TableFilter = Callable[[str, str], bool]
@@ -71,39 +73,6 @@ _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(
                        re.IGNORECASE)
 _EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
            DeleteRowsEvent, HeartbeatLogEvent]
-
-
-def server_identity(conn: Any) -> str:
-    """A stable name for the server: MySQL's ``server_uuid``. MariaDB has none: its ``server_uid`` (a hash
-    of the host's hardware address, the data directory and the port: the same across restarts, another
-    for every other server, measured in tests/source/mysql/test_identity.py) with ``server_id`` and
-    ``gtid_domain_id``, as ``mariadb:server_uid=...,server_id=N,gtid_domain_id=N``."""
-    with conn.cursor() as cur:
-        try:
-            cur.execute("SELECT @@server_uuid")
-            return str(cur.fetchone()[0])
-        except pymysql.err.OperationalError:
-            pass
-        cur.execute("SELECT @@server_id, @@gtid_domain_id")
-        server_id, domain = cur.fetchone()
-        cur.execute("SHOW GLOBAL VARIABLES LIKE 'server_uid'")  # MariaDB 10.3+
-        row = cur.fetchone()
-        uid = f"server_uid={row[1]}," if row else ""
-        return f"mariadb:{uid}server_id={server_id},gtid_domain_id={domain}"
-
-
-def identity_fields(identity: str) -> dict[str, str]:
-    """``server_identity``'s fields (``{"server_uuid": ...}`` for MySQL's plain UUID)."""
-    if not identity.startswith("mariadb:"):
-        return {"server_uuid": identity}
-    return dict(part.split("=", 1) for part in identity.removeprefix("mariadb:").split(",") if "=" in part)
-
-
-def same_server(recorded: str, now: str) -> bool:
-    """Whether identity ``now`` is the server ``recorded`` names: the fields both have agree (a state
-    recorded before ``server_uid`` was part of the identity compares on the rest)."""
-    a, b = identity_fields(recorded), identity_fields(now)
-    return bool(a.keys() & b.keys()) and all(a[k] == b[k] for k in a.keys() & b.keys())
 
 
 def _truncated_table(query: str, default_db: str) -> tuple[str, str] | None:
@@ -128,12 +97,18 @@ class BinlogStream:
     DDL the adapter acts on (``identity.Identities``): ``renamed`` (name -> id of a renamed table),
     ``dropped`` (id -> position of its DROP; its rows stop until it is tracked again),
     ``created`` (name -> position of a table created under a name a tracked table left).
+
+    GTIDs (``gtid.py``): each ``Commit`` carries the GTID state after it (``Commit.token``, a
+    ``gtid.Resume``). ``gtid_start`` (a GTID state) reads from there instead of ``start``'s
+    file:offset, which belongs to another server (a failover); ``epoch`` is this server's epoch in the
+    positions (``position.to_int``). Without ``gtid_start`` the state at ``start`` is asked of the server
+    (MariaDB's ``BINLOG_GTID_POS``; MySQL cannot tell it: its commits carry no token).
     """
 
     def __init__(self, dsn: str, server_id: int, start: int,
                  tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
                  known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None,
-                 native: bool = True) -> None:
+                 native: bool = True, epoch: int = 0, gtid_start: str | None = None) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
@@ -144,28 +119,43 @@ class BinlogStream:
         self.renamed, self.dropped, self.created = (self.identities.renamed, self.identities.dropped,
                                                     self.identities.created)
         self.tables_created = 0  # CREATE TABLE and RENAME TABLE statements read (PositionStream resets it)
+        self._epoch = epoch
         with connect(dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT @@log_bin_basename")
             basename = cur.fetchone()[0]
             self.server_uuid = server_identity(conn)
-        if basename is None:
-            raise SourceError(f"{redacted_dsn(dsn)}: the binary log is off; set log_bin in my.cnf and restart the server")
-        self._basename = str(basename).rsplit("/", 1)[-1]
-        file, offset = from_int(start, self._basename)
-        self._file = file
-        # A heartbeat makes read() return on an idle server (the reader itself blocks). is_mariadb
-        # stays False: with it, mysql-replication 1.0.17 ignores log_file/log_pos and dumps from the
-        # first binlog; the classic file+position dump works on MariaDB too (which still sends its
-        # GTID events, announced by @mariadb_slave_capability).
+            if basename is None:
+                raise SourceError(f"{redacted_dsn(dsn)}: the binary log is off; set log_bin in my.cnf and restart"
+                                  " the server")
+            self._basename = str(basename).rsplit("/", 1)[-1]
+            file, offset = from_int(start, self._basename)
+            self._mariadb = self.server_uuid.startswith("mariadb:")
+            gtid_text = gtid_start if gtid_start is not None else gtid_at(cur, self._mariadb, file, offset)
+        self._gtid: MariaDbGtidPosition | MySqlGtidSet | None = (
+            None if gtid_text is None else MariaDbGtidPosition(gtid_text) if self._mariadb else MySqlGtidSet(gtid_text))
+        self._token: str | None = None  # the Resume token of the state now, built when first asked
+        self._file = file if gtid_start is None else ""  # by GTID: the server names it (its first Rotate)
+        # Reading from a GTID state, the server says where (file, offset) only with the first event
+        # after it: until then the position stays the one given (of the server read before).
+        self._seeking = gtid_start is not None
+        # A heartbeat makes read() return on an idle server (the reader itself blocks). By file and
+        # offset is_mariadb stays False: with it, mysql-replication 1.0.17 ignores log_file/log_pos and
+        # dumps from the first binlog; the classic dump works on MariaDB too (which still sends its GTID
+        # events, announced by @mariadb_slave_capability). From a GTID state: MariaDB's
+        # @slave_connect_state (strict: a GTID its binlog lacks is an error), MySQL's COM_BINLOG_DUMP_GTID.
+        by_gtid = {"auto_position": gtid_start, "is_mariadb": self._mariadb} if gtid_start is not None else {
+            "log_file": file, "log_pos": offset, "is_mariadb": False}
         self._reader = BinLogStreamReader(
             connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
-            log_file=file, log_pos=offset, blocking=True, slave_heartbeat=heartbeat, is_mariadb=False,
-            only_events=_EVENTS, enable_logging=False, report_slave=tag)
+            blocking=True, slave_heartbeat=heartbeat, only_events=_EVENTS, enable_logging=False,
+            report_slave=tag, **by_gtid)
+        self._from_gtid = gtid_start
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
         self._sent: dict[int, TableSchema] = {}  # oid -> shape last sent as a Relation
         self._maps: dict[int, int] = {}  # binlog table id -> headrace oid
         self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
+        self._txn_gtid: tuple[Any, ...] | None = None  # the open transaction's GTID, applied at its commit
         self._begun = False  # Begin sent for the open transaction (only once it touches a tracked table)
         self._standalone = False  # the open transaction is one statement (DDL) without XID
         self._catalog: Any = None  # a connection for column defaults and MariaDB types, opened when needed
@@ -193,6 +183,13 @@ class BinlogStream:
             try:
                 event = self._reader.fetchone()
             except pymysql.err.OperationalError as exc:
+                if exc.args and exc.args[0] == _LOG_GONE and self._seeking:
+                    raise SourceError(
+                        f"{redacted_dsn(self._dsn)} cannot continue from GTID position {self._from_gtid}, where the"
+                        f" pipeline left the server it read before ({exc.args[1]}): this server's binlog does not"
+                        " hold it (purged, behind, or another replication topology). Point source.dsn at a"
+                        " server that does, or copy every table again: `headrace reset -c <pipeline file> --yes`"
+                    ) from exc
                 if exc.args and exc.args[0] == _LOG_GONE:
                     raise SourceError(
                         f"{redacted_dsn(self._dsn)}: the binlog at {format_position(self.position, self._basename)}"
@@ -204,32 +201,49 @@ class BinlogStream:
                                          " it is opened again from the last saved position") from exc
                 raise
             if event is None or isinstance(event, HeartbeatLogEvent):
-                if event is not None and self._txn is None:
+                if event is not None and self._txn is None and self._file:
+                    self._seeking = False  # idle at the binlog's end: past the GTID state asked for
                     # Idle at the binlog's end: everything before the heartbeat's position is read
                     # (after a rotation the new file's header events are no transaction to end at).
-                    self.position = max(self.position, to_int(self._file, int(event.packet.log_pos)))
+                    self.position = max(self.position, to_int(self._file, int(event.packet.log_pos), self._epoch))
                 break
             self._handle(event, out)
         return out
 
+    @property
+    def token(self) -> str | None:
+        """Where the stream is (``position``) as a ``gtid.Resume`` token; None when the GTID state is
+        not known (MySQL read by file and offset)."""
+        if self._gtid is None:
+            return None
+        if self._token is None:
+            self._token = Resume(str(self._gtid), self.server_uuid, self._epoch,
+                                 "mariadb" if self._mariadb else "mysql").to_token()
+        return self._token
+
     def _at(self, event: Any) -> tuple[int, int]:
         """(start, end) positions of ``event`` in the current binlog file."""
         end = int(event.packet.log_pos)
-        return to_int(self._file, end - int(event.packet.event_size)), to_int(self._file, end)
+        return (to_int(self._file, end - int(event.packet.event_size), self._epoch),
+                to_int(self._file, end, self._epoch))
 
     def _handle(self, event: Any, out: list[tuple[int, Event]]) -> None:
         if isinstance(event, RotateEvent):
             self._file = event.next_binlog
-            if self._txn is None:
-                self.position = to_int(self._file, int(event.position))
+            if self._txn is None and not self._seeking:
+                self.position = to_int(self._file, int(event.position), self._epoch)
             return
         start, end = self._at(event)
         if isinstance(event, MariadbGtidEvent):
+            self._seeking = False
             self._open(start, event, int(event.gtid_seq_no), bool(event.flags & _FL_STANDALONE))
+            self._txn_gtid = (int(event.domain_id), int(event.server_id), int(event.gtid_seq_no))
             return
         if isinstance(event, GtidEvent):
             # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
+            self._seeking = False
             self._open(start, event, int(event.gno), True)
+            self._txn_gtid = (str(event.sid), int(event.gno))
             return
         if isinstance(event, TableMapEvent):
             oid = self.identities.oid_of(event.schema, event.table)
@@ -383,9 +397,16 @@ class BinlogStream:
                 self._relation(oid, self._begin(out), out)
 
     def _commit(self, end: int, out: list[tuple[int, Event]]) -> None:
+        if self._txn_gtid is not None and self._gtid is not None:
+            if isinstance(self._gtid, MariaDbGtidPosition):
+                self._gtid.advance(*self._txn_gtid)
+            else:
+                self._gtid.add(*self._txn_gtid)
+            self._token = None
+        self._txn_gtid = None
         if self._txn is not None and self._begun:
             start, ts, _xid = self._txn
-            out.append((start, Commit(start, end, ts)))
+            out.append((start, Commit(start, end, ts, self.token)))
         self._txn, self._begun = None, False
         self.position = end
 
