@@ -62,6 +62,7 @@ from headrace.source.mysql.gtid import MariaDbGtidPosition, MySqlGtidSet, Resume
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
 from headrace.source.mysql.server import gtid_at, server_identity
+from headrace.source.mysql.table_maps import CachedTableMapEvent
 from headrace.source.mysql.types import binlog_converters, binlog_text
 
 TableFilter = Callable[[str, str], bool]
@@ -71,8 +72,8 @@ _LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purge
 _UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\.(?:`((?:[^`]|``)+)`|(\w+)))?\s*$",
                        re.IGNORECASE)
-_EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
-           DeleteRowsEvent, HeartbeatLogEvent]
+_EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, CachedTableMapEvent, WriteRowsEvent,
+           UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent]
 
 
 def _truncated_table(query: str, default_db: str) -> tuple[str, str] | None:
@@ -152,6 +153,7 @@ class BinlogStream:
         self._from_gtid = gtid_start
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
+        self._shapes: dict[Any, TableSchema] = {}  # a TABLE_MAP body (and its UUID/INET columns) -> its shape
         self._sent: dict[int, TableSchema] = {}  # oid -> shape last sent as a Relation
         self._maps: dict[int, int] = {}  # binlog table id -> headrace oid
         self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
@@ -249,7 +251,15 @@ class BinlogStream:
             oid = self.identities.oid_of(event.schema, event.table)
             if oid is not None:
                 self._maps[event.table_id] = oid
-                shape = schema_from_table_map(event, self._declared(event))
+                declared = self._declared(event)
+                key = (event.raw_key, tuple(sorted(declared.items()))) if hasattr(event, "raw_key") else None
+                shape = self._shapes.get(key) if key is not None else None
+                if shape is None:
+                    shape = schema_from_table_map(event, declared)
+                    if key is not None:
+                        if len(self._shapes) > 1024:
+                            self._shapes.clear()
+                        self._shapes[key] = shape
                 self._schemas[oid] = self.identities.label(oid, shape)
             else:
                 self._maps.pop(event.table_id, None)
