@@ -16,7 +16,6 @@ which may already be newer than the event. Transactions that touch no tracked ta
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
@@ -57,8 +56,8 @@ from headrace.source.mysql.catalog import (
     with_fills,
 )
 from headrace.source.mysql.connect import connect, parse_dsn
-from headrace.source.mysql.ddl import parse
-from headrace.source.mysql.gtid import MariaDbGtidPosition, MySqlGtidSet, Resume
+from headrace.source.mysql.ddl import parse, truncated_table
+from headrace.source.mysql.gtid import GtidTracker
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
 from headrace.source.mysql.server import gtid_at, server_identity
@@ -70,19 +69,8 @@ Converter = Callable[[Any], str | None]
 _FL_STANDALONE = 1  # MariaDB GTID event flag: a statement outside a transaction (DDL)
 _LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purged or does not exist
 _UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
-_TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\.(?:`((?:[^`]|``)+)`|(\w+)))?\s*$",
-                       re.IGNORECASE)
 _EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, CachedTableMapEvent, WriteRowsEvent,
            UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent]
-
-
-def _truncated_table(query: str, default_db: str) -> tuple[str, str] | None:
-    match = _TRUNCATE.match(query)
-    if match is None:
-        return None
-    first = (match.group(1) or "").replace("``", "`") or match.group(2)
-    second = (match.group(3) or "").replace("``", "`") or match.group(4)
-    return (first, second) if second else (default_db, first)
 
 
 class BinlogStream:
@@ -99,11 +87,8 @@ class BinlogStream:
     ``dropped`` (id -> position of its DROP; its rows stop until it is tracked again),
     ``created`` (name -> position of a table created under a name a tracked table left).
 
-    GTIDs (``gtid.py``): each ``Commit`` carries the GTID state after it (``Commit.token``, a
-    ``gtid.Resume``). ``gtid_start`` (a GTID state) reads from there instead of ``start``'s
-    file:offset, which belongs to another server (a failover); ``epoch`` is this server's epoch in the
-    positions (``position.to_int``). Without ``gtid_start`` the state at ``start`` is asked of the server
-    (MariaDB's ``BINLOG_GTID_POS``; MySQL cannot tell it: its commits carry no token).
+    Each ``Commit`` carries the GTID state after it (``Commit.token``, ``gtid.Resume``); ``gtid_start``
+    reads from a GTID state instead of ``start``, which is on another server (failover), in ``epoch``.
     """
 
     def __init__(self, dsn: str, server_id: int, start: int,
@@ -130,21 +115,17 @@ class BinlogStream:
                                   " the server")
             self._basename = str(basename).rsplit("/", 1)[-1]
             file, offset = from_int(start, self._basename)
-            self._mariadb = self.server_uuid.startswith("mariadb:")
-            gtid_text = gtid_start if gtid_start is not None else gtid_at(cur, self._mariadb, file, offset)
-        self._gtid: MariaDbGtidPosition | MySqlGtidSet | None = (
-            None if gtid_text is None else MariaDbGtidPosition(gtid_text) if self._mariadb else MySqlGtidSet(gtid_text))
-        self._token: str | None = None  # the Resume token of the state now, built when first asked
-        self._file = file if gtid_start is None else ""  # by GTID: the server names it (its first Rotate)
-        # Reading from a GTID state, the server says where (file, offset) only with the first event
-        # after it: until then the position stays the one given (of the server read before).
+            mariadb = self.server_uuid.startswith("mariadb:")
+            gtid_text = gtid_start if gtid_start is not None else gtid_at(cur, mariadb, file, offset)
+        self._gtid = GtidTracker(gtid_text, self.server_uuid, epoch)
+        # From a GTID state the server names the file and offset with its first events (a Rotate, then
+        # the first transaction after the state): until then the position stays the given one.
+        self._file = file if gtid_start is None else ""
         self._seeking = gtid_start is not None
-        # A heartbeat makes read() return on an idle server (the reader itself blocks). By file and
-        # offset is_mariadb stays False: with it, mysql-replication 1.0.17 ignores log_file/log_pos and
-        # dumps from the first binlog; the classic dump works on MariaDB too (which still sends its GTID
-        # events, announced by @mariadb_slave_capability). From a GTID state: MariaDB's
-        # @slave_connect_state (strict: a GTID its binlog lacks is an error), MySQL's COM_BINLOG_DUMP_GTID.
-        by_gtid = {"auto_position": gtid_start, "is_mariadb": self._mariadb} if gtid_start is not None else {
+        # A heartbeat makes read() return on an idle server. By file and offset is_mariadb stays False
+        # (with it mysql-replication 1.0.17 dumps from the first binlog; MariaDB still sends GTID events).
+        # From a GTID state: @slave_connect_state (strict mode), MySQL's COM_BINLOG_DUMP_GTID.
+        by_gtid = {"auto_position": gtid_start, "is_mariadb": mariadb} if gtid_start is not None else {
             "log_file": file, "log_pos": offset, "is_mariadb": False}
         self._reader = BinLogStreamReader(
             connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
@@ -157,7 +138,6 @@ class BinlogStream:
         self._sent: dict[int, TableSchema] = {}  # oid -> shape last sent as a Relation
         self._maps: dict[int, int] = {}  # binlog table id -> headrace oid
         self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
-        self._txn_gtid: tuple[Any, ...] | None = None  # the open transaction's GTID, applied at its commit
         self._begun = False  # Begin sent for the open transaction (only once it touches a tracked table)
         self._standalone = False  # the open transaction is one statement (DDL) without XID
         self._catalog: Any = None  # a connection for column defaults and MariaDB types, opened when needed
@@ -216,12 +196,7 @@ class BinlogStream:
     def token(self) -> str | None:
         """Where the stream is (``position``) as a ``gtid.Resume`` token; None when the GTID state is
         not known (MySQL read by file and offset)."""
-        if self._gtid is None:
-            return None
-        if self._token is None:
-            self._token = Resume(str(self._gtid), self.server_uuid, self._epoch,
-                                 "mariadb" if self._mariadb else "mysql").to_token()
-        return self._token
+        return self._gtid.token
 
     def _at(self, event: Any) -> tuple[int, int]:
         """(start, end) positions of ``event`` in the current binlog file."""
@@ -239,13 +214,13 @@ class BinlogStream:
         if isinstance(event, MariadbGtidEvent):
             self._seeking = False
             self._open(start, event, int(event.gtid_seq_no), bool(event.flags & _FL_STANDALONE))
-            self._txn_gtid = (int(event.domain_id), int(event.server_id), int(event.gtid_seq_no))
+            self._gtid.begin(int(event.domain_id), int(event.server_id), int(event.gtid_seq_no))
             return
         if isinstance(event, GtidEvent):
             # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
             self._seeking = False
             self._open(start, event, int(event.gno), True)
-            self._txn_gtid = (str(event.sid), int(event.gno))
+            self._gtid.begin(str(event.sid), int(event.gno))
             return
         if isinstance(event, TableMapEvent):
             oid = self.identities.oid_of(event.schema, event.table)
@@ -391,7 +366,7 @@ class BinlogStream:
         (``identity.Identities``); a renamed table's new name is sent as a Relation at once; types
         and added columns show in the next TABLE_MAP."""
         default_db = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
-        target = _truncated_table(query, default_db)
+        target = truncated_table(query, default_db)
         if target is not None:
             oid = self.identities.oid_of(*target)
             if oid is not None:
@@ -407,13 +382,7 @@ class BinlogStream:
                 self._relation(oid, self._begin(out), out)
 
     def _commit(self, end: int, out: list[tuple[int, Event]]) -> None:
-        if self._txn_gtid is not None and self._gtid is not None:
-            if isinstance(self._gtid, MariaDbGtidPosition):
-                self._gtid.advance(*self._txn_gtid)
-            else:
-                self._gtid.add(*self._txn_gtid)
-            self._token = None
-        self._txn_gtid = None
+        self._gtid.commit()
         if self._txn is not None and self._begun:
             start, ts, _xid = self._txn
             out.append((start, Commit(start, end, ts, self.token)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _MARIADB = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
@@ -115,3 +116,39 @@ class Resume:
             return None
         data = json.loads(token)
         return cls(str(data["gtid"]), str(data["server"]), int(data["epoch"]), str(data.get("flavor", "mariadb")))
+
+
+class GtidTracker:
+    """The GTID state of a stream as it reads (``begin`` a transaction's GTID, ``commit`` it), and its
+    ``token`` there: a ``Resume`` on server ``server`` in ``epoch``. ``state`` None: not known (MySQL
+    read by file and offset), no token."""
+
+    def __init__(self, state: str | None, server: str, epoch: int) -> None:
+        self.mariadb = server.startswith("mariadb:")
+        self._state = None if state is None else MariaDbGtidPosition(state) if self.mariadb else MySqlGtidSet(state)
+        self._server, self._epoch = server, epoch
+        self._open: tuple[Any, ...] | None = None  # the open transaction's GTID
+        self._token: str | None = None  # built when first asked after a change
+
+    def begin(self, *gtid: Any) -> None:
+        """A transaction's GTID: MariaDB's (domain, server, sequence) or MySQL's (uuid, sequence)."""
+        self._open = gtid
+
+    def commit(self) -> None:
+        """The open transaction (if it had a GTID) committed."""
+        if self._open is not None and self._state is not None:
+            if isinstance(self._state, MariaDbGtidPosition):
+                self._state.advance(*self._open)
+            else:
+                self._state.add(*self._open)
+            self._token = None
+        self._open = None
+
+    @property
+    def token(self) -> str | None:
+        if self._state is None:
+            return None
+        if self._token is None:
+            self._token = Resume(str(self._state), self._server, self._epoch,
+                                 "mariadb" if self.mariadb else "mysql").to_token()
+        return self._token
