@@ -57,7 +57,7 @@ from headrace.source.mysql.catalog import (
 )
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.ddl import parse, truncated_table
-from headrace.source.mysql.gtid import GtidTracker
+from headrace.source.mysql.gtid import GtidTracker, mysql_gtid
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
 from headrace.source.mysql.server import gtid_at, server_identity
@@ -220,7 +220,7 @@ class BinlogStream:
             # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
             self._seeking = False
             self._open(start, event, int(event.gno), True)
-            self._gtid.begin(str(event.sid), int(event.gno))
+            self._gtid.begin(*mysql_gtid(event))
             return
         if isinstance(event, TableMapEvent):
             oid = self.identities.oid_of(event.schema, event.table)

@@ -93,6 +93,13 @@ class MySqlGtidSet:
                         for uuid, spans in sorted(self.sets.items()))
 
 
+def mysql_gtid(event: Any) -> tuple[str, int]:
+    """A MySQL ``GtidEvent``'s (uuid, sequence): its ``gtid`` text is ``uuid:sequence`` (its ``sid`` is
+    the UUID's 16 bytes)."""
+    uuid, _, gno = str(event.gtid).rpartition(":")
+    return uuid.lower(), int(gno)
+
+
 @dataclass(frozen=True)
 class Resume:
     """What a registered position means beyond its int: the GTID state there (MariaDB's position or

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from pymysqlreplication.event import GtidEvent
 
 from headrace.core.changes import Commit, Insert
 from headrace.source.mysql.binlog import BinlogStream
 from headrace.source.mysql.connect import connect
 from headrace.source.mysql.copy import snapshot_position
-from headrace.source.mysql.gtid import MariaDbGtidPosition, MySqlGtidSet, Resume
+from headrace.source.mysql.gtid import GtidTracker, MariaDbGtidPosition, MySqlGtidSet, Resume, mysql_gtid
 from headrace.source.mysql.position import epoch_of, format_position, from_int, to_int
 from headrace.source.mysql.server import failover_problem, server_identity, stream_start
 from headrace.source.mysql.throwaway import ThrowawayMariaDB
@@ -46,6 +49,21 @@ def test_mysql_gtid_sets_parse_add_merge_and_contain() -> None:
     for bad in ("nope:1-2", f"{UUID_A}", f"{UUID_A}:x-2"):
         with pytest.raises(ValueError, match="MySQL GTID set|sequence"):
             MySqlGtidSet(bad)
+
+
+def test_a_mysql_gtid_event_advances_the_executed_set() -> None:
+    """MySQL's GtidEvent as mysql-replication spells it (its ``gtid`` property over the UUID's 16 bytes)
+    opens a transaction whose commit adds it to the set the tokens carry."""
+    event = SimpleNamespace(sid=uuid.UUID(UUID_A).bytes, gno=8)
+    event.gtid = GtidEvent.gtid.fget(event)  # the library's own spelling
+    assert mysql_gtid(event) == (UUID_A, 8)
+    tracker = GtidTracker(f"{UUID_A}:1-7", UUID_B, 1)
+    tracker.begin(*mysql_gtid(event))
+    tracker.commit()
+    resume = Resume.from_token(tracker.token)
+    assert resume is not None and resume.gtid == f"{UUID_A}:1-8" and resume.flavor == "mysql"
+    assert (resume.server, resume.epoch) == (UUID_B, 1)
+    assert GtidTracker(None, UUID_B, 0).token is None  # read by file and offset: no state, no token
 
 
 def test_resume_tokens_and_epochs_in_positions() -> None:
