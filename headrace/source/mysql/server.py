@@ -17,7 +17,7 @@ import pymysql
 from headrace.core.errors import SourceError
 from headrace.core.settings import redacted_dsn
 from headrace.source.mysql.gtid import MariaDbGtidPosition, MySqlGtidSet, Resume
-from headrace.source.mysql.position import epoch_of, format_position
+from headrace.source.mysql.position import epoch_of
 
 
 def server_identity(conn: Any) -> str:
@@ -127,7 +127,3 @@ def _another_server(dsn: str, pipeline: str, now: str, recorded: str, why: str) 
             " every table again from this one: `headrace reset -c <pipeline file> --yes`, then run (MariaDB's"
             " server_uid changes with the host, the data directory or the port)")
 
-
-def position_text(start: StreamStart) -> str:
-    """``start`` for a log line."""
-    return f"GTID {start.gtid}" if start.gtid is not None else format_position(start.position)
