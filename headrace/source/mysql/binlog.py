@@ -135,6 +135,7 @@ class BinlogStream:
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
         self._shapes: dict[Any, TableSchema] = {}  # a TABLE_MAP body (and its UUID/INET columns) -> its shape
+        self._keys: dict[int, tuple[TableSchema, list[int], Callable[[Any], Any]]] = {}  # oid -> key places
         self._sent: dict[int, TableSchema] = {}  # oid -> shape last sent as a Relation
         self._maps: dict[int, int] = {}  # binlog table id -> headrace oid
         self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
@@ -319,25 +320,22 @@ class BinlogStream:
         images = rows_native.decode(event, specs) if specs is not None else None
         if images is None:
             images = self._python_images(event, oid, shape)
+        keys = self._keys.get(oid)
+        if keys is None or keys[0] is not shape:  # the key's places, once per shape
+            at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
+            keys = self._keys[oid] = (shape, at, rows_native.key_image(at, len(shape.columns)))
+        _shape, at, key_only = keys
         keyed = bool(shape.key)
-        at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
-        blank: list[str | None] = [None] * len(shape.columns)
-
-        def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
-            key: list[str | None] = blank.copy()
-            for i in at:
-                key[i] = row[i]
-            return tuple(key)
-
         if isinstance(event, WriteRowsEvent):
             out.extend((start, Insert(oid, row)) for row in images)
         elif isinstance(event, DeleteRowsEvent):
             out.extend((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images)
         else:
+            single = at[0] if len(at) == 1 else None
             for old, new in zip(images[::2], images[1::2], strict=True):
                 if not keyed:
                     out.append((start, Update(oid, new, old, "O")))
-                elif any(old[i] != new[i] for i in at):
+                elif (old[single] != new[single]) if single is not None else any(old[i] != new[i] for i in at):
                     out.append((start, Update(oid, new, key_only(old), "K")))
                 else:
                     out.append((start, Update(oid, new)))
