@@ -17,7 +17,10 @@ column) is loaded with ``INSERT ... SELECT`` from MariaDB's sequence engine. The
    decoder and with the C one (``rows_native``; ``--profile`` prints where its time goes), and the
    stopped pipeline run again until caught up (staged and applied to DuckLake).
 
-    .venv/bin/python bench/mysql.py [--rows 1000000] [--changes 200000] [--profile] [--png out.png]
+    .venv/bin/python bench/mysql.py [--rows 1000000] [--changes 200000] [--profile] [--png out.png] [--pg]
+
+With ``--pg`` the same changes are also drained through the PostgreSQL source into DuckLake
+(``bench/mysql_pg_leg.py``): the reference of the issue's 0.8x goal for the MySQL catch-up.
 """
 
 from __future__ import annotations
@@ -231,6 +234,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile BinlogStream, top functions to stderr")
     parser.add_argument("--connections", default="1,2", help="snapshot.max_connections values to copy with")
     parser.add_argument("--png", help="also plot rows/s to this PNG")
+    parser.add_argument("--pg", action="store_true",
+                        help="also drain the same changes through the PostgreSQL source (bench/mysql_pg_leg.py)")
     parser.add_argument("--both-copies", action="store_true",
                         help="also copy end to end through the pymysql path (the reference for connectorx)")
     args = parser.parse_args()
@@ -300,6 +305,14 @@ def main() -> int:
             table.append((f"headrace BinlogStream alone ({label})", written, rate(written, stream_s)))
         catch_up = run_caught_up(config, spark)  # the last copy's pipeline, stopped since
         table.append(("headrace catch-up to DuckLake (staged + applied)", written, rate(written, catch_up)))
+        if args.pg:
+            from mysql_pg_leg import postgres_catch_up
+
+            pg_written, pg_s = postgres_catch_up(pg, work, args.rows, args.changes, spark)
+            results["pg_catch_up_s"], results["mysql_catch_up_s"] = round(pg_s, 1), round(catch_up, 1)
+            results["mysql_vs_pg_catch_up"] = round(rate(written, catch_up) / max(1, rate(pg_written, pg_s)), 3)
+            table.append(("PostgreSQL source: catch-up of the same changes to DuckLake", pg_written,
+                          rate(pg_written, pg_s)))
         spark.stop()
         results["load_avg_end"] = round(os.getloadavg()[0], 1)
 

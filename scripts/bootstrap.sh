@@ -25,6 +25,8 @@ if [ "${1:-}" = "--with-browser" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
   # The tests' Iceberg REST catalog server (tests/restcatalog) is compiled by the JDK's javac.
   command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
+  # The MySQL source's real-client test runs Debian's sysbench (oltp_read_write, mysql driver).
+  command -v sysbench >/dev/null 2>&1 || need_apt+=(sysbench)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} (Debian packages)"

@@ -42,6 +42,7 @@ class FlushJob:
 
     buffers: list[tuple[int, TableBuffer]]
     end_lsn: int | None
+    token: str | None = None  # the source's resume token at end_lsn (``Commit.token``), registered with it
     rows: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -57,7 +58,7 @@ class Flusher:
     """
 
     def __init__(self, write: Callable[[list[tuple[int, TableBuffer]]], list[StagedFile]],
-                 register: Callable[[list[StagedFile], int], None], depth: int = 1) -> None:
+                 register: Callable[[list[StagedFile], int, str | None], None], depth: int = 1) -> None:
         self._write = write
         self._register = register
         self._depth = depth
@@ -146,6 +147,6 @@ class Flusher:
             self._spilled += files
             return
         files, self._spilled = self._spilled + files, []
-        self._register(files, job.end_lsn)
+        self._register(files, job.end_lsn, job.token)
         if job.buffers:  # an empty job only moves the position (an idle stream's acknowledgement)
             self.last_seconds = time.monotonic() - started

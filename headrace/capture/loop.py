@@ -79,6 +79,7 @@ class Capture:
         self._bounded = 0  # the most a confirmation may carry, as recorded in state (acked_lsn)
         self._forwarded = 0  # a closed stream's ``forwardable``: recorded before its slot is checked again
         self._submitted = 0  # the end of the last flush handed to the flusher
+        self._pending_token: str | None = None  # the source's resume token at the last Commit read
         self._writers: ThreadPoolExecutor | None = None  # a flush's files, written side by side
         self._halt = threading.Event()  # the current flusher's: ends its wait for staging space
         self._source: Any = None  # the source connection of the current attempt
@@ -188,7 +189,7 @@ class Capture:
         self.last_error = None
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=fmt(self.captured_lsn))
         flusher = Flusher(lambda buffers: self._write_waiting(buffers, flusher.halt),
-                          lambda files, end_lsn: self._register(flush_index, files, end_lsn))
+                          lambda files, end_lsn, token: self._register(flush_index, files, end_lsn, token))
         self._writers = (None if self.staging.local
                          else ThreadPoolExecutor(max_workers=FILE_WRITERS, thread_name_prefix="capture-write"))
         self._halt = flusher.halt
@@ -201,6 +202,7 @@ class Capture:
         seq = 0
         skip = True  # outside a transaction, or in one registered before a restart: changes are skipped
         pending_end = self.captured_lsn  # end LSN of the last complete transaction read
+        self._pending_token = None  # the source's resume token at pending_end (``Commit.token``)
         first_change_at: float | None = None
         last_message_at = time.monotonic()
         last_ack_at = time.monotonic()
@@ -248,6 +250,8 @@ class Capture:
                             skip = ev.final_lsn < self.captured_lsn
                         case Commit():
                             txn, skip = None, True
+                            if ev.end_lsn >= pending_end:
+                                self._pending_token = ev.token
                             pending_end = max(pending_end, ev.end_lsn)
                             self.received_lsn = pending_end
                             if self._full(buffers, spilled_rows, flusher.idle):
@@ -317,7 +321,8 @@ class Capture:
                    end_lsn: int | None) -> int:
         """Hand ``buffers`` to the flusher (emptied here) with the position to register after them
         (None: a spill, registered with the next); the rows handed over."""
-        job = FlushJob([(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)], end_lsn)
+        job = FlushJob([(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)], end_lsn,
+                       self._pending_token if end_lsn is not None else None)
         buffers.clear()
         flusher.submit(job, lambda: self._keep_alive(stream))
         if end_lsn is not None:
@@ -381,16 +386,17 @@ class Capture:
         index.register([], self.captured_lsn, bound)
         stream.acknowledge(self.captured_lsn)
 
-    def _register(self, index: LogIndex, files: list[StagedFile], end_lsn: int) -> None:
-        """The flusher's thread: register ``files`` and the position ``end_lsn`` in one transaction,
-        then publish the position (``captured_lsn``) for capture's thread to confirm."""
+    def _register(self, index: LogIndex, files: list[StagedFile], end_lsn: int, token: str | None = None) -> None:
+        """The flusher's thread: register ``files`` and the position ``end_lsn`` (with the source's
+        ``token`` for it) in one transaction, then publish the position (``captured_lsn``) for capture's
+        thread to confirm."""
         if files:
             crash_point("capture.after_write")
         # Anything psycopg2 forwards the confirmation to comes from a keepalive read before it is
         # sent, so at most the server's flushed WAL now. The source connection is capture's too.
         with self._source_lock:
             bound = self.source.flushed_position(self._source) if self._source is not None else end_lsn
-        index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
+        index.register(files, end_lsn, bound, token)  # durable and registered: now the slot may move
         self._bounded = max(self._bounded, bound)
         if files:
             crash_point("capture.after_register")

@@ -56,6 +56,9 @@ class Commit:
     commit_lsn: int
     end_lsn: int  # the position to acknowledge once this transaction is durable
     commit_ts_us: int
+    # The source's own spelling of end_lsn where the int is not enough to resume from on another server
+    # (MySQL/MariaDB: the GTID state, ``source.mysql.gtid.Resume``); registered with the position.
+    token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,10 +92,12 @@ class LogIndex:
         return self._connection()
 
     # -- capture --------------------------------------------------------------------------------
-    def register(self, files: list[StagedFile], captured_lsn: int, acked_lsn: int = 0) -> list[int]:
+    def register(self, files: list[StagedFile], captured_lsn: int, acked_lsn: int = 0,
+                 token: str | None = None) -> list[int]:
         """Register staged files and the captured position in one transaction; return offsets.
 
-        ``acked_lsn`` is the most the slot is about to be confirmed to (recorded before it is).
+        ``acked_lsn`` is the most the slot is about to be confirmed to (recorded before it is);
+        ``token`` the source's resume token at ``captured_lsn`` (``Commit.token``), kept with it.
         """
         offsets = []
         with self.conn.transaction():
@@ -110,8 +112,10 @@ class LogIndex:
                 offsets.append(int(row["log_offset"]))
             self.conn.execute(
                 "UPDATE _headrace.pipeline_meta SET captured_lsn = greatest(captured_lsn, %s),"
+                " captured_token = CASE WHEN %s > captured_lsn THEN %s::text"
+                " WHEN %s = captured_lsn THEN coalesce(%s::text, captured_token) ELSE captured_token END,"
                 " acked_lsn = greatest(acked_lsn, %s, %s), updated_at = now() WHERE pipeline = %s",
-                (captured_lsn, captured_lsn, acked_lsn, self.pipeline),
+                (captured_lsn, captured_lsn, token, captured_lsn, token, captured_lsn, acked_lsn, self.pipeline),
             )
         return offsets
 

@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS _headrace.tables (
 -- stream's wal_end when psycopg2 forwarded the confirmation past idle WAL. A slot beyond it was
 -- advanced by someone else.
 ALTER TABLE _headrace.pipeline_meta ADD COLUMN IF NOT EXISTS acked_lsn bigint NOT NULL DEFAULT 0;
+-- The source's own spelling of captured_lsn when the int cannot resume on another server (MySQL/MariaDB:
+-- the GTID state, with the server and epoch the int belongs to), registered with it.
+ALTER TABLE _headrace.pipeline_meta ADD COLUMN IF NOT EXISTS captured_token text;
 -- Schema changes and table events applied to targets (add_column, drop_table, ...): status and audit.
 CREATE TABLE IF NOT EXISTS _headrace.ddl_events (
     pipeline    text NOT NULL,

@@ -37,7 +37,7 @@ def _files(buffers: list[tuple[int, TableBuffer]]) -> list[StagedFile]:
 
 def test_flushes_are_registered_in_order_with_their_spills() -> None:
     registered: list[tuple[list[str], int]] = []
-    flusher = Flusher(_files, lambda files, end: registered.append(([f.path for f in files], end)), depth=2)
+    flusher = Flusher(_files, lambda files, end, _token: registered.append(([f.path for f in files], end)), depth=2)
     try:
         for job in (_job(100, 3, 110), _job(200, 2, None), _job(300, 1, 310), FlushJob([], 410)):
             flusher.submit(job, keep_alive=lambda: None)
@@ -60,7 +60,7 @@ def test_after_a_failed_flush_nothing_later_is_registered() -> None:
             raise OSError(28, "No space left on device")
         return _files(buffers)
 
-    flusher = Flusher(write, lambda files, end: registered.append(end), depth=3)
+    flusher = Flusher(write, lambda files, end, _token: registered.append(end), depth=3)
     try:
         for job in (_job(100, 1, 110), _job(200, 1, 210), _job(300, 1, 310)):
             flusher.submit(job, keep_alive=lambda: None)
@@ -87,7 +87,7 @@ def test_a_full_queue_makes_capture_wait_and_keep_the_connection_alive() -> None
         release.set()
 
     registered: list[int] = []
-    flusher = Flusher(write, lambda files, end: registered.append(end), depth=1)
+    flusher = Flusher(write, lambda files, end, _token: registered.append(end), depth=1)
     try:
         flusher.submit(_job(100, 1, 110), keep_alive)  # taken by the thread at once
         flusher.submit(_job(200, 1, 210), keep_alive)  # waits in the queue

@@ -31,6 +31,24 @@ def _file(table: TableSchema, n: int, rows: int = 10) -> StagedFile:
     return StagedFile(table.oid, f"/staging/{table.oid}/{n}.parquet", rows, rows * 100, n * 10, n * 10 + 5, table)
 
 
+def test_a_resume_token_is_registered_with_its_position(state: StateStore) -> None:
+    """The source's token (MySQL: the GTID state) goes with the position it spells, never with another."""
+    index = state.log_index
+
+    def token() -> str | None:
+        meta = state.meta()
+        assert meta is not None
+        return meta["captured_token"]
+
+    index.register([], captured_lsn=40, token="g40")
+    assert token() == "g40"
+    index.register([], captured_lsn=40)  # the same position again (a bound): the token stays
+    index.register([], captured_lsn=30, token="g30")  # behind: neither moves
+    assert state.captured_lsn() == 40 and token() == "g40"
+    index.register([_file(A, 1)], captured_lsn=50)  # a later position without one: none, not g40's
+    assert token() is None
+
+
 def test_files_and_the_captured_position_register_together_in_log_order(state: StateStore) -> None:
     index = state.log_index
     offsets = index.register([_file(A, 1), _file(B, 2), _file(A, 3)], captured_lsn=40, acked_lsn=50)

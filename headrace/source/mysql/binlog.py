@@ -16,7 +16,6 @@ which may already be newer than the event. Transactions that touch no tracked ta
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
@@ -57,9 +56,12 @@ from headrace.source.mysql.catalog import (
     with_fills,
 )
 from headrace.source.mysql.connect import connect, parse_dsn
-from headrace.source.mysql.ddl import parse
+from headrace.source.mysql.ddl import parse, truncated_table
+from headrace.source.mysql.gtid import GtidTracker, mysql_gtid
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
+from headrace.source.mysql.server import gtid_at, server_identity
+from headrace.source.mysql.table_maps import CachedTableMapEvent
 from headrace.source.mysql.types import binlog_converters, binlog_text
 
 TableFilter = Callable[[str, str], bool]
@@ -67,52 +69,8 @@ Converter = Callable[[Any], str | None]
 _FL_STANDALONE = 1  # MariaDB GTID event flag: a statement outside a transaction (DDL)
 _LOG_GONE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position was purged or does not exist
 _UNREACHABLE = (2003, 2006, 2013)  # cannot connect, server gone, connection lost (errmsg.h)
-_TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\.(?:`((?:[^`]|``)+)`|(\w+)))?\s*$",
-                       re.IGNORECASE)
-_EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
-           DeleteRowsEvent, HeartbeatLogEvent]
-
-
-def server_identity(conn: Any) -> str:
-    """A stable name for the server: MySQL's ``server_uuid``. MariaDB has none: its ``server_uid`` (a hash
-    of the host's hardware address, the data directory and the port: the same across restarts, another
-    for every other server, measured in tests/source/mysql/test_identity.py) with ``server_id`` and
-    ``gtid_domain_id``, as ``mariadb:server_uid=...,server_id=N,gtid_domain_id=N``."""
-    with conn.cursor() as cur:
-        try:
-            cur.execute("SELECT @@server_uuid")
-            return str(cur.fetchone()[0])
-        except pymysql.err.OperationalError:
-            pass
-        cur.execute("SELECT @@server_id, @@gtid_domain_id")
-        server_id, domain = cur.fetchone()
-        cur.execute("SHOW GLOBAL VARIABLES LIKE 'server_uid'")  # MariaDB 10.3+
-        row = cur.fetchone()
-        uid = f"server_uid={row[1]}," if row else ""
-        return f"mariadb:{uid}server_id={server_id},gtid_domain_id={domain}"
-
-
-def identity_fields(identity: str) -> dict[str, str]:
-    """``server_identity``'s fields (``{"server_uuid": ...}`` for MySQL's plain UUID)."""
-    if not identity.startswith("mariadb:"):
-        return {"server_uuid": identity}
-    return dict(part.split("=", 1) for part in identity.removeprefix("mariadb:").split(",") if "=" in part)
-
-
-def same_server(recorded: str, now: str) -> bool:
-    """Whether identity ``now`` is the server ``recorded`` names: the fields both have agree (a state
-    recorded before ``server_uid`` was part of the identity compares on the rest)."""
-    a, b = identity_fields(recorded), identity_fields(now)
-    return bool(a.keys() & b.keys()) and all(a[k] == b[k] for k in a.keys() & b.keys())
-
-
-def _truncated_table(query: str, default_db: str) -> tuple[str, str] | None:
-    match = _TRUNCATE.match(query)
-    if match is None:
-        return None
-    first = (match.group(1) or "").replace("``", "`") or match.group(2)
-    second = (match.group(3) or "").replace("``", "`") or match.group(4)
-    return (first, second) if second else (default_db, first)
+_EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, CachedTableMapEvent, WriteRowsEvent,
+           UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent]
 
 
 class BinlogStream:
@@ -128,12 +86,15 @@ class BinlogStream:
     DDL the adapter acts on (``identity.Identities``): ``renamed`` (name -> id of a renamed table),
     ``dropped`` (id -> position of its DROP; its rows stop until it is tracked again),
     ``created`` (name -> position of a table created under a name a tracked table left).
+
+    Each ``Commit`` carries the GTID state after it (``Commit.token``, ``gtid.Resume``); ``gtid_start``
+    reads from a GTID state instead of ``start``, which is on another server (failover), in ``epoch``.
     """
 
     def __init__(self, dsn: str, server_id: int, start: int,
                  tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
                  known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None,
-                 native: bool = True) -> None:
+                 native: bool = True, epoch: int = 0, gtid_start: str | None = None) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
@@ -144,25 +105,37 @@ class BinlogStream:
         self.renamed, self.dropped, self.created = (self.identities.renamed, self.identities.dropped,
                                                     self.identities.created)
         self.tables_created = 0  # CREATE TABLE and RENAME TABLE statements read (PositionStream resets it)
+        self._epoch = epoch
         with connect(dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT @@log_bin_basename")
             basename = cur.fetchone()[0]
             self.server_uuid = server_identity(conn)
-        if basename is None:
-            raise SourceError(f"{redacted_dsn(dsn)}: the binary log is off; set log_bin in my.cnf and restart the server")
-        self._basename = str(basename).rsplit("/", 1)[-1]
-        file, offset = from_int(start, self._basename)
-        self._file = file
-        # A heartbeat makes read() return on an idle server (the reader itself blocks). is_mariadb
-        # stays False: with it, mysql-replication 1.0.17 ignores log_file/log_pos and dumps from the
-        # first binlog; the classic file+position dump works on MariaDB too (which still sends its
-        # GTID events, announced by @mariadb_slave_capability).
+            if basename is None:
+                raise SourceError(f"{redacted_dsn(dsn)}: the binary log is off; set log_bin in my.cnf and restart"
+                                  " the server")
+            self._basename = str(basename).rsplit("/", 1)[-1]
+            file, offset = from_int(start, self._basename)
+            mariadb = self.server_uuid.startswith("mariadb:")
+            gtid_text = gtid_start if gtid_start is not None else gtid_at(cur, mariadb, file, offset)
+        self._gtid = GtidTracker(gtid_text, self.server_uuid, epoch)
+        # From a GTID state the server names the file and offset with its first events (a Rotate, then
+        # the first transaction after the state): until then the position stays the given one.
+        self._file = file if gtid_start is None else ""
+        self._seeking = gtid_start is not None
+        # A heartbeat makes read() return on an idle server. By file and offset is_mariadb stays False
+        # (with it mysql-replication 1.0.17 dumps from the first binlog; MariaDB still sends GTID events).
+        # From a GTID state: @slave_connect_state (strict mode), MySQL's COM_BINLOG_DUMP_GTID.
+        by_gtid = {"auto_position": gtid_start, "is_mariadb": mariadb} if gtid_start is not None else {
+            "log_file": file, "log_pos": offset, "is_mariadb": False}
         self._reader = BinLogStreamReader(
             connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
-            log_file=file, log_pos=offset, blocking=True, slave_heartbeat=heartbeat, is_mariadb=False,
-            only_events=_EVENTS, enable_logging=False, report_slave=tag)
+            blocking=True, slave_heartbeat=heartbeat, only_events=_EVENTS, enable_logging=False,
+            report_slave=tag, **by_gtid)
+        self._from_gtid = gtid_start
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
+        self._shapes: dict[Any, TableSchema] = {}  # a TABLE_MAP body (and its UUID/INET columns) -> its shape
+        self._keys: dict[int, tuple[TableSchema, list[int], Callable[[Any], Any]]] = {}  # oid -> key places
         self._sent: dict[int, TableSchema] = {}  # oid -> shape last sent as a Relation
         self._maps: dict[int, int] = {}  # binlog table id -> headrace oid
         self._txn: tuple[int, int, int] | None = None  # (start position, commit ts us, xid) of the open one
@@ -193,6 +166,13 @@ class BinlogStream:
             try:
                 event = self._reader.fetchone()
             except pymysql.err.OperationalError as exc:
+                if exc.args and exc.args[0] == _LOG_GONE and self._seeking:
+                    raise SourceError(
+                        f"{redacted_dsn(self._dsn)} cannot continue from GTID position {self._from_gtid}, where the"
+                        f" pipeline left the server it read before ({exc.args[1]}): this server's binlog does not"
+                        " hold it (purged, behind, or another replication topology). Point source.dsn at a"
+                        " server that does, or copy every table again: `headrace reset -c <pipeline file> --yes`"
+                    ) from exc
                 if exc.args and exc.args[0] == _LOG_GONE:
                     raise SourceError(
                         f"{redacted_dsn(self._dsn)}: the binlog at {format_position(self.position, self._basename)}"
@@ -204,38 +184,58 @@ class BinlogStream:
                                          " it is opened again from the last saved position") from exc
                 raise
             if event is None or isinstance(event, HeartbeatLogEvent):
-                if event is not None and self._txn is None:
+                if event is not None and self._txn is None and self._file:
+                    self._seeking = False  # idle at the binlog's end: past the GTID state asked for
                     # Idle at the binlog's end: everything before the heartbeat's position is read
                     # (after a rotation the new file's header events are no transaction to end at).
-                    self.position = max(self.position, to_int(self._file, int(event.packet.log_pos)))
+                    self.position = max(self.position, to_int(self._file, int(event.packet.log_pos), self._epoch))
                 break
             self._handle(event, out)
         return out
 
+    @property
+    def token(self) -> str | None:
+        """Where the stream is (``position``) as a ``gtid.Resume`` token; None when the GTID state is
+        not known (MySQL read by file and offset)."""
+        return self._gtid.token
+
     def _at(self, event: Any) -> tuple[int, int]:
         """(start, end) positions of ``event`` in the current binlog file."""
         end = int(event.packet.log_pos)
-        return to_int(self._file, end - int(event.packet.event_size)), to_int(self._file, end)
+        return (to_int(self._file, end - int(event.packet.event_size), self._epoch),
+                to_int(self._file, end, self._epoch))
 
     def _handle(self, event: Any, out: list[tuple[int, Event]]) -> None:
         if isinstance(event, RotateEvent):
             self._file = event.next_binlog
-            if self._txn is None:
-                self.position = to_int(self._file, int(event.position))
+            if self._txn is None and not self._seeking:
+                self.position = to_int(self._file, int(event.position), self._epoch)
             return
         start, end = self._at(event)
         if isinstance(event, MariadbGtidEvent):
+            self._seeking = False
             self._open(start, event, int(event.gtid_seq_no), bool(event.flags & _FL_STANDALONE))
+            self._gtid.begin(int(event.domain_id), int(event.server_id), int(event.gtid_seq_no))
             return
         if isinstance(event, GtidEvent):
             # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
+            self._seeking = False
             self._open(start, event, int(event.gno), True)
+            self._gtid.begin(*mysql_gtid(event))
             return
         if isinstance(event, TableMapEvent):
             oid = self.identities.oid_of(event.schema, event.table)
             if oid is not None:
                 self._maps[event.table_id] = oid
-                shape = schema_from_table_map(event, self._declared(event))
+                declared = self._declared(event)
+                key = (event.raw_key, tuple(sorted(declared.items()))) if hasattr(event, "raw_key") else None
+                shape = self._shapes.get(key) if key is not None else None
+                if shape is None:
+                    shape = schema_from_table_map(event, declared)
+                    if key is not None:
+                        if len(self._shapes) > 1024:
+                            self._shapes.clear()
+                        self._shapes[key] = shape
                 self._schemas[oid] = self.identities.label(oid, shape)
             else:
                 self._maps.pop(event.table_id, None)
@@ -320,25 +320,22 @@ class BinlogStream:
         images = rows_native.decode(event, specs) if specs is not None else None
         if images is None:
             images = self._python_images(event, oid, shape)
+        keys = self._keys.get(oid)
+        if keys is None or keys[0] is not shape:  # the key's places, once per shape
+            at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
+            keys = self._keys[oid] = (shape, at, rows_native.key_image(at, len(shape.columns)))
+        _shape, at, key_only = keys
         keyed = bool(shape.key)
-        at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
-        blank: list[str | None] = [None] * len(shape.columns)
-
-        def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
-            key: list[str | None] = blank.copy()
-            for i in at:
-                key[i] = row[i]
-            return tuple(key)
-
         if isinstance(event, WriteRowsEvent):
             out.extend((start, Insert(oid, row)) for row in images)
         elif isinstance(event, DeleteRowsEvent):
             out.extend((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images)
         else:
+            single = at[0] if len(at) == 1 else None
             for old, new in zip(images[::2], images[1::2], strict=True):
                 if not keyed:
                     out.append((start, Update(oid, new, old, "O")))
-                elif any(old[i] != new[i] for i in at):
+                elif (old[single] != new[single]) if single is not None else any(old[i] != new[i] for i in at):
                     out.append((start, Update(oid, new, key_only(old), "K")))
                 else:
                     out.append((start, Update(oid, new)))
@@ -367,7 +364,7 @@ class BinlogStream:
         (``identity.Identities``); a renamed table's new name is sent as a Relation at once; types
         and added columns show in the next TABLE_MAP."""
         default_db = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
-        target = _truncated_table(query, default_db)
+        target = truncated_table(query, default_db)
         if target is not None:
             oid = self.identities.oid_of(*target)
             if oid is not None:
@@ -383,9 +380,10 @@ class BinlogStream:
                 self._relation(oid, self._begin(out), out)
 
     def _commit(self, end: int, out: list[tuple[int, Event]]) -> None:
+        self._gtid.commit()
         if self._txn is not None and self._begun:
             start, ts, _xid = self._txn
-            out.append((start, Commit(start, end, ts)))
+            out.append((start, Commit(start, end, ts, self.token)))
         self._txn, self._begun = None, False
         self.position = end
 

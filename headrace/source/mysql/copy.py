@@ -85,7 +85,7 @@ def plan_chunks(conn: Conn, schema: TableSchema, rows_per_chunk: int) -> list[tu
     return list(zip(starts, ends, strict=True))
 
 
-def snapshot_position(conn: Conn) -> int:
+def snapshot_position(conn: Conn, epoch: int = 0) -> int:
     """The binlog position of the connection's consistent snapshot (or, outside one, of now).
 
     Call it inside ``START TRANSACTION WITH CONSISTENT SNAPSHOT``: MariaDB reports where the binlog
@@ -98,7 +98,7 @@ def snapshot_position(conn: Conn) -> int:
     if not file or offset is None:
         raise SourceError("the source reports no binlog_snapshot_file/position: the chunked copy needs MariaDB"
                           " (10.0 or later) with the binary log on (log_bin in my.cnf)")
-    return to_int(str(file), int(offset))
+    return to_int(str(file), int(offset), epoch)
 
 
 def _where(schema: TableSchema, start: int, end: int) -> tuple[str, tuple[int, ...]]:
@@ -133,11 +133,11 @@ def _check_shape(dsn: str, schema: TableSchema) -> None:
 
 
 def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int, batch_rows: int = BATCH_ROWS,
-               compiled: bool = True) -> Iterator[pa.RecordBatch]:
+               compiled: bool = True, epoch: int = 0) -> Iterator[pa.RecordBatch]:
     """The rows of chunk ``(start, end)`` of ``schema``'s table as Arrow batches (runs in a Spark task).
 
     Columns ``c0..cN`` (strings, in ``schema.columns`` order; NULL for SQL NULL) and ``_pos`` (int64,
-    the snapshot's binlog position, on every row). Read by connectorx (``copy_arrow``) when it reads
+    the snapshot's binlog position, on every row, in server ``epoch``: ``position.to_int``). Read by connectorx (``copy_arrow``) when it reads
     every column exactly and ``compiled`` and the chunk is a key range, else by pymysql (the reason
     logged once per table). Raises
     TransientError when the table's shape differs from ``schema`` (changed since the copy was planned:
@@ -151,7 +151,7 @@ def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int, batch_rows: 
         if compiled and schema.oid not in _told:
             _told.add(schema.oid)
             log.info("copying %s.%s through pymysql: %s", schema.schema, schema.name, plan)
-        yield from _copy_chunk_pymysql(dsn, schema, start, end, batch_rows)
+        yield from _copy_chunk_pymysql(dsn, schema, start, end, batch_rows, epoch)
         return
     # The shape before and after the read: an ALTER during the read fails it (ER_TABLE_DEF_CHANGED)
     # or waits for it and shows after it.
@@ -159,12 +159,12 @@ def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int, batch_rows: 
     before = []
     if held := hold_seconds("snapshot.read"):  # tests: a long read, holding the table's lock
         before.append(f"SELECT {marked(schema.oid)} SLEEP({float(held)}) FROM {_from(schema)} LIMIT 1")
-    yield from read_chunk_arrow(dsn, schema, plan, _inlined(schema, start, end), before, batch_rows)
+    yield from read_chunk_arrow(dsn, schema, plan, _inlined(schema, start, end), before, batch_rows, epoch)
     _check_shape(dsn, schema)
 
 
 def _copy_chunk_pymysql(dsn: str, schema: TableSchema, start: int, end: int,
-                        batch_rows: int) -> Iterator[pa.RecordBatch]:
+                        batch_rows: int, epoch: int) -> Iterator[pa.RecordBatch]:
     """``copy_chunk`` through pymysql: the connection, its snapshot transaction and the server-side
     cursor live as long as the iterator."""
     names = [f"c{i}" for i in range(len(schema.columns))]
@@ -174,7 +174,7 @@ def _copy_chunk_pymysql(dsn: str, schema: TableSchema, start: int, end: int,
         with conn.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        position = snapshot_position(conn)
+        position = snapshot_position(conn, epoch)
         now = read_table_schema(conn, schema.schema, schema.name)
         if not _same_shape(schema, now):
             raise TransientError(f"table {TableName(schema.schema, schema.name)} changed shape since its copy was"

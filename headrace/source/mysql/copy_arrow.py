@@ -121,7 +121,7 @@ def _url(dsn: str) -> str:
 
 
 def read_chunk_arrow(dsn: str, schema: TableSchema, plan: list[tuple[str, Post | None]], where: str,
-                     before: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+                     before: Sequence[str], batch_rows: int, epoch: int = 0) -> Iterator[pa.RecordBatch]:
     """``copy.copy_chunk``'s batches (``c0..cN`` strings and ``_pos``) read by connectorx under its own
     consistent snapshot. ``where``: the chunk's condition with its bounds inlined; ``before``:
     statements run in the snapshot before the read (tests' holds)."""
@@ -150,7 +150,7 @@ def read_chunk_arrow(dsn: str, schema: TableSchema, plan: list[tuple[str, Post |
     file, _, offset = position.rpartition(":")
     columns = [post(read.column(i)) if post is not None else read.column(i).cast(pa.string())
                for i, (_expression, post) in enumerate(plan)]
-    columns.append(pa.repeat(pa.scalar(to_int(file, int(offset)), pa.int64()), read.num_rows))
+    columns.append(pa.repeat(pa.scalar(to_int(file, int(offset), epoch), pa.int64()), read.num_rows))
     yield from pa.Table.from_arrays(columns, schema=out_schema).to_batches(max_chunksize=batch_rows)
 
 

@@ -154,3 +154,17 @@ def _alter_item(ddl: Ddl, table: Name, item: list[Token], default_db: str) -> No
         j = _skip(item, 1, "COLUMN", "IF", "EXISTS")
         if j < len(item):
             ddl.dropped_columns.setdefault(table, []).append(item[j].text)
+
+
+_TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\.(?:`((?:[^`]|``)+)`|(\w+)))?\s*$",
+                       re.IGNORECASE)
+
+
+def truncated_table(query: str, default_db: str) -> tuple[str, str] | None:
+    """The (database, table) a ``TRUNCATE [TABLE] [db.]t`` statement empties, or None for another statement."""
+    match = _TRUNCATE.match(query)
+    if match is None:
+        return None
+    first = (match.group(1) or "").replace("``", "`") or match.group(2)
+    second = (match.group(3) or "").replace("``", "`") or match.group(4)
+    return (first, second) if second else (default_db, first)

@@ -48,6 +48,7 @@ class Identities:
         # Tables adopted whose first TABLE_MAP is still to come: a column it has that the adopted schema
         # has not may be new or renamed by DDL the stream did not see (before its start position).
         self._unsure: set[int] = set()
+        self._labeled: dict[int, tuple[TableSchema, tuple[tuple[str, int], ...], TableSchema]] = {}  # label's last
         self.renamed: dict[Name, int] = {}
         self.dropped: dict[int, int] = {}
         self.dropped_names: dict[int, Name] = {}  # id -> the name it had when dropped
@@ -121,6 +122,12 @@ class Identities:
     def label(self, oid: int, shape: TableSchema) -> TableSchema:
         """``shape`` (from a TABLE_MAP) under id ``oid``, each column with its id."""
         ids = self._ids.get(oid)
+        last = self._labeled.get(oid)
+        # The same shape object (a TABLE_MAP body seen before) under the same ids: the same labels, and
+        # the same object (the stream's per-shape plans stay valid).
+        if (last is not None and last[0] is shape and ids is not None and last[1] == tuple(ids.items())
+                and oid not in self._unsure):
+            return last[2]
         if ids is None:  # first sight, not known to state: ORDINAL_POSITION, as the catalog gives
             ids = self._ids[oid] = {c.name.lower(): i + 1 for i, c in enumerate(shape.columns)}
             self._next[oid] = len(ids) + 1
@@ -139,7 +146,9 @@ class Identities:
         # (a rename of any column but the last is recognised) instead of taking it as certainly new.
         columns = tuple(replace(c, attnum=None if unsure and c.name.lower() in unknown else ids[c.name.lower()])
                         for c in shape.columns)
-        return replace(shape, oid=oid, columns=columns)
+        labeled = replace(shape, oid=oid, columns=columns)
+        self._labeled[oid] = (shape, tuple(ids.items()), labeled)
+        return labeled
 
     def apply(self, ddl: Ddl, position: int) -> list[tuple[int, Name]]:
         """Apply one statement's effects; returns the tracked tables it renamed, as (id, new name)."""

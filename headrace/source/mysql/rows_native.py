@@ -11,7 +11,7 @@ text (``tests/source/mysql/test_rows_native.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pymysqlreplication.constants import FIELD_TYPE
@@ -101,3 +101,20 @@ def decode(event: Any, specs: list[Spec]) -> list[tuple[str | None, ...]] | None
     if rows is None:
         packet.unread(body)
     return rows
+
+
+def key_image(at: list[int], width: int) -> Callable[[tuple[str | None, ...]], tuple[str | None, ...]]:
+    """A row image reduced to its key columns ``at`` (the others None): a delete's or a key change's
+    old image. A leading single-column key (the common case) is one tuple concatenation."""
+    if at == [0]:
+        rest: tuple[None, ...] = (None,) * (width - 1)
+        return lambda row: (row[0],) + rest
+    blank: list[str | None] = [None] * width
+
+    def key_only(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
+        key = blank.copy()
+        for i in at:
+            key[i] = row[i]
+        return tuple(key)
+
+    return key_only

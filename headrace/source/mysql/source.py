@@ -16,6 +16,7 @@ replays the binlog after it and the position rule keeps each row's newer state.
 from __future__ import annotations
 
 import contextlib
+import logging
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -44,12 +45,14 @@ from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.names import TableNames
 from headrace.source.mysql.newest import NewestSchemas, staged_in_state
-from headrace.source.mysql.position import format_position, to_int
+from headrace.source.mysql.position import epoch_of, format_position, to_int
+from headrace.source.mysql.server import StreamStart, server_identity, stream_start
 from headrace.source.mysql.stream import PositionStream, renamed_tables
 
 if TYPE_CHECKING:
     from headrace.state.store import StateStore
 
+log = logging.getLogger("headrace.source.mysql")
 Conn = Any  # a pymysql connection
 SYSTEM_DATABASES = ("mysql", "information_schema", "performance_schema", "sys")
 ROWS_PER_PAGE = 50  # snapshot.chunk_pages is in 8 KiB pages; a MySQL chunk is a key range of about this many rows
@@ -69,6 +72,7 @@ class MySqlSource(Source):
 
     _renamed: dict[int, TableName] = {}  # noqa: RUF012 -- replaced, never mutated (configured_names)
     _stream: PositionStream | None = None  # the running capture's stream (open_stream)
+    _epoch: int | None = None  # this server's epoch in the positions (``_epoch_of``)
 
     @property
     def server_id(self) -> int:
@@ -108,20 +112,48 @@ class MySqlSource(Source):
         return _identity(conn)
 
     def check_same_source(self, conn: Conn, state: StateStore) -> None:
-        from headrace.source.mysql.binlog import same_server
-
-        meta = state.meta()
-        if meta is None:
+        """The server the pipeline read, or another of its replication topology whose binlog holds the
+        GTID state recorded with the captured position (``server.stream_start``: a failover)."""
+        if state.meta() is None:
             return
-        now, recorded = _identity(conn), str(meta["system_identifier"])
-        if not same_server(recorded, now):
-            raise SourceError(
-                f"the source {redacted_dsn(self.dsn)} is another MariaDB/MySQL server than the one pipeline"
-                f" {state.pipeline} was set up on (now {now}; recorded {recorded}): its binlog positions mean"
-                " nothing here. Point source.dsn back at the original server, or copy every table again from"
-                " this one: `headrace reset -c <pipeline file> --yes`, then run (MariaDB's server_uid changes"
-                " with the host, the data directory or the port)")
         self.check_capture(conn, state)
+
+    def _start(self, conn: Conn, meta: dict[str, Any]) -> StreamStart:
+        """Where the stream continues on this server (``server.stream_start``); keeps its epoch."""
+        start = stream_start(conn, self.dsn, self.config.name, str(meta["system_identifier"]),
+                             int(meta["captured_lsn"]), meta.get("captured_token"))
+        self._epoch = start.epoch
+        return start
+
+    def _epoch_of(self, conn: Conn) -> int:
+        """This server's epoch in the positions (``position.to_int``): 0 until a pipeline reads a
+        second server; read from state once."""
+        if self._epoch is None:
+            meta = self._meta()
+            self._epoch = 0 if meta is None else self._start(conn, meta).epoch
+        return self._epoch
+
+    def _record_token(self, position: int, token: str) -> None:
+        """Keep ``token`` as the resume token of captured ``position`` if state has none for it (a token
+        comes with each registered transaction; a pipeline that registered none has none)."""
+        import psycopg
+
+        assert self.config.source.state_dsn
+        with psycopg.connect(self.config.source.state_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE _headrace.pipeline_meta SET captured_token = %s WHERE pipeline = %s"
+                         " AND captured_lsn = %s AND captured_token IS NULL", (token, self.config.name, position))
+
+    def _meta(self) -> dict[str, Any] | None:
+        """State's pipeline row (None before the first run, or without a state database)."""
+        from headrace.state.store import StateStore
+
+        if not self.config.source.state_dsn:
+            return None
+        state = StateStore(self.config.source.state_dsn, self.config.name)
+        try:
+            return state.meta() if state.installed() else None
+        finally:
+            state.close()
 
     def probe(self) -> None:
         with self.connect() as conn, conn.cursor() as cur:
@@ -225,10 +257,13 @@ class MySqlSource(Source):
         meta = state.meta()
         if meta is None:
             return
+        start = self._start(conn, meta)
+        if start.gtid is not None:
+            return  # on another server: its binlog holds the GTID state (checked); the dump refuses a purged one
         captured = int(meta["captured_lsn"])
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
-            files = [to_int(row[0], 0) for row in cur.fetchall()]
+            files = [to_int(row[0], 0, start.epoch) for row in cur.fetchall()]
         if files and captured < min(files):
             raise SourceError(
                 f"the binlog at {format_position(captured)}, where pipeline {state.pipeline} resumes, was purged"
@@ -251,7 +286,18 @@ class MySqlSource(Source):
             # and the names recorded on the connection that records them.
             newest = NewestSchemas(known, staged_in_state(self.config.source.state_dsn, self.config.name),
                                    names.recorded() if names is not None else {})
-            inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest, tag=self.replica_tag)
+            meta = self._meta()
+            with self.connect() as conn:
+                begin = self._start(conn, meta) if meta is not None else StreamStart(start, epoch_of(start))
+            if begin.position != start:  # state moved since (another process): its start, not ours
+                begin = StreamStart(start, epoch_of(start))
+            inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest, tag=self.replica_tag,
+                                 epoch=begin.epoch, gtid_start=begin.gtid)
+            if begin.gtid is not None:
+                log.info("reading %s from GTID position %s (the pipeline read another server before)",
+                         redacted_dsn(self.dsn), begin.gtid)
+            elif meta is not None and not meta.get("captured_token") and inner.token is not None:
+                self._record_token(start, inner.token)  # a pipeline idle since set-up: failover needs it too
         except BaseException:
             if names is not None:
                 names.close()  # capture opens the stream again: no connection (and lock) left per attempt
@@ -275,7 +321,7 @@ class MySqlSource(Source):
             row = cur.fetchone()
         if row is None:
             raise SourceError("the source has no binary log: set log_bin (and binlog_format = ROW) in my.cnf")
-        return to_int(row[0], int(row[1]))
+        return to_int(row[0], int(row[1]), self._epoch_of(conn))
 
     def format_position(self, pos: int) -> str:
         return format_position(pos)
@@ -322,7 +368,8 @@ class MySqlSource(Source):
         return chunked.plan_chunks(conn, table, self.config.snapshot.chunk_pages * ROWS_PER_PAGE)
 
     def chunk_reader(self, table: TableSchema, snapshot: CopySnapshot, binary: bool) -> ChunkRead:
-        return ChunkRead(partial(chunked.copy_chunk, self.dsn, table), [Route.TEXT] * len(table.columns),
+        return ChunkRead(partial(chunked.copy_chunk, self.dsn, table, epoch=epoch_of(snapshot.position)),
+                         [Route.TEXT] * len(table.columns),
                          per_row_position=True)
 
     def copy_lock_waiters(self, conn: Conn) -> list[LockWaiter]:
@@ -347,6 +394,4 @@ def _all_databases(conn: Conn) -> list[str]:
 
 
 def _identity(conn: Conn) -> str:
-    from headrace.source.mysql.binlog import server_identity
-
     return server_identity(conn)

@@ -57,7 +57,7 @@ class PositionStream:
                 self._sent = max(self._sent, ev.end_lsn)
         moved = int(self.inner.position)
         if not self._open and moved > self._sent:
-            events += [(moved, Begin(moved, 0, 0)), (moved, Commit(moved, moved, 0))]
+            events += [(moved, Begin(moved, 0, 0)), (moved, Commit(moved, moved, 0, self.inner.token))]
             self._sent = moved
         return events
 

@@ -160,6 +160,36 @@ class ThrowawayMariaDB:
             self._proc.wait(timeout=60)
         self._proc = None
 
+    def replicate_from(self, primary: ThrowawayMariaDB) -> ThrowawayMariaDB:
+        """Make this server a replica of ``primary`` by GTID (``MASTER_USE_GTID=slave_pos``), from
+        ``primary``'s position now (each server created its own accounts). Start this server with its
+        own ``server_id`` and ``log_slave_updates = ON`` for its binlog to hold what it replicates."""
+        with contextlib.closing(primary._socket_connection()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            position = cur.fetchone()[0]
+        with contextlib.closing(self._socket_connection()) as conn, conn.cursor() as cur:
+            cur.execute("SET GLOBAL gtid_slave_pos = %s", (position,))
+            cur.execute(f"CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {primary.port},"
+                        f" MASTER_USER = '{REPL_USER}', MASTER_PASSWORD = '{REPL_PASSWORD}',"
+                        " MASTER_USE_GTID = slave_pos, MASTER_CONNECT_RETRY = 1")
+            cur.execute("START SLAVE")
+        return self
+
+    def caught_up_with(self, primary: ThrowawayMariaDB) -> bool:
+        """This replica has applied everything ``primary`` logged."""
+        with contextlib.closing(primary._socket_connection()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            logged = cur.fetchone()[0]
+        with contextlib.closing(self._socket_connection()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@gtid_slave_pos")
+            return bool(cur.fetchone()[0] == logged)
+
+    def promote(self) -> None:
+        """Stop replicating and forget the primary: this server takes writes of its own."""
+        with contextlib.closing(self._socket_connection()) as conn, conn.cursor() as cur:
+            cur.execute("STOP SLAVE")
+            cur.execute("RESET SLAVE ALL")
+
     def create_database(self, name: str) -> str:
         """Create database ``name`` (utf8mb4) and return the replication account's DSN for it."""
         with contextlib.closing(self._socket_connection()) as conn, conn.cursor() as cur:

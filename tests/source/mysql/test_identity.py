@@ -14,9 +14,10 @@ import pytest
 
 from headrace.core.errors import SourceError
 from headrace.source import open_source
-from headrace.source.mysql.binlog import BinlogStream, identity_fields, same_server, server_identity
+from headrace.source.mysql.binlog import BinlogStream
 from headrace.source.mysql.check import replica_id_problems
 from headrace.source.mysql.connect import connect
+from headrace.source.mysql.server import identity_fields, same_server, server_identity
 from headrace.source.mysql.throwaway import ThrowawayMariaDB
 from headrace.state.store import StateStore
 from tests.e2e.helpers import make_config
