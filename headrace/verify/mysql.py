@@ -83,12 +83,14 @@ def _session(dsn: str) -> Any:
 
 
 class MySqlPoint(SourcePoint):
-    """A MySQL/MariaDB source at ``dsn``."""
+    """A MySQL/MariaDB source at ``dsn``, which the pipeline reads as its server of ``epoch`` (the one
+    of its captured position: verify compares the server the pipeline reads now)."""
 
     errors = (pymysql.MySQLError,)
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, epoch: int) -> None:
         self.dsn = dsn
+        self.epoch = epoch  # the server's in the pipeline's positions (``source.mysql.position``)
 
     @contextmanager
     def current(self) -> Iterator[SourceSide]:
@@ -105,7 +107,7 @@ class MySqlPoint(SourcePoint):
             with conn.cursor() as cur:
                 cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            yield MySqlSide(conn), snapshot_position(conn)
+            yield MySqlSide(conn), snapshot_position(conn, self.epoch)
         finally:
             conn.close()
 

@@ -60,13 +60,14 @@ def _shape_problem(point: SourcePoint, side: SourceSide, row: TableRow) -> str |
     return None
 
 
-def source_point(config: PipelineConfig) -> SourcePoint:
+def source_point(config: PipelineConfig, state: StateStore) -> SourcePoint:
     """The pipeline's source, as verify reads it."""
     dsn = config.source.resolved_dsn()
     if source_kind(dsn) == "mysql":
+        from headrace.source.mysql.position import epoch_of
         from headrace.verify.mysql import MySqlPoint
 
-        return MySqlPoint(dsn)
+        return MySqlPoint(dsn, epoch_of(state.captured_lsn()))
     from headrace.verify.postgres import PostgresPoint
 
     return PostgresPoint(dsn, config.source.text_columns)
@@ -74,11 +75,11 @@ def source_point(config: PipelineConfig) -> SourcePoint:
 
 def verify(config: PipelineConfig, options: VerifyOptions, progress: Progress) -> list[TableCheck]:
     """Compare the selected tables; each ``TableCheck`` says what differs (or why it could not run)."""
-    point = source_point(config)
     state = StateStore(config.source.resolved_state_dsn(), config.name)
     try:
         if not state.installed() or state.meta() is None:
             raise VerifyError(f"pipeline {config.name} has not started yet: run `headrace run` first")
+        point = source_point(config, state)
         rows = _selected(state.tables(), options.tables)
         if not rows:
             raise VerifyError(f"pipeline {config.name} replicates no tables yet")
