@@ -8,7 +8,8 @@ reading transaction has imported the snapshot.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import psycopg
@@ -23,8 +24,9 @@ from headrace.source.postgres.types import TypeCatalog
 from headrace.state.store import TableRow
 from headrace.verify.canon import Dialect
 from headrace.verify.point import SourcePoint
-from headrace.verify.sides import Ranges, SourceSide
+from headrace.verify.sides import Checksums, Ranges, SourceSide, added
 
+MIN_PART_PAGES = 1024  # 8 MiB: a smaller table is summed in one query
 _VERSION = "tableoid::bigint || ':' || ctid::text || ':' || xmin::text"
 
 
@@ -52,8 +54,35 @@ class PostgresSide(SourceSide):
 
     dialect: Dialect = "postgres"
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], helpers: tuple[psycopg.Connection[Any], ...] = ()) -> None:
         self.conn = conn
+        self.helpers = helpers  # more connections in the same snapshot: a table's checksums in parts
+
+    def checksums(self, table: TableSchema, ranges: Ranges, bits: int) -> Checksums:
+        """Checksums in parts of the table's pages (a TID range scan each, on its own connection, at
+        once): PostgreSQL computes the row hashes of one query on one core."""
+        conns = (self.conn, *self.helpers)
+        pages = self._pages(table) if self.helpers else 0
+        if pages < len(conns) * MIN_PART_PAGES:
+            return super().checksums(table, ranges, bits)
+        step = pages // len(conns)
+        parts = []
+        for i in range(len(conns)):
+            low = f"ctid >= '({i * step},0)'::tid"
+            high = f" AND ctid < '({(i + 1) * step},0)'::tid" if i < len(conns) - 1 else ""  # the last: to the end
+            parts.append(f"(SELECT * FROM {self.relation(table)} WHERE {low}{high}) p")
+
+        def part(i: int) -> Checksums:
+            fetch = lambda q: conns[i].execute(sql.SQL(q)).fetchall()  # type: ignore[arg-type]  # noqa: E731
+            return self.checksums_of(parts[i], table, ranges, bits, fetch)
+
+        with ThreadPoolExecutor(len(conns), thread_name_prefix="verify-source") as pool:
+            return added(list(pool.map(part, range(len(conns)))))
+
+    def _pages(self, table: TableSchema) -> int:
+        row = self.conn.execute("SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
+                                (self.relation(table),)).fetchone()
+        return int(row[0]) if row else 0
 
     def relation(self, table: TableSchema) -> str:
         return f"{quote_ident(table.schema)}.{quote_ident(table.name)}"
@@ -76,9 +105,10 @@ class PostgresPoint(SourcePoint):
 
     errors = (psycopg.Error,)
 
-    def __init__(self, dsn: str, text_columns: Any) -> None:
+    def __init__(self, dsn: str, text_columns: Any, connections: int = 1) -> None:
         self.dsn = dsn
         self.text_columns = text_columns
+        self.connections = connections  # in the snapshot (at most the copy's: snapshot.max_connections)
 
     @contextmanager
     def current(self) -> Iterator[SourceSide]:
@@ -87,15 +117,15 @@ class PostgresPoint(SourcePoint):
 
     @contextmanager
     def snapshot(self) -> Iterator[tuple[SourceSide, int]]:
-        conn = psycopg.connect(self.dsn, autocommit=True, options=SESSION_OPTIONS)
-        try:
+        with ExitStack() as stack:
+            conns = [stack.enter_context(psycopg.connect(self.dsn, autocommit=True, options=SESSION_OPTIONS))
+                     for _ in range(self.connections)]
             with ExportedSnapshot(self.dsn) as snap:
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snap.snapshot_name)))
+                for conn in conns:
+                    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snap.snapshot_name)))
                 position = snap.lsn
-            yield PostgresSide(conn), position
-        finally:
-            conn.close()
+            yield PostgresSide(conns[0], tuple(conns[1:])), position
 
     def estimates(self, side: SourceSide, rows: list[TableRow]) -> dict[int, int]:
         assert isinstance(side, PostgresSide)

@@ -70,7 +70,9 @@ def source_point(config: PipelineConfig, state: StateStore) -> SourcePoint:
         return MySqlPoint(dsn, epoch_of(state.captured_lsn()))
     from headrace.verify.postgres import PostgresPoint
 
-    return PostgresPoint(dsn, config.source.text_columns)
+    # PostgreSQL sums one query's rows on one core: the snapshot is read on as many connections as
+    # the copy may use (snapshot.max_connections), each summing a part of the table's pages
+    return PostgresPoint(dsn, config.source.text_columns, config.snapshot.max_connections)
 
 
 def verify(config: PipelineConfig, options: VerifyOptions, progress: Progress) -> list[TableCheck]:

@@ -49,6 +49,16 @@ class Ranges:
     keys: tuple[KeyTexts, ...] | None = None
 
 
+def added(parts: list[Checksums]) -> Checksums:
+    """The checksums of a table from those of its parts (counts and sums add)."""
+    out: Checksums = {}
+    for part in parts:
+        for r, (n, total) in part.items():
+            have = out.get(r, (0, 0))
+            out[r] = (have[0] + n, have[1] + total)
+    return out
+
+
 def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]) -> str:
     """A FROM item of ``source`` (a table with its WHERE) with, per row, ``_v_ident`` (the identity's
     text), ``_v_kh`` and ``_v_rh`` (identity and row hashes), ``_v_c<i>`` (the compared texts) and
@@ -119,10 +129,15 @@ class Side(ABC):
 
     def checksums(self, table: TableSchema, ranges: Ranges, bits: int) -> Checksums:
         """Rows and hash sums per range of ``bits`` bits, over the rows ``ranges`` covers."""
+        return self.checksums_of(self.relation(table), table, ranges, bits, self.fetch)
+
+    def checksums_of(self, relation: str, table: TableSchema, ranges: Ranges, bits: int,
+                     fetch: Callable[[str], list[tuple[Any, ...]]]) -> Checksums:
+        """``checksums`` of the rows of ``relation`` (the table, or a part of it), read by ``fetch``."""
         where = _filters(ranges, self.dialect)
-        rows = _layers(table, self.dialect, self.relation(table), [])
+        rows = _layers(table, self.dialect, relation, [])
         query = f"SELECT _v_kh >> {HASH_BITS - bits} AS r, count(*), sum(_v_rh) FROM {rows} v WHERE {where} GROUP BY 1"
-        return {int(r): (int(n), int(s)) for r, n, s in self.fetch(query)}
+        return {int(r): (int(n), int(s)) for r, n, s in fetch(query)}
 
     def rows(self, table: TableSchema, ranges: Ranges) -> list[RowImage]:
         """The rows ``ranges`` covers, with their column texts."""
