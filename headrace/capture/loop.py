@@ -27,10 +27,12 @@ import psycopg
 from headrace.capture.backpressure import Backpressure
 from headrace.capture.buffer import TableBuffer, buffered_bytes, stage
 from headrace.capture.flusher import Flusher, FlushJob
-from headrace.capture.staging import count_changes, remove_orphans, write_files, write_waiting
+from headrace.capture.spill import Committed, StreamedTransactions
+from headrace.capture.staging import count_changes, remove_orphans, spill_folder, write_files, write_waiting
 from headrace.config import PipelineConfig
 from headrace.core.backoff import Backoff
-from headrace.core.changes import Begin, Commit, Delete, Insert, Message, Relation, Truncate, Update
+from headrace.core.changes import (Begin, Commit, Delete, Insert, Message, Relation, Streamed, StreamAbort,
+                                   StreamCommit, StreamStart, StreamStop, Truncate, Update)
 from headrace.core.errors import TransientError
 from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
@@ -188,7 +190,8 @@ class Capture:
         self.last_error = None
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=fmt(self.captured_lsn))
         flusher = Flusher(lambda buffers: self._write_waiting(buffers, flusher.halt),
-                          lambda files, end_lsn: self._register(flush_index, files, end_lsn))
+                          lambda files, end_lsn: self._register(flush_index, files, end_lsn),
+                          finish=lambda committed: committed.finish(self.staging))
         self._writers = (None if self.staging.local
                          else ThreadPoolExecutor(max_workers=FILE_WRITERS, thread_name_prefix="capture-write"))
         self._halt = flusher.halt
@@ -207,6 +210,9 @@ class Capture:
         policy = self.config.staging
         flush_bytes = policy.flush_bytes
         codec = self.source.undecoded()  # stages the changes the stream hands over as bytes
+        streamed = StreamedTransactions(spill_folder(self.staging, self.config.name), relations,
+                                        lambda ev: self._schema(source, stream, ev), codec, flush_bytes)
+        in_block = False  # between a StreamStart and its StreamStop: changes are the streamed transaction's
         try:
             while not stop.is_set():
                 flusher.check()
@@ -233,6 +239,9 @@ class Capture:
                 for _lsn, ev in events:
                     match ev:
                         case bytes() | Insert() | Update() | Delete() | Truncate():  # bytes: undecoded
+                            if in_block:
+                                streamed.take(ev)
+                                continue
                             if skip:
                                 continue  # already registered before a restart
                             seq += 1
@@ -261,12 +270,31 @@ class Capture:
                             if self._make_room(index, stream, stop, flusher, buffers, pending_end):
                                 first_change_at, last_ack_at, spilled_rows = None, time.monotonic(), 0
                             buffered = buffered_bytes(buffers)
+                        case Streamed():
+                            streamed.take(ev)
+                        case StreamStart():
+                            streamed.start(ev.xid, ev.first)
+                            in_block = True
+                        case StreamStop():
+                            streamed.stop()
+                            in_block = False
+                        case StreamAbort():
+                            streamed.abort(ev.xid, ev.subxid)
+                        case StreamCommit():
+                            committed = streamed.commit(ev)
+                            pending_end = self.received_lsn = max(pending_end, ev.end_lsn)
+                            if committed is not None and ev.commit_lsn >= self.captured_lsn:
+                                # Registered at its commit's place: after what is buffered, before what follows.
+                                self._hand_over(flusher, stream, buffers, pending_end, committed)
+                                relations.update(committed.relations)  # the server counts them as sent now
+                                spilled_rows, first_change_at, last_ack_at = 0, None, time.monotonic()
+                            elif committed is not None:
+                                committed.discard()  # registered before a restart
+                            buffered = 0
                         case Relation():
-                            known = self.known.get(ev.oid)
-                            if known is None:
+                            schema = self._schema(source, stream, ev)
+                            if schema is None:
                                 continue  # published, but not one of this pipeline's tables
-                            with self._source_lock:
-                                schema = self.source.relation_schema(source, stream, ev, known)
                             old = relations.get(ev.oid)
                             relations[ev.oid] = schema
                             tb = buffers.get(ev.oid)
@@ -307,6 +335,7 @@ class Capture:
             self._ack(stream)
         finally:
             flusher.close()
+            streamed.close()
             if self._writers is not None:
                 self._writers.shutdown()
             self._writers = None
@@ -314,15 +343,24 @@ class Capture:
             event(log, "capture.stop", captured_lsn=fmt(self.captured_lsn))
 
     def _hand_over(self, flusher: Flusher, stream: ChangeStream, buffers: dict[int, TableBuffer],
-                   end_lsn: int | None) -> int:
-        """Hand ``buffers`` to the flusher (emptied here) with the position to register after them
-        (None: a spill, registered with the next); the rows handed over."""
-        job = FlushJob([(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)], end_lsn)
+                   end_lsn: int | None, committed: Committed | None = None) -> int:
+        """Hand ``buffers`` (and a ``committed`` streamed transaction after them) to the flusher
+        (emptied here) with the position to register after them (None: a spill, registered with the
+        next); the rows handed over."""
+        job = FlushJob([(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)], end_lsn, committed)
         buffers.clear()
         flusher.submit(job, lambda: self._keep_alive(stream))
         if end_lsn is not None:
             self._submitted = max(self._submitted, end_lsn)
         return job.rows
+
+    def _schema(self, source: Any, stream: ChangeStream, ev: Relation) -> TableSchema | None:
+        """The schema a RELATION message gives (None: published, but not one of this pipeline's tables)."""
+        known = self.known.get(ev.oid)
+        if known is None:
+            return None
+        with self._source_lock:
+            return self.source.relation_schema(source, stream, ev, known)
 
     def _closed(self, stream: ChangeStream) -> None:
         stream.close()
