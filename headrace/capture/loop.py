@@ -26,15 +26,24 @@ import psycopg
 
 from headrace.capture.backpressure import Backpressure
 from headrace.capture.buffer import TableBuffer, buffered_bytes, stage
+from headrace.capture.confirm import SlotConfirmation
 from headrace.capture.flusher import Flusher, FlushJob
 from headrace.capture.spill import Committed, StreamedTransactions
-from headrace.capture.staging import count_changes, remove_orphans, spill_folder, write_files, write_waiting
+from headrace.capture.staging import remove_orphans, spill_folder, write_files, write_waiting
 from headrace.config import PipelineConfig
 from headrace.core.backoff import Backoff
-from headrace.core.changes import (Begin, Commit, Delete, Insert, Message, Relation, Streamed, StreamAbort,
-                                   StreamCommit, StreamStart, StreamStop, Truncate, Update)
+from headrace.core.changes import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    StreamCommit,
+    Truncate,
+    Update,
+)
 from headrace.core.errors import TransientError
-from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
@@ -53,7 +62,7 @@ FILE_WRITERS = 4
 
 
 
-class Capture:
+class Capture(SlotConfirmation):
     """Reads the slot, stages changes, registers them, acknowledges. Run ``run`` in a thread."""
 
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, schemas: dict[int, TableSchema],
@@ -270,16 +279,6 @@ class Capture:
                             if self._make_room(index, stream, stop, flusher, buffers, pending_end):
                                 first_change_at, last_ack_at, spilled_rows = None, time.monotonic(), 0
                             buffered = buffered_bytes(buffers)
-                        case Streamed():
-                            streamed.take(ev)
-                        case StreamStart():
-                            streamed.start(ev.xid, ev.first)
-                            in_block = True
-                        case StreamStop():
-                            streamed.stop()
-                            in_block = False
-                        case StreamAbort():
-                            streamed.abort(ev.xid, ev.subxid)
                         case StreamCommit():
                             committed = streamed.commit(ev)
                             pending_end = self.received_lsn = max(pending_end, ev.end_lsn)
@@ -306,6 +305,8 @@ class Capture:
                                 buffered = buffered_bytes(buffers)
                         case Message():
                             pass  # heartbeats only move the position
+                        case _:  # StreamStart, StreamStop, StreamAbort, a Streamed message
+                            in_block = streamed.message(ev)
                 if txn is not None:
                     continue
                 rows = sum(len(tb.buffer) for tb in buffers.values()) + spilled_rows
@@ -362,33 +363,6 @@ class Capture:
         with self._source_lock:
             return self.source.relation_schema(source, stream, ev, known)
 
-    def _closed(self, stream: ChangeStream) -> None:
-        stream.close()
-        self._forwarded = max(self._forwarded, stream.forwardable)
-
-    def _bound(self, index: LogIndex, reach: int) -> None:
-        """Record in state that the slot may be confirmed up to ``reach`` (before anything can send
-        it): start-up and reconnection refuse a slot beyond the recorded bound as moved by someone else."""
-        index.register([], self.captured_lsn, reach)
-        self._bounded = max(self._bounded, reach)
-
-    def _ack(self, stream: ChangeStream) -> None:
-        """Confirm the slot up to what the flusher registered, if it moved (capture's thread only)."""
-        registered = self.captured_lsn
-        if registered > self._acked:
-            stream.acknowledge(registered)
-            self._acked = registered
-
-    def _keep_alive(self, stream: ChangeStream) -> None:
-        """While capture waits for the flusher: a status message (registered position), so the server
-        does not time the replication connection out."""
-        stream.acknowledge(self.captured_lsn)
-        self._acked = max(self._acked, self.captured_lsn)
-        if self._stop.is_set():
-            # Stopping while the flusher waits for staging space: it gives up (as capture itself
-            # did before the flush had a thread), so stopping never waits for a full disk.
-            self._halt.set()
-
     def _full(self, buffers: dict[int, TableBuffer], spilled_rows: int, idle: bool) -> bool:
         """The flush policy's size limit (rows or bytes) is reached (``idle``: the flusher is)."""
         policy = self.config.staging
@@ -409,37 +383,6 @@ class Capture:
         self._ack(stream)
         self.backpressure.wait(index, stop, lambda: self._confirm(index, stream))
         return True
-
-    def _confirm(self, index: LogIndex, stream: ChangeStream) -> None:
-        """Confirm the captured position again (while paused); the confirmation may carry
-        psycopg2's forwarded position, so bound it in state first."""
-        assert self._source is not None
-        with self._source_lock:
-            bound = self.source.flushed_position(self._source)
-        index.register([], self.captured_lsn, bound)
-        stream.acknowledge(self.captured_lsn)
-
-    def _register(self, index: LogIndex, files: list[StagedFile], end_lsn: int) -> None:
-        """The flusher's thread: register ``files`` and the position ``end_lsn`` in one transaction,
-        then publish the position (``captured_lsn``) for capture's thread to confirm."""
-        if files:
-            crash_point("capture.after_write")
-        # Anything psycopg2 forwards the confirmation to comes from a keepalive read before it is
-        # sent, so at most the server's flushed WAL now. The source connection is capture's too.
-        with self._source_lock:
-            bound = self.source.flushed_position(self._source) if self._source is not None else end_lsn
-        index.register(files, end_lsn, bound)  # durable and registered: now the slot may move
-        self._bounded = max(self._bounded, bound)
-        if files:
-            crash_point("capture.after_register")
-            count_changes(self.changes_captured, files)
-            self.on_staged()  # the run loop applies them now, not at its next timed pass
-        self.captured_lsn = max(self.captured_lsn, end_lsn)
-        self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
-        self.backpressure.staged(sum(f.rows for f in files), sum(f.bytes for f in files))
-        if files:
-            event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
-                  captured_lsn=self.source.format_position(end_lsn))
 
     def _write_waiting(self, buffers: list[tuple[int, TableBuffer]], halt: threading.Event) -> list[StagedFile]:
         """The flusher's thread: one file per buffered table, waiting while staging cannot take them

@@ -32,7 +32,19 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from headrace.capture.buffer import TableBuffer, stage
-from headrace.core.changes import Begin, Delete, Insert, Relation, Streamed, StreamCommit, Truncate, Update
+from headrace.core.changes import (
+    Begin,
+    Delete,
+    Insert,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    Streamed,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Update,
+)
 from headrace.core.schema import TableSchema
 from headrace.core.undecoded import UndecodedCodec
 from headrace.log.codec import STAGING_SCHEMA
@@ -144,6 +156,20 @@ class StreamedTransactions:
     def in_progress(self) -> int:
         return len(self._open)
 
+    def message(self, ev: object) -> bool:
+        """A StreamStart, StreamStop, StreamAbort or a ``Streamed`` message (or a change's bytes) of
+        the open block; whether a block is open after it."""
+        match ev:
+            case StreamStart():
+                self.start(ev.xid, ev.first)
+            case StreamStop():
+                self.stop()
+            case StreamAbort():
+                self.abort(ev.xid, ev.subxid)
+            case _:
+                self.take(ev)
+        return self._current is not None
+
     def start(self, xid: int, first: bool) -> None:
         """A block of ``xid``'s changes begins."""
         tx = self._open.get(xid)
@@ -164,6 +190,7 @@ class StreamedTransactions:
         tx = self._current
         if tx is None:
             raise RuntimeError("a streamed change outside a Stream Start ... Stop block")
+        oids: tuple[int, ...]
         if type(ev) is bytes:
             assert self._codec is not None and self._codec.xid is not None
             subxid, oids = self._codec.xid(ev), (self._codec.relation_oid(ev),)
