@@ -28,9 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from harness import (
+    ROOT,
+    Headrace,
+    Sampler,
+    compare_with_source,
+    insert_lsn,
+    load_average,
+    table_states,
+    wait_for,
+    write_config,
+)
 
-from harness import (ROOT, Headrace, Sampler, compare_with_source, insert_lsn, load_average, table_states,
-                     wait_for, write_config)
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 
 

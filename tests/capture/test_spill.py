@@ -8,8 +8,16 @@ import json
 from pathlib import Path
 
 from headrace.capture.spill import StreamedTransactions
-from headrace.core.changes import (Insert, Relation, RelationColumn, StreamAbort, StreamCommit, Streamed, StreamStart,
-                                   StreamStop)
+from headrace.core.changes import (
+    Insert,
+    Relation,
+    RelationColumn,
+    StreamAbort,
+    StreamCommit,
+    Streamed,
+    StreamStart,
+    StreamStop,
+)
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.codec import read_staging_file
 from headrace.log.store import StagingStore
