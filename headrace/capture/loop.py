@@ -200,7 +200,7 @@ class Capture(SlotConfirmation):
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=fmt(self.captured_lsn))
         flusher = Flusher(lambda buffers: self._write_waiting(buffers, flusher.halt),
                           lambda files, end_lsn: self._register(flush_index, files, end_lsn),
-                          finish=lambda committed: committed.finish(self.staging))
+                          finish=lambda committed: committed.finish(self.staging, policy.flush_rows_busy))
         self._writers = (None if self.staging.local
                          else ThreadPoolExecutor(max_workers=FILE_WRITERS, thread_name_prefix="capture-write"))
         self._halt = flusher.halt

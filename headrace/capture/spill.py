@@ -100,25 +100,30 @@ class Committed:
     folder: Path
     relations: dict[int, TableSchema]  # the schemas its blocks' RELATION messages gave
 
-    def finish(self, store: StagingStore) -> list[StagedFile]:
-        """Each part as a staged file: rolled-back subtransactions' rows out, the commit's LSN and time in."""
+    def finish(self, store: StagingStore, max_rows: int) -> list[StagedFile]:
+        """Its parts as staged files of at most ``max_rows`` rows each (an apply batch on the driver
+        takes a few whole files): rolled-back subtransactions' rows out, the commit's LSN and time in."""
         files = []
         for part in self.parts:
             table = part.read()
             if self.aborted:
                 table = table.filter(pc.invert(pc.is_in(table["_subxid"], pa.array(sorted(self.aborted), pa.int64()))))
-            if not table.num_rows:
-                continue
             n = table.num_rows
+            if not n:
+                continue
             table = table.drop_columns(["_subxid"])
             table = table.set_column(1, STAGING_SCHEMA.field("_lsn"), pa.array(np.full(n, self.commit_lsn, np.int64)))
             table = table.set_column(3, STAGING_SCHEMA.field("_ts"), pa.array(
                 np.full(n, self.commit_ts_us, np.int64)).cast(pa.timestamp("us", tz="UTC")))
-            location, size = store.write_table(part.oid, table, self.commit_lsn)
-            columns = [table[name].to_pylist() for name in ("_op", "_lsn", "_seq", "_unchanged_cols", "_old_key")]
-            files.append(StagedFile(part.oid, location, n, size, self.commit_lsn, self.commit_lsn, part.schema,
-                                    facts_of(*columns)))
+            for start in range(0, n, max_rows):
+                files.append(self._staged(store, part, table.slice(start, max_rows)))
         return files
+
+    def _staged(self, store: StagingStore, part: _Part, table: pa.Table) -> StagedFile:
+        location, size = store.write_table(part.oid, table, self.commit_lsn)
+        columns = [table[name].to_pylist() for name in ("_op", "_lsn", "_seq", "_unchanged_cols", "_old_key")]
+        return StagedFile(part.oid, location, table.num_rows, size, self.commit_lsn, self.commit_lsn, part.schema,
+                          facts_of(*columns))
 
     def discard(self) -> None:
         """Delete its spill files (once its staged files are registered)."""

@@ -54,14 +54,14 @@ def test_commit_keeps_what_the_transaction_kept_at_its_commit_position(tmp_path:
     committed = streamed.commit(StreamCommit(500, 0x2000, 0x2100, 1_700_000_000_000_000))
     assert committed is not None and committed.relations == {OID: SCHEMA}
     store = StagingStore.open(tmp_path / "staging")
-    files = committed.finish(store)
+    files = committed.finish(store, 30)
     rows = [r for f in files for r in read_staging_file(f.path).to_pylist()]
     assert sorted(int(json.loads(r["_data"])["id"]) for r in rows) == [*range(100), *range(150, 161)]
     assert {(r["_lsn"], r["_xid"], r["_op"]) for r in rows} == {(0x2000, 500, "I")}
     seqs = [r["_seq"] for r in rows]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert all(f.min_lsn == f.max_lsn == 0x2000 and f.facts is not None for f in files)
-    assert sum(f.rows for f in files) == len(rows) == 111
+    assert sum(f.rows for f in files) == len(rows) == 111 and max(f.rows for f in files) <= 30
     committed.discard()
     assert not (tmp_path / "spill" / "500").exists()
     streamed.close()
