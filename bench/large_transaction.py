@@ -36,6 +36,7 @@ from harness import (
     compare_with_source,
     insert_lsn,
     load_average,
+    pending_staged,
     table_states,
     wait_for,
     write_config,
