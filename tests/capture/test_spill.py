@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from headrace.capture.spill import StreamedTransactions
+from headrace.capture.spill import StreamedTransactions, table_facts
 from headrace.core.changes import (
     Insert,
     Relation,
@@ -19,7 +19,7 @@ from headrace.core.changes import (
     StreamStop,
 )
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.log.codec import read_staging_file
+from headrace.log.codec import StagingBuffer, read_staging_file
 from headrace.log.store import StagingStore
 
 OID = 16400
@@ -66,3 +66,15 @@ def test_commit_keeps_what_the_transaction_kept_at_its_commit_position(tmp_path:
     assert not (tmp_path / "spill" / "500").exists()
     streamed.close()
     assert not (tmp_path / "spill").exists()
+
+
+def test_facts_counted_by_arrow_are_the_facts_of_the_rows() -> None:
+    buf = StagingBuffer()
+    for op, seq, unchanged, old_key in [("I", 1, None, None), ("U", 2, "c", None), ("U", 3, None, '{"id":"1"}'),
+                                         ("U", 4, "c", '{"id":"2"}'), ("T", 5, None, None), ("D", 6, None, None),
+                                         ("T", 7, None, None)]:
+        buf.append(op, 9, seq, 0, 1, "{}", unchanged, old_key)
+    assert table_facts(buf.to_table()) == buf.facts
+    only_inserts = StagingBuffer()
+    only_inserts.append("I", 9, 1, 0, 1, "{}")
+    assert table_facts(only_inserts.to_table()) == only_inserts.facts
