@@ -118,6 +118,10 @@ def run_one(server: ThrowawayPostgres, work: Path, target: str, protocol: int, a
         result["samples"] = samples
     finally:
         headrace.stop()
+    with psycopg.connect(dsn) as conn:  # what the server did: streamed (v2), or spilled to its disk (v1)
+        row = conn.execute("SELECT stream_txns, stream_bytes, spill_txns, spill_bytes FROM pg_stat_replication_slots"
+                           " WHERE slot_name = %s", (f"headrace_{name}",)).fetchone()
+    result["server"] = dict(zip(("stream_txns", "stream_bytes", "spill_txns", "spill_bytes"), row or (), strict=False))
     # After the stop: a DuckDB file catalog takes one process at a time.
     result["check"] = compare_with_source(config, dsn, {"public.big": "count(*), sum(v)"})
     with psycopg.connect(dsn, autocommit=True) as conn:

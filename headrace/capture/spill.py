@@ -20,6 +20,7 @@ files no one else reads, is emptied when capture (re)connects. A Stream Abort de
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 from collections import ChainMap
 from collections.abc import Callable
@@ -53,6 +54,9 @@ from headrace.log.codec import STAGING_SCHEMA
 from headrace.log.facts import FileFacts
 from headrace.log.index import StagedFile
 from headrace.log.store import StagingStore
+from headrace.logs import event
+
+log = logging.getLogger("headrace.capture")
 
 # Parts finished side by side at a commit: reading, Parquet and fsync release the GIL (two: the
 # machines measured have two cores; each holds one part in memory).
@@ -235,6 +239,7 @@ class StreamedTransactions:
         if subxid == xid:
             del self._open[xid]
             self._drop(tx)
+            event(log, "capture.streamed_abort", xid=xid, spilled_files=len(tx.parts))
         else:
             tx.aborted.add(subxid)
 
@@ -243,9 +248,12 @@ class StreamedTransactions:
         tx = self._open.pop(ev.xid, None)
         if tx is None:
             return None
+        spilled = len(tx.parts)
         for oid, tb in tx.buffers.items():
             if len(tb.buffer):
                 tx.parts.append(_Part(oid, tb.schema, table=_with_subxids(tb, tx.subxids[oid])))
+        event(log, "capture.streamed_commit", xid=tx.xid, spilled_files=spilled, parts=len(tx.parts),
+              subtransactions_rolled_back=len(tx.aborted))
         return Committed(tx.xid, ev.commit_lsn, ev.commit_ts_us, tx.parts, frozenset(tx.aborted), tx.folder,
                          tx.relations)
 
