@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--protocols", default="2,1")
     ap.add_argument("--pg", type=int, default=15, help="the source's major version (15: Debian's, 18: the wheel's)")
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--json", default=str(ROOT / "benchout" / "large_transaction.json"))
+    ap.add_argument("--json", default=str(ROOT / "docs" / "large_transaction.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hr-bigtx-"))
     results = []
