@@ -169,8 +169,8 @@ class StreamedTransactions:
         return len(self._open)
 
     def message(self, ev: object) -> bool:
-        """A StreamStart, StreamStop, StreamAbort or a ``Streamed`` message (or a change's bytes) of
-        the open block; whether a block is open after it."""
+        """A StreamStart, StreamStop, StreamAbort or a ``Streamed`` message of the open block;
+        whether a block is open after it."""
         match ev:
             case StreamStart():
                 self.start(ev.xid, ev.first)
@@ -178,9 +178,9 @@ class StreamedTransactions:
                 self.stop()
             case StreamAbort():
                 self.abort(ev.xid, ev.subxid)
-            case _:
+            case Streamed() | bytes():
                 self.take(ev)
-        return self._current is not None
+        return self._current is not None  # anything else (no source sends it) is left alone
 
     def start(self, xid: int, first: bool) -> None:
         """A block of ``xid``'s changes begins."""
