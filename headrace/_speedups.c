@@ -311,12 +311,14 @@ done:
  * row is left out of _data and named in _unchanged_cols, unless the old row (REPLICA IDENTITY FULL)
  * gives it. None, with nothing appended, leaves the message to the Python path (decode, then stage):
  * a 'u' in the old row, a column count that is not the relation's, text that is not UTF-8, or
- * anything malformed. */
+ * anything malformed. An eighth argument, at, is where the relation oid starts: 1 (the default), or
+ * 5 inside a block of a streamed transaction (protocol 2+), where the subtransaction's xid comes
+ * first. */
 static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) ||
+    if ((nargs != 7 && nargs != 8) || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) ||
         PyTuple_GET_SIZE(args[1]) != 5 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 8) {
         PyErr_SetString(PyExc_TypeError, "stage_change(msg: bytes, layout: tuple of 5, columns: tuple of 8 lists, "
-                                         "lsn, seq, ts_us, xid)");
+                                         "lsn, seq, ts_us, xid[, at])");
         return NULL;
     }
     PyObject *layout = args[1], *columns = args[2];
@@ -339,7 +341,18 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
     int keyless = PyObject_IsTrue(PyTuple_GET_ITEM(layout, 3));
     if (keyless < 0)
         return NULL;
-    if (PyTuple_GET_SIZE(key_at_obj) != nkey || PyTuple_GET_SIZE(tokens) != ncols || len < 6)
+    Py_ssize_t oid_at = 1;
+    if (nargs == 8) {
+        oid_at = PyLong_AsSsize_t(args[7]);
+        if (oid_at == -1 && PyErr_Occurred())
+            return NULL;
+        if (oid_at != 1 && oid_at != 5) {
+            PyErr_SetString(PyExc_ValueError, "stage_change: at must be 1 or 5");
+            return NULL;
+        }
+    }
+    Py_ssize_t tuple_at = oid_at + 5;  /* after the oid and the tuple's marker byte */
+    if (PyTuple_GET_SIZE(key_at_obj) != nkey || PyTuple_GET_SIZE(tokens) != ncols || len < tuple_at)
         Py_RETURN_NONE;
     Val small[64];
     Py_ssize_t small_at[16];
@@ -359,24 +372,24 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (at[i] < 0 || at[i] >= ncols)
             goto fall_back;
     }
-    unsigned char op = (unsigned char)buf[0], marker = (unsigned char)buf[5];
+    unsigned char op = (unsigned char)buf[0], marker = (unsigned char)buf[tuple_at - 1];
     Py_ssize_t pos;
     int has_old = 0, has_new = 0;
     if (op == 'I' && marker == 'N') {
-        has_new = parse_values(buf, len, 6, new, ncols) >= 0;
+        has_new = parse_values(buf, len, tuple_at, new, ncols) >= 0;
         if (!has_new)
             goto fall_back;
     } else if (op == 'U' && marker == 'N') {
-        has_new = parse_values(buf, len, 6, new, ncols) >= 0;
+        has_new = parse_values(buf, len, tuple_at, new, ncols) >= 0;
         if (!has_new)
             goto fall_back;
     } else if (op == 'U' && (marker == 'K' || marker == 'O')) {
-        pos = parse_values(buf, len, 6, old, ncols);
+        pos = parse_values(buf, len, tuple_at, old, ncols);
         if (pos < 0 || pos >= len || buf[pos] != 'N' || parse_values(buf, len, pos + 1, new, ncols) < 0)
             goto fall_back;
         has_old = has_new = 1;
     } else if (op == 'D' && (marker == 'K' || marker == 'O')) {
-        has_old = parse_values(buf, len, 6, old, ncols) >= 0;
+        has_old = parse_values(buf, len, tuple_at, old, ncols) >= 0;
         if (!has_old)
             goto fall_back;
     } else {
@@ -453,7 +466,58 @@ done:
     return result;
 }
 
+static unsigned long long be_u64(const unsigned char *p) {
+    unsigned long long v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static unsigned long be_u32(const unsigned char *p) {
+    return ((unsigned long)p[0] << 24) | ((unsigned long)p[1] << 16) | ((unsigned long)p[2] << 8) | p[3];
+}
+
+/* stream_head(msg: bytes) -> tuple | None
+ * The fields of pgoutput's messages about streamed in-progress transactions (protocol 2+), as
+ * headrace.source.postgres.pgoutput.python_stream_head gives them: ('S', xid, first) for Stream
+ * Start, ('E',) for Stream Stop, ('c', xid, flags, commit_lsn, end_lsn, commit_ts) for Stream
+ * Commit, ('A', xid, subxid) for Stream Abort, and (kind, xid) for any other message, which inside a
+ * block of streamed changes carries its (sub)transaction's xid after the kind byte. None: too short. */
+static PyObject *stream_head(PyObject *self, PyObject *arg) {
+    if (!PyBytes_CheckExact(arg)) {
+        PyErr_SetString(PyExc_TypeError, "stream_head(msg: bytes)");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(arg);
+    Py_ssize_t len = PyBytes_GET_SIZE(arg);
+    if (len < 1)
+        Py_RETURN_NONE;
+    switch (b[0]) {
+    case 'E':
+        return Py_BuildValue("(C)", 'E');
+    case 'S':
+        if (len < 6)
+            Py_RETURN_NONE;
+        return Py_BuildValue("(CkO)", 'S', be_u32(b + 1), b[5] ? Py_True : Py_False);
+    case 'c':
+        if (len < 30)
+            Py_RETURN_NONE;
+        return Py_BuildValue("(CkBKKL)", 'c', be_u32(b + 1), b[5], be_u64(b + 6), be_u64(b + 14),
+                             (long long)be_u64(b + 22));
+    case 'A':
+        if (len < 9)
+            Py_RETURN_NONE;
+        return Py_BuildValue("(Ckk)", 'A', be_u32(b + 1), be_u32(b + 5));
+    default:
+        if (len < 5)
+            Py_RETURN_NONE;
+        return Py_BuildValue("(Ck)", b[0], be_u32(b + 1));
+    }
+}
+
 static PyMethodDef methods[] = {
+    {"stream_head", stream_head, METH_O, "The fields of a pgoutput streaming message (S, E, c, A) or a streamed "
+     "message's xid: a tuple, or None."},
     {"decode_tuple", decode_tuple, METH_VARARGS, "pgoutput TupleData at pos: (values, position after), or None."},
     {"encode_object", encode_object, METH_VARARGS, "JSON object of precomputed keys and str/None values, or None."},
     {"stage_change", (PyCFunction)(void (*)(void))stage_change, METH_FASTCALL,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headrace.core.changes import UNCHANGED
+from headrace.core.changes import UNCHANGED, StreamCommit, Streamed
 from headrace.core.errors import UnsupportedError
 from headrace.log import codec
 from headrace.source.postgres import pgoutput
@@ -65,3 +65,23 @@ def test_native_tuple_errors_are_the_decoders() -> None:
         pgoutput.decode(binary)
     with pytest.raises(pgoutput.MalformedMessage, match="not UTF-8"):
         pgoutput.decode(b"I\x00\x00\x00\x01N\x00\x01t\x00\x00\x00\x01\xff")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(b"SEcAIUDRTYM"), st.binary(max_size=40))
+def test_native_stream_head_reads_what_python_reads(kind: int, tail: bytes) -> None:
+    """Stream Start, Stop, Commit, Abort and the xid of a message inside a streamed block: the same
+    fields (or None for a message too short) from C and from Python, for any bytes."""
+    buf = bytes([kind]) + tail
+    assert speedups.stream_head(buf) == pgoutput.python_stream_head(buf)
+
+
+def test_streamed_messages_decode_with_their_xid() -> None:
+    insert = b"I\x00\x00\x00\x01N" + tuple_data(["1", None])
+    streamed = insert[:1] + (7).to_bytes(4, "big") + insert[1:]
+    assert pgoutput.decode(streamed, streamed=True) == Streamed(7, pgoutput.decode(insert))
+    commit = b"c" + (7).to_bytes(4, "big") + b"\x00" + (16).to_bytes(8, "big") + (24).to_bytes(8, "big") + bytes(8)
+    assert pgoutput.decode(commit, streamed=True) == StreamCommit(7, 16, 24, pgoutput.PG_EPOCH_OFFSET_US)
+    for cut in range(1, len(commit)):
+        with pytest.raises(pgoutput.MalformedMessage):
+            pgoutput.decode(commit[:cut])

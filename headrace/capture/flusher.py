@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from headrace.capture.buffer import TableBuffer
+from headrace.capture.spill import Committed
 from headrace.log.index import StagedFile
 
 KEEP_ALIVE_S = 1.0  # while capture waits for the flusher, confirm this often (wal_sender_timeout)
@@ -38,11 +39,13 @@ MIN_LINGER_S = 0.05  # the shortest wait before a flush (``Flusher.linger``): tr
 
 @dataclass
 class FlushJob:
-    """Buffers to write; ``end_lsn`` None: a spill inside a large transaction, registered with the next job."""
+    """Buffers to write; ``end_lsn`` None: a spill inside a large transaction, registered with the next job.
+    ``streamed``: a transaction streamed while in progress, committed after the buffers' changes."""
 
     buffers: list[tuple[int, TableBuffer]]
     end_lsn: int | None
     token: str | None = None  # the source's resume token at end_lsn (``Commit.token``), registered with it
+    streamed: Committed | None = None
     rows: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -58,9 +61,11 @@ class Flusher:
     """
 
     def __init__(self, write: Callable[[list[tuple[int, TableBuffer]]], list[StagedFile]],
-                 register: Callable[[list[StagedFile], int, str | None], None], depth: int = 1) -> None:
+                 register: Callable[[list[StagedFile], int, str | None], None], depth: int = 1,
+                 finish: Callable[[Committed], list[StagedFile]] = lambda committed: []) -> None:
         self._write = write
         self._register = register
+        self._finish = finish  # a streamed transaction's staged files (``Committed.finish``)
         self._depth = depth
         self._jobs: deque[FlushJob | None] = deque()
         self._busy = False  # a job is being written or registered
@@ -143,10 +148,14 @@ class Flusher:
     def _flush(self, job: FlushJob) -> None:
         started = time.monotonic()
         files = self._write(job.buffers) if job.buffers else []
+        if job.streamed is not None:
+            files += self._finish(job.streamed)
         if job.end_lsn is None:
             self._spilled += files
             return
         files, self._spilled = self._spilled + files, []
         self._register(files, job.end_lsn, job.token)
-        if job.buffers:  # an empty job only moves the position (an idle stream's acknowledgement)
+        if job.streamed is not None:
+            job.streamed.discard()  # registered: its spill files are no longer needed
+        elif job.buffers:  # an empty job only moves the position (an idle stream's acknowledgement)
             self.last_seconds = time.monotonic() - started

@@ -26,13 +26,24 @@ import psycopg
 
 from headrace.capture.backpressure import Backpressure
 from headrace.capture.buffer import TableBuffer, buffered_bytes, stage
+from headrace.capture.confirm import SlotConfirmation
 from headrace.capture.flusher import Flusher, FlushJob
-from headrace.capture.staging import count_changes, remove_orphans, write_files, write_waiting
+from headrace.capture.spill import Committed, StreamedTransactions
+from headrace.capture.staging import remove_orphans, spill_folder, write_files, write_waiting
 from headrace.config import PipelineConfig
 from headrace.core.backoff import Backoff
-from headrace.core.changes import Begin, Commit, Delete, Insert, Message, Relation, Truncate, Update
+from headrace.core.changes import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    StreamCommit,
+    Truncate,
+    Update,
+)
 from headrace.core.errors import TransientError
-from headrace.core.faults import crash_point
 from headrace.core.schema import TableSchema
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
@@ -51,7 +62,7 @@ FILE_WRITERS = 4
 
 
 
-class Capture:
+class Capture(SlotConfirmation):
     """Reads the slot, stages changes, registers them, acknowledges. Run ``run`` in a thread."""
 
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, schemas: dict[int, TableSchema],
@@ -189,7 +200,8 @@ class Capture:
         self.last_error = None
         event(log, "capture.start", slot=self.config.slot_name, start_lsn=fmt(self.captured_lsn))
         flusher = Flusher(lambda buffers: self._write_waiting(buffers, flusher.halt),
-                          lambda files, end_lsn, token: self._register(flush_index, files, end_lsn, token))
+                          lambda files, end_lsn, token: self._register(flush_index, files, end_lsn, token),
+                          finish=lambda committed: committed.finish(self.staging, policy.flush_rows_busy))
         self._writers = (None if self.staging.local
                          else ThreadPoolExecutor(max_workers=FILE_WRITERS, thread_name_prefix="capture-write"))
         self._halt = flusher.halt
@@ -209,6 +221,9 @@ class Capture:
         policy = self.config.staging
         flush_bytes = policy.flush_bytes
         codec = self.source.undecoded()  # stages the changes the stream hands over as bytes
+        streamed = StreamedTransactions(spill_folder(self.staging, self.config.name), relations,
+                                        lambda ev: self._schema(source, stream, ev), codec, flush_bytes)
+        in_block = False  # between a StreamStart and its StreamStop: changes are the streamed transaction's
         try:
             while not stop.is_set():
                 flusher.check()
@@ -235,6 +250,9 @@ class Capture:
                 for _lsn, ev in events:
                     match ev:
                         case bytes() | Insert() | Update() | Delete() | Truncate():  # bytes: undecoded
+                            if in_block:
+                                streamed.take(ev)
+                                continue
                             if skip:
                                 continue  # already registered before a restart
                             seq += 1
@@ -265,12 +283,21 @@ class Capture:
                             if self._make_room(index, stream, stop, flusher, buffers, pending_end):
                                 first_change_at, last_ack_at, spilled_rows = None, time.monotonic(), 0
                             buffered = buffered_bytes(buffers)
+                        case StreamCommit():
+                            committed = streamed.commit(ev)
+                            pending_end = self.received_lsn = max(pending_end, ev.end_lsn)
+                            if committed is not None and ev.commit_lsn >= self.captured_lsn:
+                                # Registered at its commit's place: after what is buffered, before what follows.
+                                self._hand_over(flusher, stream, buffers, pending_end, committed)
+                                relations.update(committed.relations)  # the server counts them as sent now
+                                spilled_rows, first_change_at, last_ack_at = 0, None, time.monotonic()
+                            elif committed is not None:
+                                committed.discard()  # registered before a restart
+                            buffered = 0
                         case Relation():
-                            known = self.known.get(ev.oid)
-                            if known is None:
+                            schema = self._schema(source, stream, ev)
+                            if schema is None:
                                 continue  # published, but not one of this pipeline's tables
-                            with self._source_lock:
-                                schema = self.source.relation_schema(source, stream, ev, known)
                             old = relations.get(ev.oid)
                             relations[ev.oid] = schema
                             tb = buffers.get(ev.oid)
@@ -282,6 +309,8 @@ class Capture:
                                 buffered = buffered_bytes(buffers)
                         case Message():
                             pass  # heartbeats only move the position
+                        case _:  # StreamStart, StreamStop, StreamAbort, a Streamed message
+                            in_block = streamed.message(ev)
                 if txn is not None:
                     continue
                 rows = sum(len(tb.buffer) for tb in buffers.values()) + spilled_rows
@@ -311,6 +340,7 @@ class Capture:
             self._ack(stream)
         finally:
             flusher.close()
+            streamed.close()
             if self._writers is not None:
                 self._writers.shutdown()
             self._writers = None
@@ -318,43 +348,25 @@ class Capture:
             event(log, "capture.stop", captured_lsn=fmt(self.captured_lsn))
 
     def _hand_over(self, flusher: Flusher, stream: ChangeStream, buffers: dict[int, TableBuffer],
-                   end_lsn: int | None) -> int:
-        """Hand ``buffers`` to the flusher (emptied here) with the position to register after them
-        (None: a spill, registered with the next); the rows handed over."""
+                   end_lsn: int | None, committed: Committed | None = None) -> int:
+        """Hand ``buffers`` (and a ``committed`` streamed transaction after them) to the flusher
+        (emptied here) with the position to register after them (None: a spill, registered with the
+        next; ``token``: the source's resume token there); the rows handed over."""
         job = FlushJob([(oid, tb) for oid, tb in buffers.items() if len(tb.buffer)], end_lsn,
-                       self._pending_token if end_lsn is not None else None)
+                       self._pending_token if end_lsn is not None else None, committed)
         buffers.clear()
         flusher.submit(job, lambda: self._keep_alive(stream))
         if end_lsn is not None:
             self._submitted = max(self._submitted, end_lsn)
         return job.rows
 
-    def _closed(self, stream: ChangeStream) -> None:
-        stream.close()
-        self._forwarded = max(self._forwarded, stream.forwardable)
-
-    def _bound(self, index: LogIndex, reach: int) -> None:
-        """Record in state that the slot may be confirmed up to ``reach`` (before anything can send
-        it): start-up and reconnection refuse a slot beyond the recorded bound as moved by someone else."""
-        index.register([], self.captured_lsn, reach)
-        self._bounded = max(self._bounded, reach)
-
-    def _ack(self, stream: ChangeStream) -> None:
-        """Confirm the slot up to what the flusher registered, if it moved (capture's thread only)."""
-        registered = self.captured_lsn
-        if registered > self._acked:
-            stream.acknowledge(registered)
-            self._acked = registered
-
-    def _keep_alive(self, stream: ChangeStream) -> None:
-        """While capture waits for the flusher: a status message (registered position), so the server
-        does not time the replication connection out."""
-        stream.acknowledge(self.captured_lsn)
-        self._acked = max(self._acked, self.captured_lsn)
-        if self._stop.is_set():
-            # Stopping while the flusher waits for staging space: it gives up (as capture itself
-            # did before the flush had a thread), so stopping never waits for a full disk.
-            self._halt.set()
+    def _schema(self, source: Any, stream: ChangeStream, ev: Relation) -> TableSchema | None:
+        """The schema a RELATION message gives (None: published, but not one of this pipeline's tables)."""
+        known = self.known.get(ev.oid)
+        if known is None:
+            return None
+        with self._source_lock:
+            return self.source.relation_schema(source, stream, ev, known)
 
     def _full(self, buffers: dict[int, TableBuffer], spilled_rows: int, idle: bool) -> bool:
         """The flush policy's size limit (rows or bytes) is reached (``idle``: the flusher is)."""
@@ -376,38 +388,6 @@ class Capture:
         self._ack(stream)
         self.backpressure.wait(index, stop, lambda: self._confirm(index, stream))
         return True
-
-    def _confirm(self, index: LogIndex, stream: ChangeStream) -> None:
-        """Confirm the captured position again (while paused); the confirmation may carry
-        psycopg2's forwarded position, so bound it in state first."""
-        assert self._source is not None
-        with self._source_lock:
-            bound = self.source.flushed_position(self._source)
-        index.register([], self.captured_lsn, bound)
-        stream.acknowledge(self.captured_lsn)
-
-    def _register(self, index: LogIndex, files: list[StagedFile], end_lsn: int, token: str | None = None) -> None:
-        """The flusher's thread: register ``files`` and the position ``end_lsn`` (with the source's
-        ``token`` for it) in one transaction, then publish the position (``captured_lsn``) for capture's
-        thread to confirm."""
-        if files:
-            crash_point("capture.after_write")
-        # Anything psycopg2 forwards the confirmation to comes from a keepalive read before it is
-        # sent, so at most the server's flushed WAL now. The source connection is capture's too.
-        with self._source_lock:
-            bound = self.source.flushed_position(self._source) if self._source is not None else end_lsn
-        index.register(files, end_lsn, bound, token)  # durable and registered: now the slot may move
-        self._bounded = max(self._bounded, bound)
-        if files:
-            crash_point("capture.after_register")
-            count_changes(self.changes_captured, files)
-            self.on_staged()  # the run loop applies them now, not at its next timed pass
-        self.captured_lsn = max(self.captured_lsn, end_lsn)
-        self._streamed = True  # this attempt got somewhere: the next failure starts the backoff over
-        self.backpressure.staged(sum(f.rows for f in files), sum(f.bytes for f in files))
-        if files:
-            event(log, "capture.flush", files=len(files), rows=sum(f.rows for f in files),
-                  captured_lsn=self.source.format_position(end_lsn))
 
     def _write_waiting(self, buffers: list[tuple[int, TableBuffer]], halt: threading.Event) -> list[StagedFile]:
         """The flusher's thread: one file per buffered table, waiting while staging cannot take them

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from headrace.capture.buffer import TableBuffer
 from headrace.core.backoff import Backoff
@@ -35,6 +37,15 @@ def remove_orphans(staging: StagingStore, index: LogIndex) -> None:
         removed += staging.delete(location)
     if removed:
         event(log, "capture.orphans_removed", files=removed)
+
+
+def spill_folder(staging: StagingStore, pipeline: str) -> Path:
+    """Where transactions streamed while in progress are spilled (``capture.spill``): beside the staged
+    files (``_streamed``, which holds no Parquet) when staging is a local folder, else the machine's
+    temporary folder (spill files are read back on this machine only)."""
+    if staging.local:
+        return Path(staging.root) / "_streamed"
+    return Path(tempfile.gettempdir()) / f"headrace-{pipeline}-streamed"
 
 
 def write_waiting(write: Callable[[list[StagedFile]], None], staging: StagingStore, backoff: Backoff,

@@ -110,5 +110,50 @@ class Message:
     content: bytes
 
 
+# A transaction streamed while in progress (pgoutput protocol 2+, PostgreSQL 14+): its changes
+# arrive in blocks between StreamStart and StreamStop, interleaved with other transactions, and it
+# ends with StreamCommit or StreamAbort.
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """A block of in-progress transaction ``xid``'s changes begins (``first``: its first block)."""
+
+    xid: int
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    """The block of in-progress changes ends (other transactions may follow)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    """Streamed transaction ``xid`` committed: its changes take effect at ``commit_lsn``."""
+
+    xid: int
+    commit_lsn: int
+    end_lsn: int  # the position to acknowledge once this transaction is durable
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAbort:
+    """Streamed transaction ``xid`` rolled back its subtransaction ``subxid`` (all of it when equal)."""
+
+    xid: int
+    subxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A message inside a block of streamed changes: ``event`` of (sub)transaction ``xid``."""
+
+    xid: int
+    event: Event | None
+
+
 Change = Insert | Update | Delete | Truncate
-Event = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Message
+Event = (Begin | Commit | Relation | Insert | Update | Delete | Truncate | Message
+         | StreamStart | StreamStop | StreamCommit | StreamAbort | Streamed)

@@ -43,3 +43,7 @@ class UndecodedCodec:
     relation_oid: Callable[[bytes], int]  # the table the change is of
     stage: Stager
     decode: Callable[[bytes], Insert | Update | Delete]  # the change as an event, when ``stage`` declines
+    # The (sub)transaction a change inside a block of a streamed transaction is of (PostgreSQL's
+    # protocol 2+ puts its xid in the message), and the codec of such changes; None: not streamed.
+    xid: Callable[[bytes], int] | None = None
+    streamed: UndecodedCodec | None = None

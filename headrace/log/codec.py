@@ -180,15 +180,17 @@ class StagingBuffer:
         )
 
 
-def write_staging_file(sink: str | Path | pa.NativeFile, buffer: StagingBuffer) -> None:
-    """Encode ``buffer`` as Parquet into ``sink``: a local path (its folder is created) or an open stream.
+def write_staging_file(sink: str | Path | pa.NativeFile, buffer: StagingBuffer | pa.Table) -> None:
+    """Encode ``buffer`` (or a table of ``STAGING_SCHEMA``) as Parquet into ``sink``: a local path (its
+    folder is created) or an open stream.
 
     Not durable by itself: the staging store (``headrace.log.store``) writes through here to a
     temporary name, syncs and renames.
     """
     if isinstance(sink, (str, Path)):
         Path(sink).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(buffer.to_table(), sink, compression="zstd")
+    table = buffer if isinstance(buffer, pa.Table) else buffer.to_table()
+    pq.write_table(table, sink, compression="zstd")
 
 
 def read_staging_file(path: str | Path) -> pa.Table:

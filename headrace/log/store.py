@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from headrace import storage
@@ -67,7 +68,11 @@ class StagingStore:
         an orphan); elsewhere, what the filesystem offers for the same (atomic upload or rename).
         A write that fails removes what it left.
         """
-        name = f"{buffer.max_lsn:016X}-{uuid.uuid4().hex[:12]}.parquet"
+        return self.write_table(oid, buffer, buffer.max_lsn)
+
+    def write_table(self, oid: int, buffer: StagingBuffer | pa.Table, max_lsn: int) -> tuple[str, int]:
+        """``write`` of a buffer or of a table of the staging schema whose last change is at ``max_lsn``."""
+        name = f"{max_lsn:016X}-{uuid.uuid4().hex[:12]}.parquet"
         folder = f"{self._root_path}/{oid}"
         path = f"{folder}/{name}"
         if self.local:
@@ -145,7 +150,7 @@ class StagingStore:
         return fs, path
 
 
-def _write_local(path: str, buffer: StagingBuffer) -> None:
+def _write_local(path: str, buffer: StagingBuffer | pa.Table) -> None:
     """Temp file, fsync, rename, fsync the folder: the file is whole on disk or absent."""
     final = Path(path)
     tmp = final.with_suffix(".tmp")

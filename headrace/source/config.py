@@ -68,6 +68,13 @@ class SourceConfig(_Frozen):
         " sync_replication_slots = on keeps in step, so headrace continues from it on the standby once promoted"
         " (no copy); the primary's synchronized_standby_slots should name that standby's physical slot"
     )
+    stream_transactions: bool = Field(
+        True, description="PostgreSQL 14+: read the change stream with pgoutput protocol 2 and streaming on, so"
+        " a transaction larger than the server's logical_decoding_work_mem (64MB by default) arrives while it"
+        " runs and is spilled to files under the staging folder instead of held anywhere until its commit;"
+        " false (and before 14): protocol 1, each transaction sent whole at its commit"
+        " (docs/postgres-versions.md#large-transactions)"
+    )
     server_id: int | None = Field(
         None, ge=1, lt=2**32, description="MySQL/MariaDB only: the replica server_id the binlog client uses,"
         " unique among the server's replicas; default: one derived from the pipeline name"

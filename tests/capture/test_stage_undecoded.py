@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.capture.buffer import TableBuffer, stage
-from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Update, Value
+from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Streamed, Update, Value
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.undecoded import UndecodedCodec
 from headrace.log.codec import StagingBuffer
@@ -207,3 +207,18 @@ def test_server_changes_stage_alike_from_bytes_and_from_events(conn: psycopg.Con
     f_rows = next(rows for oid, rows in expected.items() if schemas[oid].name == "f")
     assert any(r["_op"] == "U" and r["_unchanged_cols"] is None
                and json.loads(str(r["_data"]))["doc"] == big for r in f_rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables_and_messages(), st.integers(0, 2**32 - 1))
+def test_staged_inside_a_streamed_block_is_staged_as_outside(case: tuple[TableSchema, list[bytes]], xid: int) -> None:
+    """Inside a block of a streamed transaction (protocol 2) each change carries its subtransaction's
+    xid after the kind byte: the same rows, natively and decoded, and the xid read back."""
+    schema, messages = case
+    inside = [m[:1] + struct.pack(">I", xid) + m[1:] for m in messages]
+    streamed = CODEC.streamed
+    assert streamed is not None and streamed.xid is not None
+    expected = staged_rows(schema, messages, CODEC)  # type: ignore[arg-type]
+    assert staged_rows(schema, inside, streamed) == expected  # type: ignore[arg-type]
+    assert [streamed.xid(m) for m in inside] == [xid] * len(inside)
+    assert [decode(m, streamed=True) for m in inside] == [Streamed(xid, decode(m)) for m in messages]

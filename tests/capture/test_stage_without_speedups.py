@@ -21,6 +21,10 @@ _SCRIPT = textwrap.dedent("""
 
     assert pgoutput.UNDECODED is None and pgoutput._native_tuple is None and codec._native_object is None
     assert replication.UNDECODED is None  # so the stream decodes every message, raw_changes or not
+    assert pgoutput.stream_head is pgoutput.python_stream_head  # streamed blocks decoded in Python
+    inside = pgoutput.decode(b"D" + (9).to_bytes(4, "big") + (7).to_bytes(4, "big") + b"K\\x00\\x01t\\x00\\x00\\x00\\x011",
+                             streamed=True)
+    assert inside.xid == 9 and inside.event.relation_oid == 7 and inside.event.old == ("1",), inside
     text = ColumnType(TypeKind.STRING, "text")
     schema = TableSchema(7, "public", "t", (Column("id", text, 25), Column("doc", text, 25)), ("id",))
     msg = b"U" + (7).to_bytes(4, "big") + b"K\\x00\\x02t\\x00\\x00\\x00\\x011n" + b"N\\x00\\x02t\\x00\\x00\\x00\\x012u"

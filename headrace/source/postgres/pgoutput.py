@@ -1,9 +1,11 @@
-"""Decoder for the pgoutput logical replication protocol, version 1.
+"""Decoder for the pgoutput logical replication protocol, versions 1 and 2.
 
-Reference: "Logical Replication Message Formats" in the PostgreSQL manual. Version 1 is what
-headrace asks for (``proto_version '1'``): no streamed in-progress transactions, no two-phase
-messages, so no message carries an xid prefix. ``messages 'true'`` (PG14+) adds the ``M`` message
-that heartbeats ride on.
+Reference: "Logical Replication Message Formats" in the PostgreSQL manual. Version 2 (PostgreSQL
+14+, with ``streaming 'on'``) adds transactions streamed while in progress: Stream Start (``S``),
+Stream Stop (``E``), Stream Commit (``c``) and Stream Abort (``A``), and every message between a
+Stream Start and its Stop carries its (sub)transaction's xid right after the kind byte
+(``decode(..., streamed=True)``). No two-phase messages (version 3) are asked for. ``messages
+'true'`` (PG14+) adds the ``M`` message that heartbeats ride on.
 
 This is the hot path of capture: every change passes through ``decode``. It therefore works on the
 raw bytes with precompiled ``struct.Struct`` unpackers, dispatches on the first byte through a
@@ -25,6 +27,11 @@ from headrace.core.changes import (
     Message,
     Relation,
     RelationColumn,
+    StreamAbort,
+    StreamCommit,
+    Streamed,
+    StreamStart,
+    StreamStop,
     Truncate,
     Update,
     Value,
@@ -68,9 +75,18 @@ try:
 except ImportError:
     _native_stage_change = None
 
+# The fields of the streaming messages (and a streamed message's xid), natively when built.
+try:
+    from headrace._speedups import stream_head as _native_stream_head
+except ImportError:
+    _native_stream_head = None
+
+_STREAM_COMMIT = struct.Struct(">IBQQq")  # xid, flags, commit LSN, end LSN, commit timestamp
+_STREAM_ABORT = struct.Struct(">II")  # xid, subtransaction xid
+
 
 class MalformedMessage(ValueError):
-    """The bytes are not a pgoutput v1 message (truncated, or an unknown message type)."""
+    """The bytes are not a pgoutput message (truncated, or an unknown message type)."""
 
 
 # The first byte of the messages a stream may hand over undecoded (``UNDECODED``): 'I', 'U', 'D'.
@@ -79,6 +95,68 @@ UNDECODED_KINDS = frozenset(b"IUD")
 
 def relation_oid(buf: bytes) -> int:
     """The relation oid of an INSERT, UPDATE or DELETE message."""
+    return _unpack_u32(buf, 1)[0]  # type: ignore[no-any-return]
+
+
+def python_stream_head(buf: bytes) -> tuple[object, ...] | None:
+    """The fields of a streaming message, as ``_speedups.stream_head`` gives them: ``('S', xid,
+    first)``, ``('E',)``, ``('c', xid, flags, commit_lsn, end_lsn, commit_ts)``, ``('A', xid,
+    subxid)``, or ``(kind, xid)`` for any other message (the xid a message in a streamed block
+    carries); None when the message is too short for them."""
+    if not buf:
+        return None
+    kind = chr(buf[0])
+    try:
+        if kind == "E":
+            return ("E",)
+        if kind == "S":
+            return ("S", _unpack_u32(buf, 1)[0], bool(buf[5]))
+        if kind == "c":
+            return ("c", *_STREAM_COMMIT.unpack_from(buf, 1))
+        if kind == "A":
+            return ("A", *_STREAM_ABORT.unpack_from(buf, 1))
+        return (kind, _unpack_u32(buf, 1)[0])
+    except (struct.error, IndexError):
+        return None
+
+
+stream_head: Callable[[bytes], tuple[object, ...] | None] = _native_stream_head or python_stream_head
+
+
+def _head(buf: bytes) -> tuple[object, ...]:
+    head = stream_head(buf)
+    if head is None:
+        raise MalformedMessage(f"truncated pgoutput {chr(buf[0])!r} streaming message")
+    return head
+
+
+def _stream_start(buf: bytes) -> StreamStart:
+    _, xid, first = _head(buf)
+    return StreamStart(xid, first)  # type: ignore[arg-type]
+
+
+def _stream_stop(buf: bytes) -> StreamStop:
+    return StreamStop()
+
+
+def _stream_commit(buf: bytes) -> StreamCommit:
+    _, xid, _flags, commit_lsn, end_lsn, ts = _head(buf)
+    return StreamCommit(xid, commit_lsn, end_lsn, ts + PG_EPOCH_OFFSET_US)  # type: ignore[arg-type,operator]
+
+
+def _stream_abort(buf: bytes) -> StreamAbort:
+    # Protocol 4 (parallel apply) appends the abort's LSN and time; 2 has the two xids only.
+    _, xid, subxid = _head(buf)
+    return StreamAbort(xid, subxid)  # type: ignore[arg-type]
+
+
+def streamed_relation_oid(buf: bytes) -> int:
+    """The relation oid of an INSERT, UPDATE or DELETE message inside a streamed block."""
+    return _unpack_u32(buf, 5)[0]  # type: ignore[no-any-return]
+
+
+def streamed_xid(buf: bytes) -> int:
+    """The (sub)transaction xid a message inside a streamed block carries."""
     return _unpack_u32(buf, 1)[0]  # type: ignore[no-any-return]
 
 
@@ -218,17 +296,35 @@ _DECODERS: dict[int, Callable[[bytes], Event | None]] = {
     ord("M"): _message,
     ord("Y"): _ignored,
     ord("O"): _ignored,
+    ord("S"): _stream_start,
+    ord("E"): _stream_stop,
+    ord("c"): _stream_commit,
+    ord("A"): _stream_abort,
 }
+_STREAM_CONTROL = frozenset(b"SEcA")  # the streaming messages themselves: never inside a block
 
 
-def decode(buf: bytes | memoryview) -> Event | None:
-    """Decode one pgoutput v1 message into a change event; ``None`` for TYPE and ORIGIN messages.
+def decode(buf: bytes | memoryview, streamed: bool = False) -> Event | None:
+    """Decode one pgoutput message into a change event; ``None`` for TYPE and ORIGIN messages.
 
+    ``streamed``: the message is inside a block of a streamed transaction (between Stream Start and
+    Stop), so it carries its (sub)transaction's xid: it comes back as ``Streamed(xid, event)``.
     Raises ``MalformedMessage`` for truncated or unknown messages.
     """
     if type(buf) is not bytes:
         # One copy up front is cheaper than decoding many small memoryview slices.
         buf = bytes(buf)
+    if not streamed or not buf or buf[0] in _STREAM_CONTROL:
+        return _decode(buf)  # type: ignore[arg-type]
+    xid = _head(buf)[1]  # type: ignore[arg-type]
+    return Streamed(xid, _decode(buf[:1] + buf[5:]))  # type: ignore[arg-type]
+
+
+def _streamed_change(buf: bytes) -> Insert | Update | Delete:
+    return decode(buf, streamed=True).event  # type: ignore[union-attr,return-value]
+
+
+def _decode(buf: bytes) -> Event | None:
     if not buf:
         raise MalformedMessage("empty pgoutput message")
     decoder = _DECODERS.get(buf[0])
@@ -250,5 +346,8 @@ def decode(buf: bytes | memoryview) -> Event | None:
 # ``stage_change``: the JSON from the UTF-8 bytes, no Python value per column), when it is built.
 # Capture alone spent about half its time per change making a Python value per column, a tuple and
 # an event, only to join them into the staged JSON at once (cProfile, bench/capture.py).
+# Inside a streamed block the same, the relation oid 4 bytes later (after the xid).
 UNDECODED = (None if _native_stage_change is None
-             else UndecodedCodec(relation_oid, _native_stage_change, _change))
+             else UndecodedCodec(relation_oid, _native_stage_change, _change, streamed_xid, UndecodedCodec(
+                 streamed_relation_oid, lambda buf, *args: _native_stage_change(buf, *args, 5),  # type: ignore[misc]
+                 _streamed_change, streamed_xid)))

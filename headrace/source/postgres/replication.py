@@ -42,7 +42,11 @@ SESSION_OPTIONS = (
 GENERATED_COLUMNS_VERSION = 180000
 # The first PostgreSQL whose logical slots can be synchronized to standbys (failover slots).
 FAILOVER_SLOTS_VERSION = 170000
+# The first PostgreSQL whose pgoutput streams large transactions while in progress (protocol 2).
+STREAMING_VERSION = 140000
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+_STREAM_START, _STREAM_STOP = ord("S"), ord("E")
+_BLOCK_EDGES = frozenset((_STREAM_START, _STREAM_STOP))
 
 
 def _resolve_tables(conn: Conn, tables: Sequence[str | TableName]) -> dict[int, sql.Composable]:
@@ -233,11 +237,18 @@ class ReplicationStream:
     its own answer to a keepalive asking for one (the server asks when shutting down, and after
     ``wal_sender_timeout / 2`` without news). Capture records this bound before it can be sent, so
     start-up can tell such advances from someone else's.
+
+    ``streaming`` (PostgreSQL 14+; ignored before): protocol 2 with ``streaming 'on'``, so a
+    transaction larger than the server's ``logical_decoding_work_mem`` arrives in blocks while it
+    runs (``StreamStart`` ... ``StreamStop``, then ``StreamCommit`` or ``StreamAbort``); inside a
+    block, changes come as ``Streamed`` events, or as their bytes (xid first) with ``raw_changes``.
+    ``protocol`` says which version was asked for.
     """
 
     def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int, status_interval: float = 10.0,
-                 raw_changes: bool = False) -> None:
+                 raw_changes: bool = False, streaming: bool = False) -> None:
         self.slot = slot
+        self._in_block = False  # between a Stream Start and its Stop
         self.forwardable = 0
         self._acknowledged = 0  # the most ``acknowledge`` was given (psycopg2's explicitly_flushed_lsn)
         self._last_data = 0  # data_start of the last message read (psycopg2's last_msg_data_start)
@@ -245,15 +256,14 @@ class ReplicationStream:
         self._status_interval = status_interval
         self._what = f"replication stream of slot {slot}"
         self._conn = _replication_connection(dsn, self._what)
+        self.protocol = 2 if streaming and self._conn.server_version >= STREAMING_VERSION else 1
+        options = {"proto_version": str(self.protocol), "publication_names": publication, "messages": "true"}
+        if self.protocol >= 2:
+            options["streaming"] = "on"
         try:
             self._cur = self._conn.cursor()
-            self._cur.start_replication(
-                slot_name=slot,
-                decode=False,
-                start_lsn=start_lsn,
-                options={"proto_version": "1", "publication_names": publication, "messages": "true"},
-                status_interval=status_interval,
-            )
+            self._cur.start_replication(slot_name=slot, decode=False, start_lsn=start_lsn, options=options,
+                                        status_interval=status_interval)
         except psycopg2.Error as exc:
             self._conn.close()
             raise _translate(exc, f"starting the {self._what} at {format_lsn(start_lsn)}") from exc
@@ -285,10 +295,13 @@ class ReplicationStream:
                     if msg.data_start <= acknowledged:
                         forwards = True
                     payload = msg.payload
-                    if len(payload) > 5 and payload[0] in raw_kinds and type(payload) is bytes:
-                        append((msg.data_start, payload))
+                    if len(payload) > 9 and payload[0] in raw_kinds and type(payload) is bytes:
+                        append((msg.data_start, payload))  # in a streamed block: its xid first
                         continue
-                    event = decode(payload)
+                    kind = payload[0] if payload else 0
+                    if kind in _BLOCK_EDGES:
+                        self._in_block = kind == _STREAM_START
+                    event = decode(payload, self._in_block and kind != _STREAM_START)
                     if event is not None:
                         append((msg.data_start, event))
                     continue

@@ -160,7 +160,8 @@ class PostgresSource(Source):
         # keepalives' wal_end on its own, and each confirmation must be bounded in state first
         # (acked_lsn) so start-up can tell our advances from someone else's. Capture's flush confirms.
         return ReplicationStream(self.dsn, self.config.slot_name, self.config.publication_name, start,
-                                 status_interval=STATUS_INTERVAL_S, raw_changes=self.undecoded() is not None)
+                                 status_interval=STATUS_INTERVAL_S, raw_changes=self.undecoded() is not None,
+                                 streaming=self.config.source.stream_transactions)
 
     def undecoded(self) -> UndecodedCodec | None:
         return pgoutput.UNDECODED

@@ -19,6 +19,11 @@ from headrace.core.changes import (
     Insert,
     Message,
     Relation,
+    StreamAbort,
+    StreamCommit,
+    Streamed,
+    StreamStart,
+    StreamStop,
     Truncate,
     Update,
 )
@@ -159,3 +164,35 @@ def test_decode_speed(conn: psycopg.Connection) -> None:
         decode(m)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     print(f"\npgoutput decode: {len(raw)} messages, {len(raw) / wall:,.0f} msg/s wall, {len(raw) / cpu:,.0f} msg/s CPU")
+
+
+def test_streamed_transaction_blocks_subtransactions_and_commit(conn: psycopg.Connection) -> None:
+    """Protocol 2 with streaming on, the session's logical_decoding_work_mem at its floor: a
+    transaction over 64kB comes in Stream Start ... Stop blocks whose messages carry their
+    (sub)transaction's xid, a rolled-back savepoint as a Stream Abort of its subxact, then a Stream
+    Commit at the commit's position."""
+    conn.execute("SET logical_decoding_work_mem = '64kB'")
+    with conn.transaction():
+        xid = conn.execute("SELECT txid_current()").fetchone()[0]  # type: ignore[index]
+        conn.execute("INSERT INTO t SELECT g, repeat('x', 100), g FROM generate_series(1, 2000) g")
+        with pytest.raises(psycopg.errors.DivisionByZero), conn.transaction():  # a savepoint rolled back
+            conn.execute("INSERT INTO t SELECT g, 'rolled back', g FROM generate_series(2001, 4000) g")
+            conn.execute("SELECT 1 / 0")
+    rows = conn.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes('s', NULL, NULL, 'proto_version', '2',"
+        " 'publication_names', 'p', 'streaming', 'on')").fetchall()
+    in_block, evs = False, []
+    for (data,) in rows:
+        ev = decode(bytes(data), in_block)
+        in_block = isinstance(ev, StreamStart) or (in_block and not isinstance(ev, StreamStop))
+        evs.append(ev)
+    starts = [e for e in evs if isinstance(e, StreamStart)]
+    assert len(starts) >= 2 and starts[0] == StreamStart(xid, True) and not any(s.first for s in starts[1:])
+    assert len(starts) == sum(isinstance(e, StreamStop) for e in evs)
+    inside = [e for e in evs if isinstance(e, Streamed)]
+    subxids = {e.xid for e in inside} - {xid}
+    assert len(subxids) == 1  # the savepoint's subtransaction
+    assert [e for e in evs if isinstance(e, StreamAbort)] == [StreamAbort(xid, subxids.pop())]
+    kept = [e.event for e in inside if e.xid == xid and isinstance(e.event, Insert)]
+    assert [int(i.new[0]) for i in kept] == list(range(1, 2001))
+    assert isinstance(evs[-1], StreamCommit) and evs[-1].xid == xid and evs[-1].commit_lsn < evs[-1].end_lsn
