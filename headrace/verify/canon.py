@@ -7,10 +7,12 @@ PostgreSQL prints those with ``format('%s', ...)`` (which keeps ``char(n)`` padd
 with the settings pgoutput's walsender pins (``SOURCE_SETTINGS``), and MySQL with ``CAST(... AS
 CHAR)`` in a session with ``MYSQL_SESSION``. The other kinds get a form every engine can spell:
 - integers, decimals (fixed scale), booleans and dates: their text, which is the same in all;
-- floats: widened to double (exactly, in every engine), then the shortest round-trip digits each
-  engine prints, taken apart into sign, significant digits and power of ten (``-SIGeP``, ``0``,
-  ``NaN``, ``Infinity``): PostgreSQL prints ``1e+15``, DuckDB ``1000000000000000.0``, MariaDB
-  ``1e15`` for the same digits, and each engine takes its own text apart;
+- floats: widened to double (exactly, in every engine), then as PostgreSQL (12+) prints a double:
+  the shortest round-trip digits every engine prints too, laid out otherwise by DuckDB
+  (``1000000000000000.0``, ``nan``) and MariaDB (``1e15``), whose sides take their text apart into
+  significant digits and power of ten and lay it out again as PostgreSQL does (``1e+15``, ``NaN``):
+  the string work on the sides that do it fastest, none on PostgreSQL's, which a single query
+  computes on one core;
 - timestamps: microseconds since the epoch (timestamptz: of the instant; timestamp: of the wall clock);
   MySQL's zero dates as ``-infinity``, as the targets hold them;
 - binary values: lower-case hex; arrays: JSON.
@@ -82,14 +84,22 @@ def float_parts(text: str, dialect: Dialect) -> tuple[str, str]:
 
 
 def float_text(text: str, sig: str, power: str, dialect: Dialect) -> str:
-    """SQL: a double's compared form from its engine text and ``float_parts``: ``[-]SIGeP``, ``[-]0``,
-    ``NaN``, ``Infinity``, ``-Infinity``."""
+    """SQL: a double's text laid out as PostgreSQL (12+) prints it, from the engine's ``text`` and its
+    ``float_parts`` (``sig``, ``power``): the same shortest digits, fixed notation for decimal
+    exponents from -4 to 14, else ``d.ddde+XX``; ``NaN``, ``Infinity``, ``-Infinity``."""
+    e = f"(length({sig}) - 1 + {power})"  # the first digit's decimal exponent
+    fixed = (f"CASE WHEN {power} >= 0 THEN {sig} || repeat('0', {power})"
+             f" WHEN {e} >= 0 THEN left({sig}, {e} + 1) || '.' || substr({sig}, {e} + 2)"
+             f" ELSE '0.' || repeat('0', -{e} - 1) || {sig} END")
+    scientific = (f"left({sig}, 1) || CASE WHEN length({sig}) > 1 THEN '.' || substr({sig}, 2) ELSE '' END"
+                  f" || 'e' || CASE WHEN {e} < 0 THEN '-' ELSE '+' END || CASE WHEN abs({e}) < 10 THEN '0' ELSE '' END"
+                  f" || {_text(f'abs({e})', dialect)}")
     sign = f"CASE WHEN left({text}, 1) = '-' THEN '-' ELSE '' END"
     return (f"CASE WHEN {text} IS NULL THEN NULL WHEN lower({text}) IN ('nan', '-nan') THEN 'NaN'"
             f" WHEN lower({text}) IN ('inf', 'infinity') THEN 'Infinity'"
             f" WHEN lower({text}) IN ('-inf', '-infinity') THEN '-Infinity'"
-            f" WHEN {sig} = '' THEN {sign} || '0'"
-            f" ELSE {sign} || {sig} || 'e' || {_text(power, dialect)} END")
+            f" ELSE {sign} || CASE WHEN {sig} = '' THEN '0' WHEN {e} >= -4 AND {e} < 15 THEN {fixed}"
+            f" ELSE {scientific} END END")
 
 
 def _mysql_raw(col: Column, q: str) -> str:
@@ -144,7 +154,7 @@ def middle_parts(col: Column, dialect: Dialect, raw: str) -> list[tuple[str, str
     the values the last step reads: a float's text and its ``float_parts`` (computed once a row, in
     a query level of their own: no engine here computes a sub-expression used twice only once);
     every other value as it is."""
-    if col.type.kind not in _FLOATS:
+    if col.type.kind not in _FLOATS or dialect == "postgres":
         return [("m", raw)]
     sig, power = float_parts(raw, dialect)
     return [("m", raw), ("g", sig), ("p", power)]
@@ -153,7 +163,7 @@ def middle_parts(col: Column, dialect: Dialect, raw: str) -> list[tuple[str, str
 def final_text(col: Column, dialect: Dialect, parts: dict[str, str]) -> str:
     """SQL, the last step of ``value_text``, over the ``middle_parts`` (by name): a float's compared
     form (``float_text``); every other value as it is."""
-    if col.type.kind not in _FLOATS:
+    if col.type.kind not in _FLOATS or dialect == "postgres":
         return parts["m"]
     return float_text(parts["m"], parts["g"], parts["p"], dialect)
 
