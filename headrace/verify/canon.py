@@ -157,7 +157,14 @@ def middle_parts(col: Column, dialect: Dialect, raw: str) -> list[tuple[str, str
     if col.type.kind not in _FLOATS or dialect == "postgres":
         return [("m", raw)]
     sig, power = float_parts(raw, dialect)
-    return [("m", raw), ("g", sig), ("p", power)]
+    if dialect != "duckdb":
+        return [("m", raw), ("g", sig), ("p", power)]
+    # DuckDB prints most doubles as PostgreSQL does but for a trailing ".0": those skip the layout
+    # (its CASE computes a branch only for the rows that take it)
+    plain = (f"(strpos({raw}, 'e') = 0 AND lower({raw}) NOT IN ('nan', '-nan', 'inf', '-inf')"
+             f" AND length(split_part(ltrim({raw}, '-'), '.', 1)) <= 15)")
+    return [("m", raw), ("f", plain), ("g", f"CASE WHEN {plain} THEN NULL ELSE {sig} END"),
+            ("p", f"CASE WHEN {plain} THEN NULL ELSE {power} END")]
 
 
 def final_text(col: Column, dialect: Dialect, parts: dict[str, str]) -> str:
@@ -165,7 +172,12 @@ def final_text(col: Column, dialect: Dialect, parts: dict[str, str]) -> str:
     form (``float_text``); every other value as it is."""
     if col.type.kind not in _FLOATS or dialect == "postgres":
         return parts["m"]
-    return float_text(parts["m"], parts["g"], parts["p"], dialect)
+    laid_out = float_text(parts["m"], parts["g"], parts["p"], dialect)
+    if "f" not in parts:
+        return laid_out
+    text = parts["m"]
+    return (f"CASE WHEN {parts['f']} THEN CASE WHEN suffix({text}, '.0') THEN left({text}, length({text}) - 2)"
+            f" ELSE {text} END ELSE {laid_out} END")
 
 
 def value_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:

@@ -77,12 +77,16 @@ def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]
     row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
     cs = [f"_v_c{i}" for i in range(n)]
     fence = " OFFSET 0" if dialect == "postgres" else ""  # DuckDB computes each once anyway, in parallel
+    if all(f.startswith(f"_v_m{i} AS ") for i, f in enumerate(final)) and len(middle) == n:
+        # nothing to take apart (PostgreSQL's texts are the compared ones): no level passing them on
+        texts = [r.replace(f" AS _v_r{i}", f" AS _v_c{i}") for i, r in enumerate(raw[:n])] + raw[n:]
+        columns = f"(SELECT {', '.join(texts)} FROM {source}{fence}) c"
+    else:
+        columns = (f"(SELECT {', '.join(final + xs)} FROM (SELECT {', '.join(middle + xs)} FROM"
+                   f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) m{fence}) c")
     return (f"(SELECT _v_ident, {canon.hash60('_v_ident', dialect)} AS _v_kh, {canon.hash60('_v_row', dialect)} AS _v_rh,"
             f" {', '.join(cs + xs)} FROM"
-            f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM"
-            f" (SELECT {', '.join(final + xs)} FROM"
-            f" (SELECT {', '.join(middle + xs)} FROM"
-            f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) m{fence}) c{fence}) j)")
+            f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM {columns}{fence}) j)")
 
 
 def _among(expr: str, values: tuple[int, ...], dialect: Dialect) -> str:
