@@ -7,15 +7,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from headrace.state.lifecycle import TableState
-
-if TYPE_CHECKING:
-    from headrace.control.metrics import PipelineMetrics
 
 log = logging.getLogger("headrace.control")
 
@@ -83,10 +80,19 @@ def verify_gauges(tables: list[dict[str, Any]]) -> Iterator[Metric]:
     yield last
 
 
+class LiveSource(Protocol):
+    """What the collector reads: the run (``pipeline``) and its status (``control.metrics.PipelineMetrics``)."""
+
+    pipeline: Any
+
+    def live_status(self) -> dict[str, Any]:
+        """The pipeline's status as the status page shows it."""
+
+
 class LiveCollector(Collector):
     """Positions, backlogs and states, read from the source and the state tables at scrape time."""
 
-    def __init__(self, metrics: PipelineMetrics) -> None:
+    def __init__(self, metrics: LiveSource) -> None:
         self.metrics = metrics
 
     def describe(self) -> list[Metric]:
