@@ -6,12 +6,13 @@ DuckLake transaction, so after a crash the data and the cursor always agree.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
@@ -145,7 +146,7 @@ class DuckLakeTarget(Target):
                 )
             elif written:
                 self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
-            count = self._scalar(f"SELECT count(*) FROM {self._qualified(table)}")
+            count = scalar(self._con, f"SELECT count(*) FROM {self._qualified(table)}")
         if not direct:
             for path in discard:
                 files.remove(path)
@@ -184,7 +185,7 @@ class DuckLakeTarget(Target):
                         self._con.execute(plan.insert_from_relation_sql(target, table, relation))
                     finally:
                         self._con.unregister(relation)
-                counts.append(int(self._scalar(f"SELECT count(*) FROM {target}")))
+                counts.append(int(scalar(self._con, f"SELECT count(*) FROM {target}")))
         return counts
 
     def _clear_for_copy(self, table: TableSchema, replace: bool) -> None:
@@ -382,17 +383,17 @@ class DuckLakeTarget(Target):
             return maintenance.table_files(self._con, L, self._schema(table), table.target_table)
 
     def close(self) -> None:
-        """Close the DuckDB connection, detaching the lake first, under the lock (no batch is mid-way).
-
-        A transaction still open at the close is rolled back by DuckDB inside its destructor, where
-        an error (the catalog's PostgreSQL gone: "Failed to execute query ROLLBACK") cannot be
-        raised and aborts the whole process (seen once in the outage tests). Rolled back and
-        detached here instead, their errors (a lost catalog; no transaction open) are caught."""
+        """Close the DuckDB connection, detaching the lake first, under the lock (no batch is mid-way):
+        a transaction open at the close is rolled back in DuckDB's destructor, where an error (the
+        catalog's server gone) aborts the process; rolled back and detached here, errors are caught."""
         with self._lock:
             self._rollback()
-            with suppress(duckdb.Error):
+            try:
                 self._con.execute(f"DETACH {L}")
+            except duckdb.Error as exc:
+                # the lake stays attached: closing would abort the process (seen in the outage
+                # tests); the connection is left open for good instead, one per outage
+                event(log, "ducklake.connection_left_open", logging.WARNING, reason=str(exc).splitlines()[0])
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._con))  # never destroyed, not even at exit
+                return
             self._con.close()
-
-    def _scalar(self, sql: str) -> Any:
-        return scalar(self._con, sql)
