@@ -104,7 +104,9 @@ def float_text(text: str, sig: str, power: str, dialect: Dialect) -> str:
 
 def _mysql_raw(col: Column, q: str) -> str:
     """``raw_text`` of a MySQL/MariaDB column, as ``source.mysql.types.to_text`` gave it to the target."""
-    base = col.type.pg_type.split("(")[0].split(" ")[0].lower()
+    from headrace.source.mysql.types import base_type, type_args  # the binlog reader's, loaded for MySQL only
+
+    base = base_type(col.type)
     if base in ("date", "datetime", "timestamp"):
         zero = f"YEAR({q}) = 0 OR MONTH({q}) = 0 OR DAYOFMONTH({q}) = 0"  # a zero date: -infinity
         value = _text(q, "mysql") if base == "date" else \
@@ -113,8 +115,7 @@ def _mysql_raw(col: Column, q: str) -> str:
     if base == "bit":
         if col.type.kind is TypeKind.BOOLEAN:
             return f"CASE WHEN {q} IS NULL THEN NULL WHEN {q} + 0 <> 0 THEN 'true' ELSE 'false' END"
-        bits = col.type.pg_type.partition("(")[2].partition(")")[0] or "1"
-        return f"LPAD(BIN({q} + 0), {int(bits)}, '0')"
+        return f"LPAD(BIN({q} + 0), {type_args(col.type)[0]}, '0')"
     if base == "year":
         return _text(f"{q} + 0", "mysql")  # the zero year as 0
     if col.type.kind is TypeKind.BINARY:
@@ -167,10 +168,15 @@ def middle_parts(col: Column, dialect: Dialect, raw: str) -> list[tuple[str, str
             ("p", f"CASE WHEN {plain} THEN NULL ELSE {power} END")]
 
 
+def passes_on(parts: Sequence[tuple[str, str]] | dict[str, str]) -> bool:
+    """The ``middle_parts`` of a value whose raw text is already the compared one."""
+    return len(parts) == 1
+
+
 def final_text(col: Column, dialect: Dialect, parts: dict[str, str]) -> str:
     """SQL, the last step of ``value_text``, over the ``middle_parts`` (by name): a float's compared
-    form (``float_text``); every other value as it is."""
-    if col.type.kind not in _FLOATS or dialect == "postgres":
+    form (``float_text``); a value with no parts to lay out (``passes_on``) as it is."""
+    if passes_on(parts):
         return parts["m"]
     laid_out = float_text(parts["m"], parts["g"], parts["p"], dialect)
     if "f" not in parts:

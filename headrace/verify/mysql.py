@@ -23,6 +23,7 @@ from headrace.source.mysql import catalog
 from headrace.source.mysql.connect import connect
 from headrace.source.mysql.copy import snapshot_position
 from headrace.source.mysql.position import format_position
+from headrace.source.mysql.types import base_type
 from headrace.state.store import TableRow
 from headrace.verify.canon import MYSQL_SESSION, Dialect
 from headrace.verify.point import SourcePoint
@@ -40,7 +41,7 @@ def _string(text: str) -> str:
 
 def key_literal(column: Column, text: str) -> str | None:
     """MySQL SQL for a key column's value from its compared text (None: found by hash alone)."""
-    if column.type.pg_type.split("(")[0].split(" ")[0].lower() not in _LITERAL_KEYS:
+    if base_type(column.type) not in _LITERAL_KEYS:
         return None
     return _string(text)
 

@@ -77,9 +77,10 @@ def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]
     row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
     cs = [f"_v_c{i}" for i in range(n)]
     fence = " OFFSET 0" if dialect == "postgres" else ""  # DuckDB computes each once anyway, in parallel
-    if all(f.startswith(f"_v_m{i} AS ") for i, f in enumerate(final)) and len(middle) == n:
+    if all(canon.passes_on(ps) for ps in parts):
         # nothing to take apart (PostgreSQL's texts are the compared ones): no level passing them on
-        texts = [r.replace(f" AS _v_r{i}", f" AS _v_c{i}") for i, r in enumerate(raw[:n])] + raw[n:]
+        texts = [f"{canon.raw_text(c, dialect)} AS _v_c{i}" for i, c in enumerate(table.columns)]
+        texts += [f"{e} AS {x}" for e, x in zip(extras, xs, strict=True)]
         columns = f"(SELECT {', '.join(texts)} FROM {source}{fence}) c"
     else:
         columns = (f"(SELECT {', '.join(final + xs)} FROM (SELECT {', '.join(middle + xs)} FROM"

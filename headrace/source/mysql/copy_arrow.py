@@ -26,7 +26,7 @@ from headrace.core.schema import Column, TableSchema
 from headrace.source.mysql.connect import parse_dsn
 from headrace.source.mysql.copy_locks import marked
 from headrace.source.mysql.position import to_int
-from headrace.source.mysql.types import ZERO_DATE_TEXT, _args, _base, _float32_text
+from headrace.source.mysql.types import ZERO_DATE_TEXT, _float32_text, base_type, type_args
 
 Post = Callable[[pa.ChunkedArray], pa.ChunkedArray | pa.Array]
 _INTEGERS = ("tinyint", "smallint", "mediumint", "int", "bigint")
@@ -72,7 +72,7 @@ def _per_value(text: Callable[[float], str]) -> Post:
 
 def _read(column: Column) -> tuple[str, Post | None] | None:
     """(SELECT expression, Arrow function to the staged text or None) for ``column``; None: not read here."""
-    base, name = _base(column.type), _quote(column.name)
+    base, name = base_type(column.type), _quote(column.name)
     as_text = f"CAST({name} AS CHAR)"
     if base in _INTEGERS or base == "decimal" or base in _TEXTS or base == "time":
         return as_text, None  # the server's text is to_text's: digits, exactly s decimals, [-]H:MM:SS[.f]
@@ -81,9 +81,9 @@ def _read(column: Column) -> tuple[str, Post | None] | None:
     if base == "date":
         return as_text, _zero_dates
     if base in ("datetime", "timestamp"):
-        return as_text, _datetime((_args(column.type) or (0,))[0], "+00" if base == "timestamp" else "")
+        return as_text, _datetime((type_args(column.type) or (0,))[0], "+00" if base == "timestamp" else "")
     if base == "bit":
-        n = _args(column.type)[0]
+        n = type_args(column.type)[0]
         if n == 1:
             return f"IF({name} IS NULL, NULL, IF({name} + 0 = 0, 'f', 't'))", None
         return f"LPAD(BIN({name} + 0), {n}, '0')", None

@@ -18,6 +18,7 @@ from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.row_event import UpdateRowsEvent
 
 from headrace.core.schema import Column
+from headrace.source.mysql.types import base_type
 
 try:  # built by setup.py when a C compiler is there
     from headrace._binlog_rows import decode_rows as _decode_rows
@@ -41,12 +42,8 @@ def available() -> bool:
     return _decode_rows is not None
 
 
-def _base(column: Column) -> str:
-    return column.type.pg_type.split("(")[0].split(" ")[0]
-
-
 def _spec(binlog_column: Any, column: Column) -> Spec | None:
-    code, base = binlog_column.type, _base(column)
+    code, base = binlog_column.type, base_type(column.type)
     if code in _INT_BYTES:
         return (K_INT, _INT_BYTES[code], int(bool(binlog_column.unsigned)))
     if code == FIELD_TYPE.FLOAT and base == "float":

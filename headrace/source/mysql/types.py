@@ -152,12 +152,14 @@ def binlog_column_type(column: Any, declared: str | None = None) -> ColumnType:
 
 # Cached: called for every value of every row.
 @functools.lru_cache(maxsize=4096)
-def _base(ct: ColumnType) -> str:
+def base_type(ct: ColumnType) -> str:
+    """The MySQL type's name without its arguments or ``unsigned`` (``bit(5)`` -> ``bit``)."""
     return ct.pg_type.split("(")[0].split(" ")[0]
 
 
 @functools.lru_cache(maxsize=4096)
-def _args(ct: ColumnType) -> tuple[int, ...]:
+def type_args(ct: ColumnType) -> tuple[int, ...]:
+    """The MySQL type's arguments (``decimal(10,2)`` -> ``(10, 2)``)."""
     inner = ct.pg_type.partition("(")[2].partition(")")[0]
     return tuple(int(a) for a in inner.split(",")) if inner else ()
 
@@ -193,7 +195,7 @@ def to_text(value: Any, column: Column) -> str | None:
     if value is None:
         return None
     ct = column.type
-    base = _base(ct)
+    base = base_type(ct)
     if value is ZERO_DATE:
         return ZERO_DATE_TEXT
     if base in ("date", "datetime", "timestamp"):
@@ -210,7 +212,7 @@ def to_text(value: Any, column: Column) -> str | None:
     if base in FIXED_BINARY_TYPES:
         return value if isinstance(value, str) else fixed_binary_text(base, bytes(value))
     if base == "bit":
-        n = _args(ct)[0]
+        n = type_args(ct)[0]
         number = int.from_bytes(value, "big") if isinstance(value, bytes) else int(value, 2)
         return ("t" if number else "f") if n == 1 else format(number, f"0{n}b")
     if base == "year":
@@ -222,15 +224,15 @@ def to_text(value: Any, column: Column) -> str | None:
     if base == "double":
         return repr(float(value))
     if base == "decimal":
-        return f"{decimal.Decimal(value):.{_args(ct)[1]}f}"
+        return f"{decimal.Decimal(value):.{type_args(ct)[1]}f}"
     if base == "time":
-        return _time_text(value, (_args(ct) or (0,))[0])
+        return _time_text(value, (type_args(ct) or (0,))[0])
     if ct.kind is TypeKind.BINARY:
         data = value.encode() if isinstance(value, str) else bytes(value)
         if base == "geometry":
             data = data[4:]  # the stored form is a 4-byte SRID, then standard WKB
         elif base == "binary":
-            data = data.ljust(_args(ct)[0], b"\0")  # the binlog drops BINARY(n)'s trailing zero bytes
+            data = data.ljust(type_args(ct)[0], b"\0")  # the binlog drops BINARY(n)'s trailing zero bytes
         return "\\x" + data.hex()
     if base == "set" and isinstance(value, set | frozenset):
         raise TypeError("a SET value must arrive as the server's text (binlog.set_text orders it)")
@@ -248,7 +250,7 @@ def added_column_fill(column: Column, default: str | None, extra: str) -> tuple[
     """``(known, text)``: what rows older than ``column`` hold once it is added, from its catalog
     ``COLUMN_DEFAULT`` (MariaDB 10.2.7+ spelling: ``NULL``, a quoted literal, a number, or an
     expression) and ``EXTRA``. ``known`` is False for expressions and generated columns."""
-    base = _base(column.type)
+    base = base_type(column.type)
     if "GENERATED" in extra.upper():
         return False, None
     if default is None or default == "NULL":
@@ -290,13 +292,13 @@ def text_converter(column: Column) -> Callable[[Any], str | None]:
     """``to_text`` for one column, with the type dispatch done once (the copy and the stream call
     it for every value): integers, character strings, decimals, doubles and DATETIMEs take a short
     path; anything unusual for the type (a zero date's text, an int) still goes through ``to_text``."""
-    base = _base(column.type)
+    base = base_type(column.type)
     if base in _INTEGERS:
         return lambda value: None if value is None else str(value)
     if base in ("char", "varchar", "enum", *_TEXTS):
         return lambda value: value if value is None or type(value) is str else to_text(value, column)
     if base == "decimal" and column.type.kind is TypeKind.DECIMAL:
-        spec = f".{_args(column.type)[1]}f"
+        spec = f".{type_args(column.type)[1]}f"
         return lambda value: format(value, spec) if type(value) is decimal.Decimal else to_text(value, column)
     if base == "double":
         return lambda value: repr(value) if type(value) is float else to_text(value, column)
@@ -316,7 +318,7 @@ def binlog_converters(columns: Sequence[Column]) -> tuple[list[str], list[Callab
     """For the stream, per column: its name, the converter a value that is not None can take directly
     (None: every value goes through ``binlog_text``), and its ``text_converter``."""
     convert = [text_converter(c) for c in columns]
-    fast = [None if _base(c.type) in _BINLOG_SPECIAL else f for c, f in zip(columns, convert, strict=True)]
+    fast = [None if base_type(c.type) in _BINLOG_SPECIAL else f for c, f in zip(columns, convert, strict=True)]
     return [c.name for c in columns], fast, convert
 
 
@@ -345,7 +347,7 @@ def binlog_text(value: Any, none_source: str | None, binlog_column: Any, column:
                               " 'FULL' (and binlog_row_value_options = '' on MySQL), add it to my.cnf, and run"
                               " `headrace resync` for the table")
         return None
-    if isinstance(value, str) and _base(column.type) in FIXED_BINARY_TYPES:
+    if isinstance(value, str) and base_type(column.type) in FIXED_BINARY_TYPES:
         value = value.encode()  # mysql-replication gives the empty image (all bytes zero) as ''
     if isinstance(value, set | frozenset):
         order = list(binlog_column.set_values or [])
@@ -360,7 +362,7 @@ def select_expression(column: Column) -> str:
     the binlog keeps; the double holds the float exactly.
     """
     name = "`" + column.name.replace("`", "``") + "`"
-    if _base(column.type) == "float":
+    if base_type(column.type) == "float":
         return f"CAST({name} AS DOUBLE)"
     return name
 
