@@ -5,7 +5,6 @@ what is done."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -14,12 +13,8 @@ from headrace.core.names import quote_ident
 from headrace.core.rows import POSITION_COLUMNS
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
 from headrace.targets.ducklake import plan
+from headrace.targets.ducklake.extension import scalar
 from headrace.targets.ducklake.types import cast_in, duck_type
-
-
-def scalar(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
-    row = con.execute(sql).fetchone()
-    return None if row is None else row[0]
 
 
 def evolve_columns(con: duckdb.DuckDBPyConnection, name: str, new: TableSchema, changes: Sequence[SchemaChange],

@@ -131,6 +131,12 @@ def connect(settings: DuckLakeConfig, alias: str = LAKE_ALIAS) -> duckdb.DuckDBP
     return con
 
 
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> Any:
+    """The first column of the query's first row (None: no row)."""
+    row = con.execute(sql, params or []).fetchone()
+    return None if row is None else row[0]
+
+
 def fetch_arrow(result: duckdb.DuckDBPyConnection) -> pa.Table:
     """The query result as one Arrow table (duckdb 1.5 returns a batch reader from ``arrow()``: drained
     here, before another query on the connection ends it)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from headrace.core.key_rows import KeyCache, KeyRows
 from headrace.core.names import quote_ident
 from headrace.core.rows import HR_FROM, HR_LSN, HR_SEQ, leaves_unchanged
-from headrace.targets.ducklake.extension import fetch_arrow
+from headrace.targets.ducklake.extension import fetch_arrow, scalar
 
 if TYPE_CHECKING:
     from headrace.targets.ducklake.batches import ChangeWrite
@@ -107,7 +107,7 @@ class KeptKeys:
         if index is None and self._skipped.get(target, 0) > 0:  # counted lately: not worth a query
             self._skipped[target] -= 1
             return None
-        read_at = _scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()")
+        read_at = scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()")
         if index is not None and _touching(con, self.lake, index.table_id, index.snapshot, read_at):
             index = None
         if index is None:
@@ -125,7 +125,7 @@ class KeptKeys:
 
     def _read(self, con: duckdb.DuckDBPyConnection, target: str, key: str, name: str, schema: str,
               read_at: int) -> KeyIndex | None:
-        rows = int(_scalar(con, f"SELECT count(*) FROM {target}"))
+        rows = int(scalar(con, f"SELECT count(*) FROM {target}"))
         if not INDEX_FROM_ROWS <= rows <= self.budget:
             self._skipped[target] = RECOUNT_BATCHES
             return None
@@ -133,7 +133,7 @@ class KeptKeys:
         if not pa.types.is_integer(read.schema.field(0).type):
             self._refused.add(target)
             return None
-        table_id = _scalar(
+        table_id = scalar(
             con,
             f"SELECT t.table_id FROM __ducklake_metadata_{self.lake}.ducklake_table t "
             f"JOIN __ducklake_metadata_{self.lake}.ducklake_schema s ON s.schema_id = t.schema_id "
@@ -158,7 +158,7 @@ class KeptKeys:
     def _follow(self, con: duckdb.DuckDBPyConnection, target: str, found: Found, deleted: np.ndarray,
                 inserted: int, lowest_lsn: int | None) -> None:
         index = found.index
-        now = int(_scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()"))
+        now = int(scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()"))
         touched = _touching(con, self.lake, index.table_id, found.read_at, now)
         if touched != [now] and (inserted or len(deleted) or touched):  # an empty insert may name the table
             return
@@ -202,7 +202,3 @@ def _key_rows_sql(key: str, target: str) -> str:
     """What the index holds of each row of ``target``: its key, ``rowid``, ``_hr_lsn`` and ``_hr_seq``."""
     return f"SELECT {quote_ident(key)}, rowid AS {ROWID}, {HR_LSN}, {HR_SEQ} FROM {target}"
 
-
-def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> Any:
-    row = con.execute(sql, params or []).fetchone()
-    return None if row is None else row[0]

@@ -33,7 +33,7 @@ from headrace.targets.ducklake import batches, extension, files, maintenance, na
 from headrace.targets.ducklake.batches import ChangeWrite
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.copies import CopyWrite
-from headrace.targets.ducklake.evolve import evolve_columns, rename_table, scalar, shape_matches
+from headrace.targets.ducklake.evolve import evolve_columns, rename_table, shape_matches
 from headrace.targets.ducklake.group import GroupQueue, write_through
 from headrace.targets.ducklake.kept_keys import KeptKeys, StaleKeys
 from headrace.targets.ducklake.types import cast_out, registers_directly
@@ -146,7 +146,7 @@ class DuckLakeTarget(Target):
                 )
             elif written:
                 self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
-            count = scalar(self._con, f"SELECT count(*) FROM {self._qualified(table)}")
+            count = extension.scalar(self._con, f"SELECT count(*) FROM {self._qualified(table)}")
         if not direct:
             for path in discard:
                 files.remove(path)
@@ -185,7 +185,7 @@ class DuckLakeTarget(Target):
                         self._con.execute(plan.insert_from_relation_sql(target, table, relation))
                     finally:
                         self._con.unregister(relation)
-                counts.append(int(scalar(self._con, f"SELECT count(*) FROM {target}")))
+                counts.append(int(extension.scalar(self._con, f"SELECT count(*) FROM {target}")))
         return counts
 
     def _clear_for_copy(self, table: TableSchema, replace: bool) -> None:
