@@ -7,6 +7,7 @@ reading transaction has imported the snapshot.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -48,6 +49,10 @@ def key_literal(kind: TypeKind, text: str) -> str | None:
     return _literal(text)  # PostgreSQL's own text, or a form its input takes (floats' 15e-1), coerced
 
 
+def _fetch(conn: psycopg.Connection[Any], query: str) -> list[tuple[Any, ...]]:
+    return conn.execute(sql.SQL(query)).fetchall()  # type: ignore[arg-type]
+
+
 class PostgresSide(SourceSide):
     """PostgreSQL on one connection: in a REPEATABLE READ transaction that imported an exported
     snapshot, or (``versions``) as it is now."""
@@ -73,8 +78,7 @@ class PostgresSide(SourceSide):
             parts.append(f"(SELECT * FROM {self.relation(table)} WHERE {low}{high}) p")
 
         def part(i: int) -> Checksums:
-            fetch = lambda q: conns[i].execute(sql.SQL(q)).fetchall()  # type: ignore[arg-type]  # noqa: E731
-            return self.checksums_of(parts[i], table, ranges, bits, fetch)
+            return self.checksums_of(parts[i], table, ranges, bits, functools.partial(_fetch, conns[i]))
 
         with ThreadPoolExecutor(len(conns), thread_name_prefix="verify-source") as pool:
             return added(list(pool.map(part, range(len(conns)))))
@@ -91,7 +95,7 @@ class PostgresSide(SourceSide):
         return ["tableoid::bigint", "ctid::text", "xmin::text"]
 
     def fetch(self, query: str) -> list[tuple[Any, ...]]:
-        return self.conn.execute(sql.SQL(query)).fetchall()  # type: ignore[arg-type]
+        return _fetch(self.conn, query)
 
     def key_filter(self, table: TableSchema, ranges: Ranges) -> str:
         return self.keys_in(table, ranges, lambda column, text: key_literal(column.type.kind, text))
