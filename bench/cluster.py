@@ -1,7 +1,7 @@
 """Local mode against a standalone cluster with the same cores, in one run: the copy and a backlog's drain.
 
 A throwaway PostgreSQL and a Spark standalone master with one worker of ``--cores`` cores (pyspark's
-own ``bin/spark-class``, ``headrace.spark_standalone``) on this machine. For each Spark master
+own ``bin/spark-class``, ``headrace.engines.spark.standalone``) on this machine. For each Spark master
 (``local[N]``, then the cluster) and each ``--engines`` value, a fresh pipeline into Iceberg:
 
 1. copies ``--rows`` rows (``headrace run --until-caught-up``, timed from process start to exit);
@@ -30,8 +30,8 @@ import psycopg
 from backlog import drain, write_backlog
 from harness import Headrace, compare_with_source, parse_ts, pyplot, save_figure, write_config
 
+from headrace.engines.spark.standalone import ThrowawaySparkCluster
 from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
-from headrace.spark_standalone import ThrowawaySparkCluster  # noqa: E402
 
 TABLE = "backlog.t0"
 

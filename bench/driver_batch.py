@@ -24,11 +24,11 @@ from pathlib import Path
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
+from headrace.engines.driver.batch import read_driver_batch
+from headrace.engines.spark.batch import read_change_batch
+from headrace.engines.spark.session import build_session
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.log.facts import FileFacts
-from headrace.materialize.batch import read_change_batch
-from headrace.materialize.driver_batch import read_driver_batch
-from headrace.spark import build_session
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.config import IcebergConfig

@@ -30,12 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind  # noqa: E402
-from headrace.core.spark_types import ValueRules  # noqa: E402
+from headrace.core.spark_types import ValueRules
+from headrace.engines.driver.batch import read_driver_batch
 from headrace.history.config import Mode  # noqa: E402
 from headrace.history.writer import apply_history  # noqa: E402
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file  # noqa: E402
 from headrace.log.facts import FileFacts  # noqa: E402
-from headrace.materialize.driver_batch import read_driver_batch  # noqa: E402
 from headrace.targets.ducklake.config import DuckLakeConfig  # noqa: E402
 from headrace.targets.ducklake.target import DuckLakeTarget  # noqa: E402
 

@@ -29,9 +29,9 @@ from driver_batch import TABLE, stage
 
 from headrace.core.position import Position
 from headrace.core.spark_types import ValueRules
-from headrace.materialize.batch import read_change_batch
-from headrace.materialize.driver_batch import read_driver_batch
-from headrace.spark import build_session
+from headrace.engines.driver.batch import read_driver_batch
+from headrace.engines.spark.batch import read_change_batch
+from headrace.engines.spark.session import build_session
 from headrace.targets.iceberg import shapes as iceberg_target
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.session import iceberg_session_conf

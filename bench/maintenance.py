@@ -28,7 +28,7 @@ from headrace.core.interfaces import Target
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.spark import build_session
+from headrace.engines.spark.session import build_session
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.session import iceberg_session_conf

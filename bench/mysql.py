@@ -264,7 +264,7 @@ def main() -> int:
             seconds = read_chunk(server.dsn_for(DATABASE), compiled)
             results[f"chunk_read_{label}_s"] = round(seconds, 2)
             table.append((f"headrace chunk read alone ({label}), one connection", args.rows, rate(args.rows, seconds)))
-        from headrace.spark import build_session
+        from headrace.engines.spark.session import build_session
 
         connections = [int(c) for c in args.connections.split(",")]
         first = pipeline_config(server, pg.dsn, work, "spark", 1)

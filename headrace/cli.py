@@ -146,8 +146,8 @@ def _changed_values(table: dict[str, object]) -> str:
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     """One maintenance pass over every table, or one; beside a running pipeline or while it is stopped."""
+    from headrace.engines.spark.session import build_session
     from headrace.run.maintenance import maintain_tables
-    from headrace.spark import build_session
     from headrace.targets.registry import open_target
 
     config = load_config(args.config)

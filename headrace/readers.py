@@ -81,7 +81,7 @@ def iceberg_spark(warehouse: str | None = None, jdbc_driver: bool = False,
     """A Spark session that reads Iceberg tables: the runtime jars and extensions, with ``warehouse``
     a Hadoop catalog ``headrace`` on it, with ``jdbc_driver`` the PostgreSQL JDBC driver (a JDBC
     catalog, registered through ``conf``)."""
-    from headrace.spark import build_session
+    from headrace.engines.spark.session import build_session
 
     target_conf = iceberg_session_conf(conf, jdbc_driver=jdbc_driver)
     if warehouse:

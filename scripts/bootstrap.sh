@@ -17,7 +17,7 @@ command -v pg_recvlogical >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_rec
 # The MySQL/MariaDB source's tests start a throwaway MariaDB (mariadb-install-db, mariadbd).
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 # Iceberg's JDBC catalog (target.iceberg.catalog.type: jdbc) needs the driver on Spark's classpath;
-# headrace.spark adds this file. Where Maven is reachable, spark.jars.packages works instead.
+# headrace.engines.spark.session adds this file. Where Maven is reachable, spark.jars.packages works instead.
 [ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
 # The status page's browser test drives Debian's chromium through Playwright (no browser download);
 # only the test set-up (--with-browser) needs it.

@@ -145,7 +145,7 @@ def source_dsn(request: pytest.FixtureRequest, pg_version: int) -> Iterator[str]
 def spark():  # type: ignore[no-untyped-def]
     """One local Spark session (2 cores) with the Iceberg runtime, the PostgreSQL JDBC driver
     (Iceberg JDBC catalogs) and Hadoop's S3A (s3:// paths), shared by every test."""
-    from headrace.spark import build_session, merged_conf
+    from headrace.engines.spark.session import build_session, merged_conf
     from headrace.storage.spark_conf import storage_session_conf
     from headrace.targets.iceberg.session import iceberg_session_conf
 

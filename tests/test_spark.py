@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from headrace.spark import local_cores
+from headrace.engines.spark.session import local_cores
 
 
 def test_local_masters_give_their_cores_and_other_masters_none() -> None:

@@ -16,7 +16,7 @@ import textwrap
 _CHILD = textwrap.dedent("""
     import _imp, logging, sys, threading, time
     from pyspark.java_gateway import launch_gateway as pyspark_launch  # imports done before the race
-    from headrace.spark_gateway import launch_gateway as headrace_launch
+    from headrace.engines.spark.gateway import launch_gateway as headrace_launch
     held = threading.Event()
 
     def importer():

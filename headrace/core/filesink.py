@@ -53,7 +53,7 @@ class FileSink:
     compression: str = "zstd"
 
     def write(self, rows: pa.Table, stem: str) -> WrittenFile:
-        """Write ``rows`` (the row shape, as ``snapshot_job.chunk_rows`` builds it) as ``<stem>.parquet``."""
+        """Write ``rows`` (the row shape, as ``engines.chunks.chunk_rows`` builds it) as ``<stem>.parquet``."""
         written = self.write_parts(iter([rows]), stem)
         assert written is not None
         return written

@@ -41,7 +41,7 @@ class Target(ABC):
     deduplicated, one row per row image a change adds (``_hr_op`` ``I``) or removes (``D``, every
     column set), at the change's position; an update is a ``D`` of its old row and an ``I`` of
     its new one. Identical rows are legitimate, so such a batch must be applied exactly once, as
-    a multiset delta (``headrace.core.keyless.net_row_changes``). Column names: ``headrace.core.rows``.
+    a multiset delta (``net_row_changes``, in ``engines.spark.keyless`` and ``engines.driver.keyless``). Column names: ``headrace.core.rows``.
     """
 
     name: str = ""
@@ -126,8 +126,9 @@ class Target(ABC):
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
                           log_offset: int) -> LaneChoice:
         """``apply_batch`` for a batch already on the driver as a pyarrow Table: the rows and columns
-        Spark's ``toArrow`` of the DataFrame would give (``headrace.materialize.driver_batch``);
-        keyed tables only. Only targets with ``applies_arrow`` implement it."""
+        Spark's ``toArrow`` of the DataFrame would give (``headrace.engines.driver.batch``): for a
+        keyless table its row images, which the target folds (``net_row_changes``). Only targets with
+        ``applies_arrow`` implement it."""
         raise NotImplementedError(f"target {self.name} applies batches through Spark only")
 
     @abstractmethod

@@ -2,7 +2,7 @@
 
 The mirror keeps only the last change per key (``materialize.driver_batch``); history needs every
 change with its position, commit time and transaction id. The staged files are read with pyarrow
-and cast by DuckDB with the driver's casts (``materialize.driver_casts``), so a history row holds
+and cast by DuckDB with the driver's casts (``engines.driver.casts``), so a history row holds
 the value the mirror holds for the same change. A value only Spark's casts take raises
 ``HistoryCastError``: history tables are built on the driver lane only.
 """
@@ -24,8 +24,8 @@ from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules
+from headrace.engines.driver.casts import FALLBACK_MARKER, cast_sql, literal, register_functions
 from headrace.log.codec import STAGING_SCHEMA, read_staging_file
-from headrace.materialize.driver_casts import FALLBACK_MARKER, cast_sql, literal, register_functions
 
 Key = tuple[Any, ...]
 

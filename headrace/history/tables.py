@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from headrace.core.schema import TableSchema
+from headrace.engines.driver.casts import arrow_type
 from headrace.history import build as b
 from headrace.history.config import Mode
-from headrace.materialize.driver_casts import arrow_type
 
 _TS = pa.timestamp("us", tz="UTC")
 # (name, Arrow type, DuckDB type, Spark SQL type) after the source columns, per mode.

@@ -5,7 +5,7 @@ latest TRUNCATE, TOAST markers): a whole Spark job per batch, most of a small ba
 Capture holds every staged row when it writes the file (``StagingBuffer``), so it finds them for nothing.
 
 The flags are not aware of the batch's skip point (the initial copy's position): a flag set by a
-change the batch then skips only chooses a slower plan (``headrace.materialize.batch``), never a
+change the batch then skips only chooses a slower plan (``headrace.engines.spark.batch``), never a
 different answer. The latest TRUNCATE is kept exactly, so the reader compares it with the skip point.
 """
 

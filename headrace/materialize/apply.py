@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from headrace.config import ApplyConfig, SchemaChangesConfig, ValuesConfig
+from headrace.core.batch import ChangeBatch
 from headrace.core.errors import ConfigError
 from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
@@ -22,12 +23,12 @@ from headrace.core.lanes import Engine, Lane, LaneChoice, NotOnLane
 from headrace.core.position import Position, format_lsn
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules, value_rules
+from headrace.engines.driver.batch import read_driver_batch
+from headrace.engines.spark.batch import read_change_batch
 from headrace.history.config import HistoryConfig, Mode
 from headrace.history.writer import apply_history
 from headrace.log.index import LogEntry
 from headrace.logs import event
-from headrace.materialize.batch import ChangeBatch, read_change_batch
-from headrace.materialize.driver_batch import read_driver_batch
 from headrace.materialize.evolve import evolve_table
 from headrace.materialize.lanes import SPARK_ENGINE, batch_build_lane
 from headrace.state.store import StateStore, TableRow
@@ -206,7 +207,7 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) ->
     on a worker thread, one batch per table.
 
     A batch the plan gave the driver (``lanes.batch_build_lane``) is built by DuckDB there
-    (``headrace.materialize.driver_batch``, no Spark job) unless a value needs Spark's casts; every
+    (``headrace.engines.driver.batch``, no Spark job) unless a value needs Spark's casts; every
     other batch by Spark.
     """
     schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries

@@ -1,6 +1,6 @@
 """A copy's chunks written as Parquet files and registered group by group, possibly before the table exists.
 
-A fresh copy's tasks (or the driver's threads, ``chunk_files.CopyLanes``) write each group's chunks
+A fresh copy's tasks (or the driver's threads, ``copy_lanes.CopyLanes``) write each group's chunks
 into the target's ``FileSink``; the driver registers a group's files in one commit and then marks
 its chunks done (``FileCopy``). The next group's job runs while a group commits.
 
@@ -17,7 +17,7 @@ committed or marked done before that check, so a crash meanwhile leaves orphan f
 
 On a cluster the session is warmed for the copy's tasks only once the table exists, and only if
 groups are left to copy: a warm-up started at once ran 11 s beside the CREATE. In local mode the
-driver's threads copy every group (``chunk_files.CopyLanes``). The quiet 20M runs are
+driver's threads copy every group (``copy_lanes.CopyLanes``). The quiet 20M runs are
 docs/benchmarks-history.md's.
 """
 
@@ -38,11 +38,12 @@ from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.position import Position
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import value_rules
+from headrace.engines.chunks import ChunkFile
+from headrace.engines.spark.copy import ValueCounts, chunk_dataframe
 from headrace.logs import event
-from headrace.materialize.chunk_files import ChunkFile, CopyLanes
 from headrace.materialize.copy_bars import BARS
+from headrace.materialize.copy_lanes import CopyLanes
 from headrace.materialize.permits import Permits
-from headrace.materialize.snapshot_job import ValueCounts, chunk_dataframe
 from headrace.source.base import ChunkRead
 from headrace.state.progress import Chunk, ProgressStore
 

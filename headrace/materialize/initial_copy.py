@@ -40,21 +40,15 @@ from headrace.core.lanes import Lane
 from headrace.core.position import Position
 from headrace.core.schema import HR_OP, HR_UNCHANGED, TableSchema
 from headrace.core.spark_types import value_rules
+from headrace.engines.chunks import driver_rows, prefetched, read_by, takes_files
+from headrace.engines.spark.copy import ValueCounts, chunk_dataframe
 from headrace.logs import event
 from headrace.materialize.apply import current_cursor
-from headrace.materialize.chunk_files import SparkWarmth
+from headrace.materialize.copy_lanes import SparkWarmth
 from headrace.materialize.copy_watch import CopyAbandoned, CopyWatch
 from headrace.materialize.file_copy import FileCopy, FileCopyEnd, report_progress
 from headrace.materialize.lanes import small_copy_lane
 from headrace.materialize.permits import Permits
-from headrace.materialize.snapshot_job import (
-    ValueCounts,
-    chunk_dataframe,
-    driver_rows,
-    prefetched,
-    read_by,
-    takes_files,
-)
 from headrace.outage import lost_connection
 from headrace.source import open_source
 from headrace.source.base import ChunkRead, CopySnapshot, Source
@@ -83,7 +77,7 @@ class InitialCopy:
         opening the target (which may start it too): the round takes its snapshot and plans meanwhile.
         ``warmth`` (None: nothing to warm): on a cluster, a copy about to write files has the session
         warmed in the background for its tasks; in local mode the driver's threads copy every group
-        (``chunk_files.CopyLanes``). ``stuck``: the copy threads given up on (``CopyWatch``), by table,
+        (``copy_lanes.CopyLanes``). ``stuck``: the copy threads given up on (``CopyWatch``), by table,
         shared with the rounds before and after this one."""
         self.config = config
         self.dsn = dsn

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 
 from headrace.core.lanes import Engine, Lane, LaneChoice
 from headrace.core.schema import TableSchema, TypeKind
+from headrace.engines.spark.session import local_cores
 from headrace.log.facts import FileFacts, total
-from headrace.spark import local_cores
 
 _FLOATING = frozenset({TypeKind.FLOAT, TypeKind.DOUBLE})
 SPARK_ENGINE = LaneChoice(Lane.SPARK, "engine", "engine: spark")
@@ -42,13 +42,17 @@ def batch_build_lane(engine: Engine, applies_arrow: bool, table: TableSchema, fa
         return LaneChoice(Lane.SPARK, "target", "the target takes no Arrow batches")
     if engine != "driver" and driver_rows <= 0:
         return LaneChoice(Lane.SPARK, "off", "apply.driver_batch_rows is 0")
-    if not table.key:
-        return LaneChoice(Lane.SPARK, "keyless", "table without a key")
+    # Spark groups NaN and -0.0 its own way: a key, or a keyless table's row (grouped whole), holding
+    # floating-point values stays on Spark.
+    if not table.key and any(c.type.kind in _FLOATING for c in table.columns):
+        return LaneChoice(Lane.SPARK, "float-row", "table without a key, with floating-point columns")
     if any(table.column(k).type.kind in _FLOATING for k in table.key):
-        return LaneChoice(Lane.SPARK, "float-key", "floating-point key")  # Spark groups NaN and -0.0 its own way
+        return LaneChoice(Lane.SPARK, "float-key", "floating-point key")
     if not facts or any(f is None for f in facts):
         return LaneChoice(Lane.SPARK, "no-facts", "files without registered facts")
     known = total(f for f in facts if f is not None)
+    if not table.key and known.update_without_old:  # Spark's scan finds whether it is past the copy, and stops
+        return LaneChoice(Lane.SPARK, "no-old-row", "an update of a table without a key lacks its old row")
     if engine != "driver" and known.rows > driver_rows:
         return LaneChoice(Lane.SPARK, "size", f"{known.rows} staged rows > apply.driver_batch_rows {driver_rows}")
     if known.key_toast:

@@ -341,11 +341,11 @@ _worker = threading.local()
 def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], cut: _Cut | None) -> list[Executed]:
     """``execute_batch`` on an apply worker, whose Spark jobs run in a FAIR pool of its own (one big
     MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
-    batches are all built on the driver never starts it (``run.spark_on_demand``). With ``cut``
+    batches are all built on the driver never starts it (``engines.spark.on_demand``). With ``cut``
     (``consistency: transaction``): on a target that commits across tables, every batch of the cut,
     committed together when the last is built; on another, one table's batch, its snapshot id noted."""
     if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
-        from headrace.spark import use_pool
+        from headrace.engines.spark.session import use_pool
 
         use_pool(spark, threading.current_thread().name)
         _worker.pool_set = True

@@ -2,7 +2,7 @@
 
 Copies run beside the apply loop, so the other tables keep streaming meanwhile. On a cluster a round
 starts Spark in the background (``SparkOnDemand.start_in_background``) instead of waiting for it; in
-local mode the driver's threads copy (``chunk_files.CopyLanes``) and Spark starts only when used.
+local mode the driver's threads copy (``copy_lanes.CopyLanes``) and Spark starts only when used.
 Stopping lets the running copy finish its current chunk group; what is left resumes at the next
 round (progress is kept per chunk).
 """
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, cast
 
 from headrace.config import PipelineConfig
 from headrace.core.interfaces import Target
+from headrace.engines.spark.on_demand import SparkOnDemand
+from headrace.engines.spark.session import local_cores
 from headrace.materialize.initial_copy import FailHandler, InitialCopy
 from headrace.run.observer import RunObserver
-from headrace.run.spark_on_demand import SparkOnDemand
 from headrace.source.base import LockWaiter, Source
-from headrace.spark import local_cores
 from headrace.state.lifecycle import TableState
 from headrace.state.store import StateStore, TableRow
 

@@ -23,10 +23,11 @@ from headrace.capture.loop import Capture
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.errors import TerminalError
 from headrace.core.interfaces import Target
+from headrace.engines.spark.copy import warm_copy_workers
+from headrace.engines.spark.on_demand import SparkOnDemand
 from headrace.lineage.emitter import Lineage
 from headrace.log.store import StagingStore
 from headrace.logs import event
-from headrace.materialize.chunk_files import warm_copy_workers
 from headrace.materialize.retention import collect_applied
 from headrace.run import startup
 from headrace.run.apply_pass import ApplyPass, RunStats, caught_up
@@ -36,7 +37,6 @@ from headrace.run.failure import Failures
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import Observers
 from headrace.run.outage import OutageWatch, ride_out
-from headrace.run.spark_on_demand import SparkOnDemand
 from headrace.run.table_watch import TableWatch
 from headrace.run.tracking import TableTracking
 from headrace.run.view import CaptureStatus
@@ -135,7 +135,7 @@ class Pipeline:
     @property
     def spark(self) -> SparkSession:
         if self._spark is None:
-            from headrace.spark import build_session  # pyspark loads only when a Spark job runs
+            from headrace.engines.spark.session import build_session
 
             self._spark = build_session(self.config.spark.master, self.config.spark.conf,
                                         app_name=f"headrace-{self.config.name}",

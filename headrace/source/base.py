@@ -63,7 +63,7 @@ class ChangeStream(Protocol):
 
 
 class Route(enum.Enum):
-    """How a chunk reader delivers one column (see ``materialize.snapshot_job``)."""
+    """How a chunk reader delivers one column (see ``engines.spark.copy``, ``engines.chunks``)."""
 
     BINARY = "binary"  # typed, in the target's type
     SPLIT = "split"  # typed, plus ``t{i}`` text for the values outside the typed range

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from headrace.core.errors import ConfigError
-from headrace.source.postgres.throwaway import free_port
+from headrace.core.ports import free_port
 
 REGION = "us-east-1"
 

@@ -3,7 +3,7 @@
 A target's folder holds everything about it: its settings model (the ``target: {<name>: ...}``
 section), the Spark conf it needs (jars, extensions), how it names the tables users query, and
 its implementation of ``headrace.core.interfaces.Target``. Adding a target means adding a folder
-whose ``plugin.py`` defines ``PLUGIN = TargetPlugin(...)``; ``headrace.config``, ``headrace.spark``,
+whose ``plugin.py`` defines ``PLUGIN = TargetPlugin(...)``; ``headrace.config``, ``headrace.engines.spark.session``,
 the control plane and the demo find it here. Plugins are imported when first asked for, so a
 target's heavy dependencies (Spark, DuckDB) load only when it is opened.
 """

@@ -12,7 +12,7 @@ import yaml
 from headrace.config import load_config, parse_config
 from headrace.core.errors import ConfigError
 from headrace.core.names import TableName
-from headrace.spark import merged_conf
+from headrace.engines.spark.session import merged_conf
 from headrace.targets import registry
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.faulty.config import FaultyConfig

@@ -1,6 +1,6 @@
 """End to end on DuckLake: a backlog drains as driver batches of at most ``apply.max_batch_rows``
 staged rows (not one Spark batch of everything staged), the apply pass starts no Spark session for
-them (``run.spark_on_demand``), and the target equals the source."""
+them (``engines.spark.on_demand``), and the target equals the source."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from headrace.config import parse_config
+from headrace.engines.spark.standalone import ThrowawaySparkCluster
 from headrace.pipeline import Pipeline
-from headrace.spark_standalone import ThrowawaySparkCluster
 from tests.e2e.helpers import _norm, assert_same, kill_after_batches, run_command, source_rows
 from tests.e2e.test_object_storage import iceberg_rows, pyiceberg_s3
 from tests.objectstore import MotoServer

@@ -20,9 +20,9 @@ from headrace.control.status import pipeline_status
 from headrace.core.names import quote_ident
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
-from headrace.materialize.chunk_files import copy_chunks_to_files
+from headrace.engines.chunks import driver_rows
+from headrace.engines.spark.copy import chunk_dataframe, copy_chunks_to_files
 from headrace.materialize.file_copy import CHUNKS_PER_TASK
-from headrace.materialize.snapshot_job import chunk_dataframe, driver_rows
 from headrace.pipeline import Pipeline
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.source.postgres.catalog import read_table_schema

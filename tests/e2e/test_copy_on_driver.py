@@ -19,7 +19,8 @@ from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
-from headrace.materialize.snapshot_job import chunk_dataframe, driver_rows, prefetched
+from headrace.engines.chunks import driver_rows, prefetched
+from headrace.engines.spark.copy import chunk_dataframe
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.source.postgres.copy import OPEN_END
 from headrace.source.postgres.source import chunk_reader

@@ -11,7 +11,8 @@ from typing import Any
 
 import psycopg
 
-from headrace.materialize.chunk_files import copy_chunks_on_driver, copy_chunks_to_files
+from headrace.engines.driver.copy import copy_chunks_on_driver
+from headrace.engines.spark.copy import copy_chunks_to_files
 from headrace.pipeline import Pipeline
 from headrace.source.postgres.source import chunk_reader
 from headrace.targets.ducklake.target import DuckLakeTarget

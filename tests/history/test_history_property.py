@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from headrace.core.changes import UNCHANGED
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
+from headrace.engines.driver.batch import read_driver_batch
 from headrace.history.writer import apply_history
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.log.facts import FileFacts
-from headrace.materialize.driver_batch import read_driver_batch
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
 from tests.history.model import Model

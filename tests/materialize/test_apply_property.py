@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from headrace.core.lanes import Lane
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
+from headrace.engines.driver.batch import read_driver_batch
+from headrace.engines.spark.batch import read_change_batch
+from headrace.engines.spark.session import use_pool
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.log.facts import FileFacts
-from headrace.materialize.batch import read_change_batch
-from headrace.materialize.driver_batch import read_driver_batch
 from headrace.materialize.lanes import batch_build_lane
-from headrace.spark import use_pool
 from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.target import DuckLakeTarget
 

@@ -11,8 +11,8 @@ from pyspark.sql import SparkSession
 from headrace.core.changes import UNCHANGED, Value
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.engines.spark.batch import read_change_batch
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
-from headrace.materialize.batch import read_change_batch
 
 INT = ColumnType(TypeKind.INT, "integer")
 TEXT = ColumnType(TypeKind.STRING, "text")

@@ -15,14 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
+from headrace.core.batch import ChangeBatch
 from headrace.core.changes import UNCHANGED, Value
 from headrace.core.errors import TerminalError
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
+from headrace.engines.spark.batch import read_change_batch
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.log.facts import FileFacts
-from headrace.materialize.batch import ChangeBatch, read_change_batch
 
 INT = ColumnType(TypeKind.INT, "integer")
 TEXT = ColumnType(TypeKind.STRING, "text")

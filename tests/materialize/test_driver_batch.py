@@ -23,10 +23,10 @@ from headrace.core.lanes import Lane, NotOnLane
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
+from headrace.engines.driver.batch import read_driver_batch
+from headrace.engines.spark.batch import read_change_batch
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
 from headrace.log.facts import FileFacts
-from headrace.materialize.batch import read_change_batch
-from headrace.materialize.driver_batch import read_driver_batch
 from headrace.materialize.lanes import batch_build_lane
 from headrace.source.postgres.catalog import read_table_schema
 from headrace.targets.ducklake.files import to_arrow
@@ -231,13 +231,17 @@ def test_batches_the_driver_does_not_build(tmp_path: Path) -> None:
     assert batch_build_lane("auto", True, TABLE, [facts], 0).detail == "apply.driver_batch_rows is 0"
     assert batch_build_lane("auto", True, TABLE, [facts, facts], 1).detail == "2 staged rows > apply.driver_batch_rows 1"
     assert batch_build_lane("auto", True, TABLE, [facts, None], 1000).detail == "files without registered facts"
-    assert batch_build_lane("auto", True, keyless, [facts], 1000).detail == "table without a key"
+    assert batch_build_lane("auto", True, keyless, [facts], 1000).lane is Lane.DRIVER
+    bag = TableSchema(oid=11, schema="public", name="bag", columns=(*TABLE.columns, floating.columns[0]), key=())
+    assert batch_build_lane("auto", True, bag, [facts], 1000).reason == "float-row"
+    _, no_old = _stage(tmp_path / "c.parquet", TABLE.column_names, [("U", 1, 1, ("2", "a", "b", None), None)])
+    assert batch_build_lane("auto", True, keyless, [no_old], 1000).reason == "no-old-row"
     assert batch_build_lane("auto", True, floating, [facts], 1000).detail == "floating-point key"
     assert batch_build_lane("auto", True, TABLE, [key_toast], 1000).detail == "a key change left TOAST columns unchanged"
     # The engine setting, and what the target declares.
     assert batch_build_lane("spark", True, TABLE, [facts], 1000).reason == "engine"
     assert batch_build_lane("driver", True, TABLE, [facts, facts], 1).lane is Lane.DRIVER  # no size bound
-    assert batch_build_lane("driver", True, keyless, [facts], 1000).lane is Lane.SPARK  # what it cannot do
+    assert batch_build_lane("driver", True, floating, [facts], 1000).lane is Lane.SPARK  # what it cannot do
     assert batch_build_lane("auto", False, TABLE, [facts], 1000).reason == "target"
 
 

@@ -18,9 +18,11 @@ from pyspark.sql import functions as F
 
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.core.spark_types import cast_text, parse_array_literal
-from headrace.materialize.snapshot_job import snapshot_dataframe
+from headrace.core.spark_types import parse_array_literal
+from headrace.engines.spark.casts import cast_text
+from headrace.engines.spark.copy import chunk_dataframe
 from headrace.source.postgres.copy import OPEN_END, plan_chunks
+from headrace.source.postgres.source import chunk_reader
 
 K = TypeKind
 # (column, PostgreSQL type, logical type)
@@ -109,7 +111,7 @@ def test_every_type_round_trips_through_the_copy(
         expected = {r[0]: r for r in conn.execute(f"SELECT {select} FROM typed").fetchall()}
     assert chunks[-1][1] == OPEN_END
 
-    df = snapshot_dataframe(spark, source_dsn, None, typed_table, chunks, Position(77))
+    df = chunk_dataframe(spark, typed_table, chunk_reader(source_dsn, None, typed_table, True), chunks, Position(77))
     got = {r["id"]: r for r in df.collect()}
     assert got.keys() == expected.keys()
     for key, exp in expected.items():

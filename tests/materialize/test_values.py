@@ -14,7 +14,8 @@ from pyspark.sql import functions as F
 
 from headrace.core.errors import TERMINAL_MARKER
 from headrace.core.schema import ColumnType, TypeKind
-from headrace.core.spark_types import INT32_MAX, INT64_MAX, ValueRules, cast_text
+from headrace.core.spark_types import INT32_MAX, INT64_MAX, ValueRules
+from headrace.engines.spark.casts import cast_text
 
 K = TypeKind
 DATE = ColumnType(K.DATE, "date")

@@ -78,3 +78,40 @@ def test_the_run_capture_and_copy_reach_a_source_only_through_its_interface() ->
     offenders = {m: sorted(i for i in _imports(m) if _under(i, "headrace.source") and i not in allowed)
                  for m in users}
     assert not {m: i for m, i in offenders.items() if i}
+
+
+# What each engine may import: the shared definitions, the staged log's format, the object store's
+# settings, a source's chunk interface, the chunk work both engines do, and its own package.
+_BELOW_THE_ENGINES = ("headrace.core", "headrace.log", "headrace.logs", "headrace.storage", "headrace.source.base",
+                      "headrace.engines.chunks")
+
+
+def test_each_engine_imports_only_what_lies_below_it_never_the_other_engine() -> None:
+    """``engines.spark`` and ``engines.driver`` never import each other, the materializer, the run, a
+    target or a source's own modules: the lane decision (``materialize.lanes``) is the one place
+    that knows both."""
+    offenders = {}
+    for engine in ("headrace.engines.spark", "headrace.engines.driver", "headrace.engines.chunks"):
+        allowed = (*_BELOW_THE_ENGINES, engine)
+        for m in MODULES:
+            if _under(m, engine):
+                bad = sorted(i for i in _imports(m) if not any(_under(i, a) for a in allowed))
+                if bad:
+                    offenders[m] = bad
+    assert not offenders
+
+
+def test_targets_import_core_and_the_engines_not_the_materializer_or_the_run() -> None:
+    """A target sees the row shape and the interfaces (``core``), the engines' batch and key helpers,
+    the history modes' rules (which themselves import only ``core``, the engines and the staged
+    log), the object store's settings and the log helper: never the materializer, the run, capture,
+    a source or the control plane."""
+    allowed = ("headrace.core", "headrace.engines", "headrace.targets", "headrace.history", "headrace.storage",
+               "headrace.logs")
+    offenders = {m: sorted(i for i in _imports(m) if not any(_under(i, a) for a in allowed))
+                 for m in MODULES if _under(m, "headrace.targets")}
+    assert not {m: i for m, i in offenders.items() if i}
+    history = ("headrace.core", "headrace.engines", "headrace.history", "headrace.log", "headrace.logs")
+    below = {m: sorted(i for i in _imports(m) if not any(_under(i, a) for a in history))
+             for m in MODULES if _under(m, "headrace.history")}
+    assert not {m: i for m, i in below.items() if i}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from headrace.run.spark_on_demand import SparkOnDemand
+from headrace.engines.spark.on_demand import SparkOnDemand
 
 
 def test_the_session_starts_on_first_use_and_once(spark: Any) -> None:

@@ -21,8 +21,8 @@ from headrace.core.interfaces import Target
 from headrace.core.lanes import LaneChoice
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.materialize.batch import read_change_batch
-from headrace.materialize.driver_batch import batch_schema
+from headrace.engines.driver.batch import batch_schema
+from headrace.engines.spark.batch import read_change_batch
 from headrace.targets.ducklake.files import to_arrow
 from tests.targets.conftest import assert_cursor, batch_df, rows_of, snapshot_df
 from tests.targets.test_keyless_apply import AFTER_1, AFTER_2, AFTER_3

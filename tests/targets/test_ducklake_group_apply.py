@@ -109,7 +109,8 @@ def test_a_keyless_batch_commits_alone(spark: Any, tmp_path: Path, pg_server: Th
     target = DuckLakeTarget(spark, settings, "p1")
     table = dataclasses.replace(_table("bag", 40), key=())
     target.write_snapshot_arrow(table, _rows(2))
-    delta = _rows(2, lsn=500).append_column("_hr_delta", pa.array([1, 1], pa.int32()))
+    delta = _rows(2, lsn=500).append_column("_hr_op", pa.array(["I", "I"])) \
+        .append_column("_hr_unchanged", pa.array([None, None], pa.string()))  # row images: two rows added
     before = _snapshots(target)
     target.apply_arrow_batch(table, delta, None, 3)
     assert target._batches._waiting == [] and _snapshots(target) - before == 1

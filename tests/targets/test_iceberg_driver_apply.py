@@ -24,7 +24,7 @@ from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import ValueRules
-from headrace.materialize.driver_batch import read_driver_batch
+from headrace.engines.driver.batch import read_driver_batch
 from headrace.readers import duckdb_with, iceberg_metadata_location
 from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg import data_files, driver_apply

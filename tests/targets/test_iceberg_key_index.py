@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from headrace.core import key_rows
-from headrace.core.key_rows import IDX as _IDX
-from headrace.core.key_rows import KeyRows
+from headrace.engines.driver import key_rows
+from headrace.engines.driver.key_rows import IDX as _IDX
+from headrace.engines.driver.key_rows import KeyRows
 from headrace.targets.iceberg.driver_delta import _FILE, _POS, KeyIndex
 
 SCHEMA = {"int64": pa.int64(), "int32": pa.int32(), "string": pa.string()}

@@ -20,8 +20,8 @@ from pyspark.sql import SparkSession
 from headrace.core.interfaces import Target
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.engines.spark.batch import read_change_batch
 from headrace.log.codec import StagingBuffer, write_staging_file
-from headrace.materialize.batch import read_change_batch
 from headrace.targets.iceberg import keyless
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget

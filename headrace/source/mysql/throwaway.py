@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from headrace.core.errors import ConfigError
-from headrace.source.postgres.throwaway import free_port
+from headrace.core.ports import free_port
 
 # What replication from the binlog needs (checked by ``check.check_server``), then speed settings
 # a throwaway server can afford (no fsync of the redo log or the binlog).

@@ -14,13 +14,13 @@ import glob
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from headrace.core.errors import ConfigError
+from headrace.core.ports import free_port
 
 SERVER_SETTINGS = {
     "wal_level": "logical",
@@ -104,15 +104,6 @@ def find_server_bin(name: str, version: int | None = None) -> str:
         f"PostgreSQL server binary {name!r} not found: install the server "
         "(`apt-get install postgresql`) or give source.dsn of an existing server"
     )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
 
 class ThrowawayPostgres:
     """Start with ``start()``, stop and delete everything with ``stop()``; usable as a context."""

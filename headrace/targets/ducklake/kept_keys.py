@@ -5,7 +5,7 @@ DuckLake has no index: the plan's join (``plan.plan_sql``) scans the table's key
 batch, whatever the batch's size. A 25K-change burst took 0.20 s into a 1M-row table and 0.42 s into a
 10M-row one (2.1x; 1.33 s at 50M), the join 0.18 s of it at 10M and 0.68 s at 50M. A table of
 ``INDEX_FROM_ROWS`` to ``budget`` rows (``target.ducklake.driver_key_rows``) with one integer key
-column keeps its key, ``rowid``, ``_hr_lsn`` and ``_hr_seq`` instead (``core.key_rows``: a batch's keys
+column keeps its key, ``rowid``, ``_hr_lsn`` and ``_hr_seq`` instead (``engines.driver.key_rows``: a batch's keys
 found by binary search), read once, in a batch's transaction, and carried forward by each commit:
 
 - the batch's rows of the index go to DuckDB as ``hr_known``, joined in place of the table (the rest
@@ -39,9 +39,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headrace.core.key_rows import KeyCache, KeyRows
 from headrace.core.names import quote_ident
 from headrace.core.rows import HR_FROM, HR_LSN, HR_SEQ, leaves_unchanged
+from headrace.engines.driver.key_rows import KeyCache, KeyRows
 from headrace.targets.ducklake.extension import fetch_arrow, scalar
 
 if TYPE_CHECKING:

@@ -9,7 +9,6 @@ driver (``targets/iceberg/driver_apply``).
 
 from __future__ import annotations
 
-from headrace.core.key_rows import IDX
 from headrace.core.names import quote_ident
 from headrace.core.rows import (
     HR_COMMIT_TS,
@@ -23,6 +22,7 @@ from headrace.core.rows import (
     unchanged_token,
 )
 from headrace.core.schema import TableSchema
+from headrace.engines.driver.key_rows import IDX
 from headrace.targets.ducklake.types import cast_in, duck_type
 
 META = (f"{HR_LSN} BIGINT", f"{HR_SEQ} BIGINT", f"{HR_COMMIT_TS} TIMESTAMPTZ")  # the position columns' types

@@ -20,14 +20,14 @@ import pyarrow as pa
 from headrace.core.errors import SchemaChangeError
 from headrace.core.filesink import FileSink, WrittenFile, open_folder
 from headrace.core.interfaces import Target
-from headrace.core.keyless import net_row_changes
 from headrace.core.lanes import Lane, LaneChoice
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import TableName, quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ
 from headrace.core.schema import SchemaChange, TableSchema
-from headrace.core.spark_types import text_value_frame
+from headrace.engines.driver.keyless import net_row_changes
+from headrace.engines.spark.casts import text_value_frame
 from headrace.logs import event
 from headrace.targets.ducklake import batches, extension, files, maintenance, naming, plan
 from headrace.targets.ducklake.batches import ChangeWrite
@@ -220,10 +220,6 @@ class DuckLakeTarget(Target):
         (skipped entirely when the join found none, e.g. inserts of new keys); insert the new
         versions; upsert the cursor; commit.
         """
-        if not table.key:
-            # No key: apply the batch as a multiset delta. Exactly once, because the cursor commits
-            # in the same transaction (a batch is never applied twice).
-            changes = net_row_changes(changes, table)
         return self.apply_arrow_batch(table, files.to_arrow(changes), truncate_before, log_offset)
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
@@ -241,6 +237,10 @@ class DuckLakeTarget(Target):
         batch commits alone: it is a multiset delta, applied exactly once, and a group that failed is
         committed again one write at a time.
         """
+        if not table.key:
+            # No key: the row images folded into a multiset delta, applied exactly once because the
+            # cursor commits in the same transaction (a batch is never applied twice).
+            changes = net_row_changes(changes, table)
         write = ChangeWrite(table, changes, truncate_before, log_offset)
         if (cut := getattr(self._cut, "writes", None)) is not None:
             cut.append(write)  # committed with the cut's other batches when it ends (``cut``)

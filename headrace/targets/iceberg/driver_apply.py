@@ -126,7 +126,7 @@ def connection() -> duckdb.DuckDBPyConnection:
 
 def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
                     truncate_before: Position | None) -> DriverApplied:
-    """Apply ``changes`` (a keyed batch in the row shape, as ``driver_batch.batch_schema``) after the
+    """Apply ``changes`` (a keyed batch in the row shape, as ``engines.driver.batch.batch_schema``) after the
     TRUNCATE before it, to the copy-on-write table ``iceberg`` (the Spark catalog's cached py4j
     ``Table``, ``catalog.java_table``), in one commit. Raises ``NotOnLane`` before writing anything
     when the MERGE must do it."""

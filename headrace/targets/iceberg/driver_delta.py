@@ -55,11 +55,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from headrace.core.filesink import FIELD_ID, WrittenFile
-from headrace.core.key_rows import IDX, KeyCache, KeyRows
 from headrace.core.lanes import NotOnLane
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, leaves_unchanged
 from headrace.core.schema import TableSchema
+from headrace.engines.driver.key_rows import IDX, KeyCache, KeyRows
 from headrace.targets.iceberg import files, write_mode
 from headrace.targets.iceberg.data_files import live_rows_mask, local_file, planned_files, same_values
 from headrace.targets.iceberg.driver_apply import (
@@ -87,7 +87,7 @@ _INTEGERS = ("int", "long")
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
                           truncate_before: Position | None, max_rows: int) -> DriverApplied:
-    """Apply ``changes`` (a keyed batch in the row shape, as ``driver_batch.batch_schema``) to the
+    """Apply ``changes`` (a keyed batch in the row shape, as ``engines.driver.batch.batch_schema``) to the
     merge-on-read table ``iceberg`` (the Spark catalog's cached py4j ``Table``) in one commit, holding
     at most ``max_rows`` keys (``IcebergConfig.driver_key_rows``). Raises ``NotOnLane`` before
     writing anything when the MERGE must do it."""
@@ -148,7 +148,7 @@ def _parent(snapshot: Any) -> int | None:
 @dataclass
 class KeyIndex:
     """A table's keys and positions at one snapshot, with each row's file and row number
-    (``core.key_rows``): every live row (``whole``: kept between batches and carried forward by each
+    (``engines.driver.key_rows``): every live row (``whole``: kept between batches and carried forward by each
     commit made here, so a batch reads no file), or only the rows of one batch's keys (a table over
     the budget)."""
 

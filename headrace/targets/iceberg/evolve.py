@@ -14,7 +14,8 @@ from pyspark.sql import SparkSession
 
 from headrace.core.names import quote_spark
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
-from headrace.core.spark_types import spark_type, text_value_frame
+from headrace.core.spark_types import spark_type
+from headrace.engines.spark.casts import text_value_frame
 
 
 def evolve_columns(spark: SparkSession, name: str, new: TableSchema, changes: Sequence[SchemaChange]) -> None:

@@ -1,7 +1,7 @@
 """Initial copies written as Parquet by pyarrow and committed through Iceberg's Java API (py4j).
 
 Spark's writer turns every Arrow batch into JVM rows first; a copy's chunks arrive as Arrow already
-(``snapshot_job.chunk_rows``), so the copy's tasks (or the driver, for a small table) write them
+(``engines.chunks.chunk_rows``), so the copy's tasks (or the driver, for a small table) write them
 with ``pyarrow.parquet`` into the table's data folder (``copy_sink``: Iceberg field ids on every
 column, the table's codec, decimals as integers as the spec says), and the driver commits the files
 with Iceberg's own API (``register``): each file's metrics read from its footer by ``ParquetUtil``,

@@ -31,11 +31,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from headrace.core.keyless import net_row_changes
 from headrace.core.names import quote_spark
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_DELTA, HR_LSN, HR_OP, HR_SEQ
 from headrace.core.schema import TableSchema
+from headrace.engines.spark.keyless import net_row_changes
 from headrace.targets.iceberg.catalog import java_table
 
 INTENT_SNAPSHOT = "headrace.intent.snapshot"
@@ -78,7 +78,7 @@ class KeylessApply:
         return applied
 
     def apply(self, table: TableSchema, name: str, changes: DataFrame, truncate_before: Position | None) -> None:
-        """Apply one keyless batch (row images, see ``headrace.materialize.batch``) exactly once."""
+        """Apply one keyless batch (row images, see ``headrace.engines.spark.batch``) exactly once."""
         jtable = self.iceberg_table(name)
         applied = self.applied_position(jtable)
         if truncate_before is not None:

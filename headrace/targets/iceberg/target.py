@@ -242,11 +242,14 @@ class IcebergTarget(Target):
 
     def apply_arrow_batch(self, table: TableSchema, changes: pa.Table, truncate_before: Position | None,
                           log_offset: int) -> LaneChoice:
-        """``apply_batch`` for a small keyed batch built on the driver. It is applied there too, no Spark
+        """``apply_batch`` for a small batch built on the driver. A keyed one is applied there too, no Spark
         job: into a copy-on-write table by rewriting it (``driver_apply``), into a merge-on-read one by
         position deletes (``driver_delta``). Otherwise its bounds come from the Arrow
         table, and it reaches Spark as a local relation (``arrow_frame``), so the MERGE is the batch's
         only Spark work. ``paths`` counts which path each batch took."""
+        if not table.key:  # row images built on the driver: folded and applied by Spark (``keyless``)
+            return self.apply_batch(table, arrow_frame(self.spark, changes, batch_struct(table)), truncate_before,
+                                    log_offset)
         name = self.table_name(table)
         iceberg_table, mode, large = self._prepare(name)
         reason = "target.iceberg.apply_on_driver is false"

@@ -110,7 +110,8 @@ def test_copied_texts_cast_to_the_values(typed_table: tuple[str, str, int], spar
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
+    from headrace.core.spark_types import ValueRules
+    from headrace.engines.spark.casts import cast_text, changed_value_counts
     from headrace.source.mysql.copy import copy_chunk
 
     database, dsn, _start = typed_table

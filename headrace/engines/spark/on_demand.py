@@ -11,7 +11,7 @@ On a cluster a copy round starts it in the background instead (``start_in_backgr
 up while the round takes its snapshot and plans its chunks, and a copy about to write a big table's
 files has the executors' Python workers warmed (``warm_in_background``, ``warm_up``: started and their
 imports done), for the first Spark job of a fresh session took 2-8 s longer than the next one. In
-local mode the driver's threads copy (``materialize.chunk_files.CopyLanes``): nothing is warmed.
+local mode the driver's threads copy (``materialize.copy_lanes.CopyLanes``): nothing is warmed.
 """
 
 from __future__ import annotations

@@ -10,47 +10,44 @@ change can only be applied as a multiset delta. Their batch holds one row per ro
 adds or removes (``I``: one more copy of this row; ``D``: one copy fewer; an update is a ``D`` of
 the old row and an ``I`` of the new one at the same position). ``net_row_changes`` folds such a
 batch into counts per distinct row
-(``headrace.core.keyless``).
+(``headrace.engines.spark.keyless``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 
+from headrace.core.batch import ChangeBatch
 from headrace.core.errors import TerminalError
-from headrace.core.lanes import Lane
 from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import TableSchema
-from headrace.core.spark_types import ValueRules, cast_text, changed_value_counts
+from headrace.core.spark_types import ValueRules
+from headrace.engines.spark.casts import cast_text, changed_value_counts
 from headrace.log.codec import STAGING_SPARK_DDL
 from headrace.log.facts import FileFacts, total
 
 _MAP = "map<string,string>"
 
 
-@dataclass(frozen=True)
-class ChangeBatch:
-    """A batch ready for ``Target.apply_batch``."""
-
-    # Keyed tables: at most one row per key, Target row shape plus _hr_op and _hr_unchanged.
-    # Keyless tables: one row per row image added (I) or removed (D); see the module docstring.
-    # An Arrow table when built on the driver (``headrace.materialize.driver_batch``).
-    changes: DataFrame | pa.Table
-    truncate_before: Position | None  # the latest TRUNCATE in the batch, if any
-    rows_in: int  # staged rows read (before skipping and deduplication)
-    # (column, reason) -> values the casts changed under ``values.infinity: clamp`` (staged changes)
-    values_changed: dict[tuple[str, str], int] = field(default_factory=dict)
-    lane: Lane = Lane.SPARK  # where it was read, cast and deduplicated
+# The change rules, each one function under the same name in ``engines.driver.batch`` (compared by
+# ``tests/engines/test_rules.py``): ``change_order``, ``after_position``, ``key_changes``,
+# ``last_change_per_key`` and ``toast_fill``.
 
 
-def _after(lsn: Column, seq: Column, pos: Position) -> Column:
-    """Changes strictly after ``pos``."""
+def change_order() -> list[str]:
+    """The order of a batch's changes: commit position, ordinal in the transaction, then the two
+    halves of a key change (the old key's delete, ``_sub`` 0, before the new row, 1)."""
+    return ["_lsn", "_seq", "_sub"]
+
+
+def after_position(pos: Position) -> Column:
+    """Changes strictly after ``pos`` (compared as (commit position, ordinal))."""
+    lsn, seq = F.col("_lsn"), F.col("_seq")
     return (lsn > F.lit(pos.lsn)) | ((lsn == F.lit(pos.lsn)) & (seq > F.lit(pos.seq)))
 
 
@@ -71,8 +68,8 @@ def read_change_batch(
         staged = spark.read.schema(STAGING_SPARK_DDL).parquet(*files)
     else:
         staged = spark.createDataFrame([], STAGING_SPARK_DDL)
-    lsn, seq, op = F.col("_lsn"), F.col("_seq"), F.col("_op")
-    after_skip = F.lit(True) if skip_through is None else _after(lsn, seq, skip_through)
+    op = F.col("_op")
+    after_skip = F.lit(True) if skip_through is None else after_position(skip_through)
     kept = staged if skip_through is None else staged.where(after_skip)
 
     # Every Column built here is a few round trips to the JVM, a fixed cost per batch: the counts'
@@ -99,12 +96,12 @@ def read_change_batch(
 
     changes = kept.where(op != "T")
     if truncate_before is not None:
-        changes = changes.where(_after(lsn, seq, truncate_before))
+        changes = changes.where(after_position(truncate_before))
     if not table.key:
-        return ChangeBatch(changes=_row_images(changes, table, rules), truncate_before=truncate_before,
+        return ChangeBatch(changes=row_images(changes, table, rules), truncate_before=truncate_before,
                            rows_in=stats.rows_in, values_changed=stats.values_changed)
-    changes = _split_key_changes(changes)
-    changes = _last_per_key(changes, table, rules, has_unchanged=stats.toast, key_toast=stats.key_toast)
+    changes = key_changes(changes)
+    changes = last_change_per_key(changes, table, rules, has_unchanged=stats.toast, key_toast=stats.key_toast)
     return ChangeBatch(changes=changes, truncate_before=truncate_before, rows_in=stats.rows_in,
                        values_changed=stats.values_changed)
 
@@ -166,7 +163,7 @@ def _scan_stats(staged: DataFrame, table: TableSchema, after_skip: Column,
     )
 
 
-def _split_key_changes(changes: DataFrame) -> DataFrame:
+def key_changes(changes: DataFrame) -> DataFrame:
     """One row per change, with ``_sub`` and ``_values`` (the row's column → text map).
 
     An update with ``_old_key`` also yields a delete of the old key just before it.
@@ -192,7 +189,7 @@ def _split_key_changes(changes: DataFrame) -> DataFrame:
     )
 
 
-def _row_images(changes: DataFrame, table: TableSchema, rules: ValueRules | None) -> DataFrame:
+def row_images(changes: DataFrame, table: TableSchema, rules: ValueRules | None) -> DataFrame:
     """A keyless table's changes as row images added (``I``) or removed (``D``), cast, not deduplicated.
 
     Capture stages a delete with the whole old row in ``_data`` and an update with the whole old
@@ -223,56 +220,24 @@ def _row_images(changes: DataFrame, table: TableSchema, rules: ValueRules | None
 KEY_CHANGE_HOPS = 2  # key changes of one row within a batch followed to find an unchanged TOAST value
 
 
-def _last_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | None, has_unchanged: bool,
-                  key_toast: bool = False) -> DataFrame:
+def last_change_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | None, has_unchanged: bool,
+                        key_toast: bool = False) -> DataFrame:
     """Keep the last change per key, cast to the table's types, in the Target row shape.
 
-    With ``key_toast`` (an update changed the key and left a TOAST column unchanged), each such
-    update first takes the column's value from the old key's history in the batch; what the batch
-    does not hold comes from the old key's target row, named in ``_hr_from`` (a struct of the key
-    columns; NULL when the unchanged values are the key's own target row's).
+    With ``has_unchanged``, TOAST columns an update left unchanged are filled first (``toast_fill``).
     """
     key_cols = [
         cast_text(F.col("_values")[k], table.column(k).type, rules, k).alias(f"_k{i}")
         for i, k in enumerate(table.key)
     ]
     changes = changes.select("*", *key_cols)
-    by_key = [F.col(f"_k{i}") for i in range(len(table.key))]
-    order = F.struct(F.col("_lsn"), F.col("_seq"), F.col("_sub"))
-    whole_key = Window.partitionBy(*by_key)
+    whole_key = Window.partitionBy(*[F.col(f"_k{i}") for i in range(len(table.key))])
+    order = F.struct(*[F.col(c) for c in change_order()])
     changes = changes.withColumn("_last", F.max(order).over(whole_key))
 
-    values = {c.name: F.col("_values")[c.name] for c in table.columns}
-    unchanged_after: list[Column] = []
-    froms: list[Column] = []
+    filled = _Filled({c.name: F.col("_values")[c.name] for c in table.columns}, [], [])
     if has_unchanged:
-        ordered = whole_key.orderBy("_lsn", "_seq", "_sub")
-        unchanged = F.split(F.coalesce(F.col("_unchanged"), F.lit("")), ",")
-        others = [(i, c.name) for i, c in enumerate(table.columns) if c.name not in table.key]
-        none = F.lit(None)
-        for i, name in others:
-            # What this change says about the column: a value (a struct, so a sent NULL counts), or,
-            # for an update that moved the row from another key leaving the column unchanged, where
-            # to look: the old key's value just before this change's position.
-            sent = F.when(~F.array_contains(unchanged, unchanged_token(name)),
-                          F.struct(F.col("_values")[name].alias("v"), none.cast("string").alias("from"),
-                                   none.cast("bigint").alias("lsn"), none.cast("bigint").alias("seq")))
-            if key_toast:
-                sent = sent.when(F.col("_from").isNotNull(),
-                                 F.struct(none.cast("string").alias("v"), F.col("_from").alias("from"),
-                                          F.col("_lsn").alias("lsn"), F.col("_seq").alias("seq")))
-            changes = changes.withColumn(f"_x{i}", sent)
-        if key_toast:
-            for _ in range(KEY_CHANGE_HOPS):
-                changes = _follow_key_changes(changes, ordered, [i for i, _ in others])
-        upto_here = ordered.rowsBetween(Window.unboundedPreceding, 0)
-        for i, name in others:
-            is_unchanged = F.array_contains(unchanged, unchanged_token(name))
-            changes = changes.withColumn(f"_s{i}", F.last(f"_x{i}", ignorenulls=True).over(upto_here))
-            values[name] = F.when(is_unchanged, F.col(f"_s{i}.v")).otherwise(values[name])
-            still = is_unchanged & (F.col(f"_s{i}").isNull() | F.col(f"_s{i}.from").isNotNull())
-            unchanged_after.append(F.when(still, F.lit(unchanged_token(name))))
-            froms.append(F.when(is_unchanged, F.col(f"_s{i}.from")))
+        changes, filled = toast_fill(changes, table, whole_key, key_toast)
 
     changes = changes.where(order == F.col("_last"))
     is_delete = F.col("_op") == "D"
@@ -281,13 +246,13 @@ def _last_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | No
         if c.name in table.key:
             columns.append(F.col(f"_k{table.key.index(c.name)}").alias(c.name))
             continue
-        typed = cast_text(values[c.name], c.type, rules, c.name)
+        typed = cast_text(filled.values[c.name], c.type, rules, c.name)
         typed = F.when(is_delete, F.lit(None)).otherwise(typed)  # deletes carry the key only
         columns.append(typed.alias(c.name))
-    remaining = F.concat_ws(",", *unchanged_after) if unchanged_after else F.lit("")
+    remaining = F.concat_ws(",", *filled.still_unchanged) if filled.still_unchanged else F.lit("")
     extra = []
-    if key_toast and froms:
-        old_key = F.from_json(F.coalesce(*froms), _MAP)
+    if key_toast and filled.froms:
+        old_key = F.from_json(F.coalesce(*filled.froms), _MAP)
         from_key = F.struct(*[cast_text(old_key[k], table.column(k).type, rules, k).alias(k) for k in table.key])
         extra.append(F.when(~is_delete & old_key.isNotNull(), from_key).alias(HR_FROM))
     return changes.select(
@@ -301,6 +266,60 @@ def _last_per_key(changes: DataFrame, table: TableSchema, rules: ValueRules | No
         .alias(HR_UNCHANGED),
         *extra,
     )
+
+
+@dataclass(frozen=True)
+class _Filled:
+    """Each column's value text after ``toast_fill``, the TOAST tokens still unchanged after it, and
+    where a key change's unchanged values are to be looked up (the old key, ``_hr_from``)."""
+
+    values: dict[str, Column]
+    still_unchanged: list[Column]
+    froms: list[Column]
+
+
+def toast_fill(changes: DataFrame, table: TableSchema, whole_key: WindowSpec, key_toast: bool
+               ) -> tuple[DataFrame, _Filled]:
+    """A TOAST column an update left unchanged takes its value from the latest earlier change of the
+    same key in the batch that sent it; what the batch does not hold stays unchanged (the target
+    keeps its row's value).
+
+    With ``key_toast`` (an update changed the key and left a TOAST column unchanged), each such
+    update first takes the column's value from the old key's history in the batch; what the batch
+    does not hold comes from the old key's target row, named in ``_hr_from`` (a struct of the key
+    columns; NULL when the unchanged values are the key's own target row's).
+    """
+    values = {c.name: F.col("_values")[c.name] for c in table.columns}
+    still: list[Column] = []
+    froms: list[Column] = []
+    ordered = whole_key.orderBy(*change_order())
+    unchanged = F.split(F.coalesce(F.col("_unchanged"), F.lit("")), ",")
+    others = [(i, c.name) for i, c in enumerate(table.columns) if c.name not in table.key]
+    none = F.lit(None)
+    for i, name in others:
+        # What this change says about the column: a value (a struct, so a sent NULL counts), or,
+        # for an update that moved the row from another key leaving the column unchanged, where
+        # to look: the old key's value just before this change's position.
+        sent = F.when(~F.array_contains(unchanged, unchanged_token(name)),
+                      F.struct(F.col("_values")[name].alias("v"), none.cast("string").alias("from"),
+                               none.cast("bigint").alias("lsn"), none.cast("bigint").alias("seq")))
+        if key_toast:
+            sent = sent.when(F.col("_from").isNotNull(),
+                             F.struct(none.cast("string").alias("v"), F.col("_from").alias("from"),
+                                      F.col("_lsn").alias("lsn"), F.col("_seq").alias("seq")))
+        changes = changes.withColumn(f"_x{i}", sent)
+    if key_toast:
+        for _ in range(KEY_CHANGE_HOPS):
+            changes = _follow_key_changes(changes, ordered, [i for i, _ in others])
+    upto_here = ordered.rowsBetween(Window.unboundedPreceding, 0)
+    for i, name in others:
+        is_unchanged = F.array_contains(unchanged, unchanged_token(name))
+        changes = changes.withColumn(f"_s{i}", F.last(f"_x{i}", ignorenulls=True).over(upto_here))
+        values[name] = F.when(is_unchanged, F.col(f"_s{i}.v")).otherwise(values[name])
+        left = is_unchanged & (F.col(f"_s{i}").isNull() | F.col(f"_s{i}.from").isNotNull())
+        still.append(F.when(left, F.lit(unchanged_token(name))))
+        froms.append(F.when(is_unchanged, F.col(f"_s{i}.from")))
+    return changes, _Filled(values, still, froms)
 
 
 def _follow_key_changes(changes: DataFrame, ordered: WindowSpec, columns: list[int]) -> DataFrame:

@@ -5,7 +5,7 @@ come out exactly as Spark casts it. So each type accepts only the text forms whe
 and Spark's are known to agree (``FAST_FORMS``, the forms PostgreSQL prints for ordinary values)
 and raises for anything else (BC dates, years past 9999, infinity where the target has none, NaN
 in a decimal, bytea in escape format, ...). The raise is not an error the user sees: the batch
-goes to the Spark path instead (``headrace.materialize.driver_batch``), which casts every value
+goes to the Spark path instead (``headrace.engines.driver.batch``), which casts every value
 or stops the table with its usual message. A fallback costs time, never a different value.
 
 Arrays are split by the same parser Spark's path uses (``parse_array_literal``, registered as a
@@ -19,7 +19,7 @@ import pyarrow as pa
 from duckdb.func import FunctionNullHandling
 
 from headrace.core.schema import ColumnType, TypeKind
-from headrace.core.spark_types import DATETIME_KINDS, ValueRules, parse_array_literal
+from headrace.core.spark_types import DATETIME_KINDS, ValueRules, parse_array_or_none
 
 FALLBACK_MARKER = "headrace-driver-fallback"  # in the message of every raise below
 PARSE_ARRAY = "hr_parse_array"
@@ -114,17 +114,10 @@ def _fallback(text: str, column: str, ct: ColumnType) -> str:
     return f"error({literal(f'{FALLBACK_MARKER}: column {column} ({ct.pg_type}) value ')} || left({text}, 80))"
 
 
-def _parse_or_none(text: str | None) -> list[str | None] | None:
-    try:
-        return parse_array_literal(text)
-    except ValueError:
-        return None
-
-
 def register_functions(con: duckdb.DuckDBPyConnection) -> None:
     """Make ``PARSE_ARRAY`` (PostgreSQL array text to VARCHAR[], NULL when no list holds it) known to ``con``."""
     # "special": the function may return NULL (DuckDB's default refuses a NULL result).
-    con.create_function(PARSE_ARRAY, _parse_or_none, ["VARCHAR"], "VARCHAR[]", null_handling=FunctionNullHandling.SPECIAL,
+    con.create_function(PARSE_ARRAY, parse_array_or_none, ["VARCHAR"], "VARCHAR[]", null_handling=FunctionNullHandling.SPECIAL,
                         side_effects=False)
 
 

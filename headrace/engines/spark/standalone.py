@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from headrace.source.postgres.throwaway import free_port
+from headrace.core.ports import free_port
 
 
 class ThrowawaySparkCluster:

@@ -17,7 +17,7 @@ from headrace.core.schema import TableSchema
 
 
 def net_row_changes(images: DataFrame, table: TableSchema) -> DataFrame:
-    """Fold a keyless batch (row images, ``headrace.materialize.batch``) into the multiset delta it makes.
+    """Fold a keyless batch (row images, ``headrace.engines.spark.batch``) into the multiset delta it makes.
 
     Per distinct row: one row with ``_hr_delta`` = -n when the batch removes n more copies than
     it adds, or one row with ``_hr_delta`` = 1 for each copy it adds net, carrying the position

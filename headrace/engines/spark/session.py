@@ -123,7 +123,7 @@ def _ensure_gateway(conf: Mapping[str, str]) -> None:
     ``getOrCreate`` then finds it instead of launching one with pyspark's ``preexec_fn``."""
     from pyspark import SparkContext
 
-    from headrace.spark_gateway import launch_gateway
+    from headrace.engines.spark.gateway import launch_gateway
 
     with SparkContext._lock:
         if SparkContext._gateway is None:

@@ -1,0 +1,1 @@
+"""The driver engine: DuckDB and pyarrow in this process, no Spark job (``engines``)."""
