@@ -107,7 +107,7 @@ def main() -> None:
     by_thread.subtract(before_threads)
     own, children = (b - a for a, b in zip(before_proc, process_cpu(jvm), strict=True))
     files = target.table_files(TABLE)
-    print(f"conf {conf} props {args.prop}; batches by path {dict(target.paths.counts)}")
+    print(f"conf {conf} props {args.prop}; batches by lane {dict(target.apply_lanes.counts)}")
     print(f"median wall {statistics.median(walls[args.start:]):.3f} s, CPU {statistics.median(cpus[args.start:]):.3f} s"
           f" (batches {args.start}-{args.batches - 1}); jobs {statistics.median(jobs)}, stages {statistics.median(stages)}")
     windows = [f"{w}-{min(w + 20, args.batches) - 1}: {statistics.median(cpus[w:w + 20]):.2f}"

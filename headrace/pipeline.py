@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from headrace.config import PipelineConfig
 from headrace.control.metrics import PipelineMetrics
 from headrace.control.plane import ControlPlane
-from headrace.run import Pipeline as Run
+from headrace.run import Run
 
 if TYPE_CHECKING:  # pyspark loads only when a Spark job runs
     from pyspark.sql import SparkSession

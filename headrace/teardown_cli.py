@@ -78,9 +78,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 def _opener(config: Any) -> Any:
     def open_target() -> Target:
-        from headrace.run import Pipeline
+        from headrace.run import Run
 
-        return Pipeline(config).target
+        return Run(config).target
 
     return open_target
 

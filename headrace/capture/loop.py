@@ -48,7 +48,7 @@ from headrace.core.schema import TableSchema
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
 from headrace.logs import event
-from headrace.outage import storage_unavailable
+from headrace.outage_signs import storage_unavailable
 from headrace.source import open_source
 from headrace.source.base import ChangeStream, Source
 from headrace.state.store import StateStore

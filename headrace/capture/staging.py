@@ -21,7 +21,7 @@ from headrace.log.facts import FileFacts
 from headrace.log.index import LogIndex, StagedFile
 from headrace.log.store import StagingStore
 from headrace.logs import event
-from headrace.outage import storage_unavailable
+from headrace.outage_signs import storage_unavailable
 
 log = logging.getLogger("headrace.capture")
 

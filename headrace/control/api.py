@@ -35,7 +35,7 @@ from headrace.core.errors import (
 )
 from headrace.core.schema import TableSchema
 from headrace.logs import event
-from headrace.outage import lost_connection
+from headrace.outage_signs import lost_connection
 from headrace.run.view import Request, find_table
 from headrace.state.store import StateStore
 

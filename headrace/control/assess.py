@@ -12,7 +12,7 @@ import psycopg
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.errors import HeadraceError, SourceError
 from headrace.core.names import TableName
-from headrace.outage import recorded_source_problems
+from headrace.outage_signs import recorded_source_problems
 from headrace.source import open_source, source_kind
 from headrace.source.postgres.assess import assess, assess_table
 from headrace.source.postgres.catalog import columns_as_text_problems, published_oids

@@ -1,7 +1,7 @@
 """A PostgreSQL error, by its SQLSTATE, as the headrace error that says what to do: passes by itself
 (transient), wants a GRANT, a schema that moved, a value no target column holds, or a source problem.
 
-Shared by the error boundary (``materialize.failure``) and the copy readers that see a SQLSTATE
+Shared by the error boundary (``materialize.error_boundary``) and the copy readers that see a SQLSTATE
 directly (``source.postgres.binary_copy``: ADBC errors carry one).
 """
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from headrace.materialize.failure import translate
+from headrace.materialize.error_boundary import translate
 
 CURSOR_TABLE = "headrace_fanout_cursor"
 INSTANCE_TABLE = "headrace_fanout_instance"

@@ -20,7 +20,7 @@ from headrace.core.names import quote_ident
 from headrace.fanout.config import DestinationConfig
 from headrace.fanout.cursors import ApplyCounts
 from headrace.fanout.planner import DestinationChanges
-from headrace.materialize.failure import translate
+from headrace.materialize.error_boundary import translate
 from headrace.source.ducklake.reader import SourceColumn
 
 

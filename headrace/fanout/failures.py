@@ -1,6 +1,6 @@
 """What went wrong with a destination (or a whole cycle), classified as a CDC table's failure is.
 
-``materialize.failure.classify`` translates the exception (DuckDB, psycopg, OS, headrace errors) into
+``materialize.error_boundary.classify`` translates the exception (DuckDB, psycopg, OS, headrace errors) into
 ``transient`` / ``terminal`` / ``unknown`` with its root cause, and the fan-out follows the same
 retry rule as a replicated table: transient failures are retried with backoff (``core.backoff``) for
 as long as they last, unknown ones ``retry.give_up_after`` times, terminal ones not at all. A
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from headrace.core.errors import ConfigError, HeadraceError, SchemaChangeError, ValueNotStorableError
-from headrace.materialize.failure import Kind, classify
+from headrace.materialize.error_boundary import Kind, classify
 
 RESTART = "then restart this fan-out instance (`headrace run -c <file>`), which retries it"
 

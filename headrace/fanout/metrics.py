@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-KINDS = ("transient", "terminal", "unknown")  # materialize.failure's kinds, always exported
+KINDS = ("transient", "terminal", "unknown")  # materialize.error_boundary's kinds, always exported
 
 
 @dataclass(slots=True)

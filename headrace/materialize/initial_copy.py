@@ -49,7 +49,7 @@ from headrace.materialize.copy_watch import CopyAbandoned, CopyWatch
 from headrace.materialize.file_copy import FileCopy, FileCopyEnd, report_progress
 from headrace.materialize.lanes import small_copy_lane
 from headrace.materialize.permits import Permits
-from headrace.outage import lost_connection
+from headrace.outage_signs import lost_connection
 from headrace.source import open_source
 from headrace.source.base import ChunkRead, CopySnapshot, Source
 from headrace.state.lifecycle import TableState

@@ -2,7 +2,7 @@
 
 Transient errors retry with backoff; terminal ones wait for the operator. An error no rule
 classifies (``unknown``) is retried ``RETRY_BUDGET`` times, then waits too: retrying forever what
-may need a person only hides it. The classification itself is ``materialize.failure``.
+may need a person only hides it. The classification itself is ``materialize.error_boundary``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from headrace.logs import event
-from headrace.materialize.failure import classify
+from headrace.materialize.error_boundary import classify
 from headrace.run.observer import RunObserver
 from headrace.state.lifecycle import RETRY_BUDGET, TableState, next_retry
 from headrace.state.store import StateStore, TableRow

@@ -27,7 +27,7 @@ from headrace.core.names import TableName
 from headrace.core.schema import TableSchema
 from headrace.history.config import Mode, history_table
 from headrace.logs import event
-from headrace.materialize.failure import translate
+from headrace.materialize.error_boundary import translate
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
 

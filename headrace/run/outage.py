@@ -21,7 +21,7 @@ import psycopg
 from headrace.config import PipelineConfig, redacted_dsn
 from headrace.core.backoff import Backoff
 from headrace.logs import event
-from headrace.outage import lost_connection
+from headrace.outage_signs import lost_connection
 from headrace.source.base import Source
 
 log = logging.getLogger("headrace.outage")

@@ -1,5 +1,5 @@
 """What the control plane sees of a run: the narrow view it reads status and health from and submits
-operator commands through. ``run.Pipeline`` implements it; control imports only this module (the
+operator commands through. ``run.Run`` implements it; control imports only this module (the
 ``Request`` it submits, and ``find_table`` to name a tracked table as the run does), never the run
 loop's internals.
 """

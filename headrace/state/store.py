@@ -44,7 +44,7 @@ class TableRow:
     error: str | None
     error_count: int
     retry_at: datetime | None
-    error_kind: str | None = None  # transient, terminal or unknown (headrace.materialize.failure)
+    error_kind: str | None = None  # transient, terminal or unknown (headrace.materialize.error_boundary)
     error_fix: str | None = None  # the command or change that fixes a terminal error
     lanes: dict[str, str] | None = None  # the last applied batch's lanes and reasons (``record_lanes``)
 
@@ -78,7 +78,7 @@ class StateStore:
         """The connection, opened again if the server dropped the last one (a restart, a failover).
 
         The call that met the drop has failed already; reconnecting on the next use lets the run
-        carry on with the same store once the server answers (``headrace.outage``).
+        carry on with the same store once the server answers (``headrace.outage_signs``).
         """
         if self._conn.broken:
             self._conn.close()

@@ -74,7 +74,7 @@ class TargetPlugin:
     # ..."), or None when it can (``schema_changes.rename_table: follow``).
     rename_refusal: Callable[[Any], str | None] = _no_refusal
     # settings -> role -> libpq connection string of each PostgreSQL server the target depends on
-    # (watched through outages like the source: headrace.outage).
+    # (watched through outages like the source: headrace.outage_signs).
     servers: Callable[[Any], dict[str, str]] = _no_servers
     # (settings, the table) -> where a fresh copy may write the table's files before the target is
     # open (the folder and field ids its creation will give: ``copy_sink``'s, told without Spark), or

@@ -9,7 +9,7 @@ import psycopg
 
 from headrace.core.backoff import Backoff
 from headrace.core.errors import SourceError, TransientError
-from headrace.outage import lost_connection, storage_unavailable
+from headrace.outage_signs import lost_connection, storage_unavailable
 
 
 def test_delays_double_from_the_first_wait_up_to_the_cap() -> None:

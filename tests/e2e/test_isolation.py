@@ -4,7 +4,7 @@ table converges.
 
 The failure is real, not injected: the failing table's DuckLake data folder is replaced by a plain
 file (root ignores permission bits, so a read-only folder would not do), which makes DuckDB raise
-an IOException, which the error boundary (headrace.materialize.failure) classifies as transient.
+an IOException, which the error boundary (headrace.materialize.error_boundary) classifies as transient.
 The retry policy itself (the doubling backoff, the slot moving past the failing table's changes,
 terminal and unknown errors) is driven by the fault-injecting target in tests/targets/test_faulty.py.
 """

@@ -28,7 +28,7 @@ from headrace.core.errors import (
     TransientError,
     ValueNotStorableError,
 )
-from headrace.materialize.failure import Failure, UnclassifiedError, classify
+from headrace.materialize.error_boundary import Failure, UnclassifiedError, classify
 
 BOILERPLATE = "An error occurred while calling"
 

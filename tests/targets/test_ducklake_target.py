@@ -20,7 +20,7 @@ import pytest
 from headrace.core.errors import ConfigError, TransientError, ValueNotStorableError
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.materialize.failure import classify
+from headrace.materialize.error_boundary import classify
 from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.targets.ducklake import batches, extension
 from headrace.targets.ducklake.config import DuckLakeConfig

@@ -145,7 +145,7 @@ def test_every_matrix_value_lands_as_the_merge_writes_it(
     counts = apply_both_ways(tmp_path, schema, driver, merge, batches)
     assert counts == [{1: n, 2: n - len(deleted), 5: 1}.get(offset, n) for offset in range(1, len(batches) + 1)]
     by_driver, by_merge = _named(schema, "by_driver"), _named(schema, "by_merge")
-    assert driver.paths.counts == {"driver": len(batches)} and merge.paths.counts == {"merge": len(batches)}
+    assert driver.apply_lanes.counts == {"driver": len(batches)} and merge.apply_lanes.counts == {"merge": len(batches)}
     _assert_same_rows(_spark_rows(driver, by_driver), _spark_rows(merge, by_merge))
     # Four commits: the replay changed nothing and committed nothing.
     assert _snapshot_summaries(spark, driver.table_name(by_driver)) == ["driver"] * 4
@@ -170,7 +170,7 @@ def test_a_replay_commits_nothing_and_readers_that_are_not_ours_read_the_file(
     driver.apply_arrow_batch(TABLE, batch, None, 1)
     driver.apply_arrow_batch(TABLE, batch, None, 1)
     assert _snapshot_summaries(spark, name) == [None, "driver"]
-    assert driver.paths.counts == {"driver": 2}
+    assert driver.apply_lanes.counts == {"driver": 2}
     [(data_file, low, high)] = spark.sql(f"SELECT file_path, readable_metrics.id.lower_bound,"
                                           f" readable_metrics.id.upper_bound FROM {name}.data_files").collect()
     assert (low, high) == (-(2**63), 2**63 - 1)  # column metrics from the footer: later MERGEs prune by them
@@ -219,7 +219,7 @@ def test_position_deletes_renamed_added_and_kept_columns(spark: SparkSession, tm
     tables = [_named(evolved, "a"), _named(evolved, "b")]
     driver.apply_arrow_batch(tables[0], to_arrow(batch_df(spark, evolved, changes)), None, 2)
     merge.apply_arrow_batch(tables[1], to_arrow(batch_df(spark, evolved, changes)), None, 2)
-    assert driver.paths.counts == {"driver": 1}
+    assert driver.apply_lanes.counts == {"driver": 1}
     got = [sorted(tuple(r) for r in t.read_table(table).collect()) for t, table in zip((driver, merge), tables, strict=True)]
     assert got[0] == got[1]
     by_id = {r[0]: r for r in got[0]}

@@ -19,7 +19,7 @@ from headrace.core.lanes import NotOnLane
 from headrace.core.position import Position
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
-from headrace.materialize.failure import translate
+from headrace.materialize.error_boundary import translate
 from headrace.readers import iceberg_metadata_location
 from headrace.targets.ducklake.files import to_arrow
 from headrace.targets.iceberg import driver_delta
@@ -92,7 +92,7 @@ def test_every_matrix_value_and_change_lands_as_the_merge_writes_it(
     driver, merge = _pair(spark, tmp_path)
     counts = apply_both_ways(tmp_path, schema, driver, merge, batches)
     by_driver = _named(schema, "by_driver")
-    assert driver.paths.counts == {"driver": len(batches)} and merge.paths.counts == {"merge": len(batches)}
+    assert driver.apply_lanes.counts == {"driver": len(batches)} and merge.apply_lanes.counts == {"merge": len(batches)}
     name = driver.table_name(by_driver)
     operations = [r[0] for r in spark.sql(f"SELECT operation FROM {name}.snapshots ORDER BY committed_at").collect()]
     assert len(operations) == 4, operations  # the replay committed nothing
@@ -122,7 +122,7 @@ def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
                ("I", 200, 2, None, 150, "ins", None, None, "n150"), ("D", 200, 3, None, 160, *[None] * 4)]
     for target, table in zip((driver, merge), tables, strict=True):
         target.apply_arrow_batch(table, to_arrow(batch_df(spark, table, changes)), None, 1)
-    assert len(reads) == 1 and driver.paths.counts == {"driver": 1}
+    assert len(reads) == 1 and driver.apply_lanes.counts == {"driver": 1}
     name = driver.table_name(tables[0])
     [(delete_file,)] = spark.sql(f"SELECT file_path FROM {name}.delete_files").collect()
     referenced = {r[0] for r in spark.read.parquet(delete_file).select("file_path").distinct().collect()}
@@ -136,7 +136,7 @@ def test_only_files_in_the_batch_key_range_are_read_and_readers_agree(
     # A batch with a TOAST column left unchanged needs the row's value: the MERGE applies it.
     toast = [("U", 300, 0, doc, 1, "one", None, None, None)]
     driver.apply_arrow_batch(tables[0], to_arrow(batch_df(spark, tables[0], toast)), None, 2)
-    assert driver.paths.counts == {"driver": 1, "merge": 1}
+    assert driver.apply_lanes.counts == {"driver": 1, "merge": 1}
     assert {r[0]: r[4] for r in driver.read_table(tables[0]).collect()}[1] == "big1"
     # A batch whose key range spans files of more rows than driver_key_rows: the MERGE, saying why.
     wide = [("U", 400, 0, None, 2, "two", None, None, "d2"), ("U", 400, 1, None, 205, "t205", None, None, "d205")]
@@ -205,7 +205,7 @@ def test_the_keys_kept_between_batches_follow_each_commit_and_any_other_commit_d
         assert len(reads) - before == (0 if offset in (2, 3) else files), offset
         left, right = _iceberg_values(driver.settings, ["a", "b"], TABLE)
         assert left == right, f"after batch {offset}"
-    assert driver.paths.counts == {"driver": 4}
+    assert driver.apply_lanes.counts == {"driver": 4}
     snapshot = java_table(spark, name).currentSnapshot().snapshotId()
     index = driver_delta.KEY_INDEXES.take(str(java_table(spark, name).location()))
     assert index is not None and index.snapshot_id == snapshot and int(index.keys.live.sum()) == len(left)

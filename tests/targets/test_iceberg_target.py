@@ -166,7 +166,7 @@ def test_a_batch_built_on_the_driver_writes_what_the_spark_batch_writes(
     target.apply_arrow_batch(twin, to_arrow(batch_df(spark, twin, truncated)), Position(600, 0), 9)
     assert rows_of(target, twin) == rows_of(target, TABLE) == {5: (5, "after", None, None, "d", 600, 1)}
     # Copy-on-write: applied on the driver (``driver_apply``); merge-on-read: the MERGE.
-    assert target.paths.counts == {"driver" if mode == "copy_on_write" else "merge": 4}
+    assert target.apply_lanes.counts == {"driver" if mode == "copy_on_write" else "merge": 4}
 
 
 def test_a_first_batch_on_a_fresh_thread_finds_its_catalog(spark: SparkSession, target: IcebergTarget) -> None:
@@ -247,7 +247,7 @@ def test_the_write_mode_follows_the_table_size(spark: SparkSession, target: Iceb
     assert apply(200, touch)[0] == "copy-on-write"  # a replay
     # Every batch is applied on the driver: copy-on-write ones rewrite the table (the one after the
     # shrink reads delete files), merge-on-read ones write position deletes (``driver_delta``).
-    assert sized.paths.counts == {"driver": 6}
+    assert sized.apply_lanes.counts == {"driver": 6}
     want = {i: (str(i), f"doc{i}") for i in range(1, 301) if i not in (150, 160)}
     want.update({10: ("ten", "u"), 290: ("u", "u"), 20: ("twenty", "v"), 30: ("thirty", "w")})
     assert {r[0]: (r[1], r[4]) for r in rows_of(sized, TABLE).values()} == want

@@ -98,7 +98,7 @@ class PostgresSource(Source):
         return str(row[0]) if row else ""
 
     def check_same_source(self, conn: Conn, state: StateStore) -> None:
-        from headrace.outage import check_same_source
+        from headrace.outage_signs import check_same_source
 
         check_same_source(conn, state, self.config.slot_name)
 

@@ -301,7 +301,7 @@ class DuckLakeTarget(Target):
             yield
             self._con.execute("COMMIT")
         except BaseException:
-            # The run loop's error boundary (headrace.materialize.failure) tells a conflict (retried)
+            # The run loop's error boundary (headrace.materialize.error_boundary) tells a conflict (retried)
             # from what needs an operator.
             self._rollback()
             raise

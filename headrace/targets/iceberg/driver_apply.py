@@ -319,21 +319,21 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], writte
     overwrite.commit()
 
 
-class ApplyPaths:
-    """Which path each keyed Arrow batch took: ``counts`` by path ("driver", or "merge": Spark's MERGE),
-    and an ``iceberg.apply_path`` event when a table's path changes (its first batch included), with
-    the reason a batch went to the MERGE (one event per change of path, not one per batch)."""
+class ApplyLanes:
+    """Which lane applied each keyed Arrow batch: ``counts`` by lane ("driver", or "merge": Spark's
+    MERGE), and an ``iceberg.apply_lane`` event when a table's lane changes (its first batch included),
+    with the reason a batch went to the MERGE (one event per change of lane, not one per batch)."""
 
     def __init__(self) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self._last: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def took(self, table: str, path: str, reason: str | None = None) -> None:
-        """Count a batch of ``table`` applied by ``path`` (``reason``: why not on the driver)."""
+    def took(self, table: str, lane: str, reason: str | None = None) -> None:
+        """Count a batch of ``table`` applied by ``lane`` (``reason``: why not on the driver)."""
         with self._lock:
-            self.counts[path] += 1
-            changed = self._last.get(table) != path
-            self._last[table] = path
+            self.counts[lane] += 1
+            changed = self._last.get(table) != lane
+            self._last[table] = lane
         if changed:
-            event(log, "iceberg.apply_path", table=table, path=path, reason=reason or "")
+            event(log, "iceberg.apply_lane", table=table, lane=lane, reason=reason or "")

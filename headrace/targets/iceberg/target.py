@@ -88,7 +88,7 @@ class IcebergTarget(Target):
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
         self.apply_on_driver = settings.apply_on_driver
         self.driver_key_rows = settings.driver_key_rows
-        self.paths = driver_apply.ApplyPaths()
+        self.apply_lanes = driver_apply.ApplyLanes()
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
@@ -246,7 +246,7 @@ class IcebergTarget(Target):
         job: into a copy-on-write table by rewriting it (``driver_apply``), into a merge-on-read one by
         position deletes (``driver_delta``). Otherwise its bounds come from the Arrow
         table, and it reaches Spark as a local relation (``arrow_frame``), so the MERGE is the batch's
-        only Spark work. ``paths`` counts which path each batch took."""
+        only Spark work. ``apply_lanes`` counts which lane applied each batch."""
         if not table.key:  # row images built on the driver: folded and applied by Spark (``keyless``)
             return self.apply_batch(table, arrow_frame(self.spark, changes, batch_struct(table)), truncate_before,
                                     log_offset)
@@ -262,11 +262,11 @@ class IcebergTarget(Target):
                     driver_delta.apply_delta_on_driver(self.spark, iceberg_table, table, changes, truncate_before,
                                                        self.driver_key_rows)
                     done = LaneChoice(Lane.DRIVER, "position-deletes", "position deletes written on the driver")
-                self.paths.took(table.qualified_name, "driver")
+                self.apply_lanes.took(table.qualified_name, "driver")
                 return done
             except NotOnLane as exc:
                 reason = str(exc)
-        self.paths.took(table.qualified_name, "merge", reason)
+        self.apply_lanes.took(table.qualified_name, "merge", reason)
         self._truncate(name, truncate_before)
         if changes.num_rows == 0:
             return LaneChoice(Lane.SPARK, "merge", reason)

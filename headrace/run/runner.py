@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pyspark loads only when a Spark job runs
 
 log = logging.getLogger("headrace.pipeline")
 
-__all__ = ["Pipeline", "RunStats", "Service"]
+__all__ = ["Run", "RunStats", "Service"]
 
 
 class Service(Protocol):
@@ -65,7 +65,7 @@ class Service(Protocol):
         """Called when the run ends."""
 
 
-class Pipeline:
+class Run:
     """Everything ``headrace run`` does, for one config."""
 
     def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
