@@ -14,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
@@ -21,8 +22,11 @@ from headrace.core.interfaces import Target
 from headrace.core.lanes import LaneChoice
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.engines.driver.batch import batch_schema
+from headrace.core.spark_types import ValueRules
+from headrace.engines.driver.batch import batch_schema, read_driver_batch
 from headrace.engines.spark.batch import read_change_batch
+from headrace.log.codec import read_staging_file
+from headrace.log.facts import FileFacts, facts_of
 from headrace.targets.ducklake.files import to_arrow
 from tests.targets.conftest import assert_cursor, batch_df, rows_of, snapshot_df
 from tests.targets.test_keyless_apply import AFTER_1, AFTER_2, AFTER_3
@@ -196,15 +200,25 @@ def test_composite_key_and_drop(spark: SparkSession, target: Target, lane: str) 
     assert target.read_table(table).count() == 0
 
 
-def test_keyless_batches_apply_each_change_once(spark: SparkSession, target: Target, tmp_path: Path) -> None:
-    """Multiset deltas from real staging files. A replay after a crash before the state cursor
-    moved happens only for a target without its own cursor (the run loop asks the target first)."""
+def test_keyless_batches_apply_each_change_once(spark: SparkSession, target: Target, tmp_path: Path,
+                                                lane: str) -> None:
+    """Multiset deltas from real staging files, built by Spark or by the driver. A replay after a crash
+    before the state cursor moved happens only for a target without its own cursor (the run loop
+    asks the target first)."""
+    if lane == "driver" and not target.applies_arrow:
+        pytest.skip(f"target {target.name} takes no Arrow batches: the Spark lane only")
     target.ensure_table(BAG)
     files = keyless_files(tmp_path)
 
     def apply(paths: list[str], offset: int) -> Counter[tuple[Any, ...]]:
-        batch = read_change_batch(spark, paths, BAG, None)
-        target.apply_batch(BAG, batch.changes, batch.truncate_before, offset)
+        if lane == "spark":
+            batch = read_change_batch(spark, paths, BAG, None)
+            target.apply_batch(BAG, batch.changes, batch.truncate_before, offset)
+        else:
+            facts: list[FileFacts | None] = [_facts(p) for p in paths]
+            built = read_driver_batch(paths, BAG, None, ValueRules(), facts)
+            assert isinstance(built.changes, pa.Table)
+            target.apply_arrow_batch(BAG, built.changes, built.truncate_before, offset)
         return Counter((r.a, r.b) for r in target.read_table(BAG).collect())
 
     assert apply(files[:1], 1) == AFTER_1
@@ -214,3 +228,9 @@ def test_keyless_batches_apply_each_change_once(spark: SparkSession, target: Tar
     assert apply(files[1:2], 2) == AFTER_2
     assert apply(files[2:3], 3) == AFTER_3
     assert_cursor(target, BAG, 3)
+
+
+def _facts(path: str) -> FileFacts:
+    """A staged file's facts, as capture registers them at its flush."""
+    rows = read_staging_file(path)
+    return facts_of(*[rows.column(c).to_pylist() for c in ("_op", "_lsn", "_seq", "_unchanged_cols", "_old_key")])
