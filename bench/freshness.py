@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import yaml
 from harness import (
     ROOT,
     BatchEvent,
@@ -144,6 +145,8 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         staging["path"] = f"{root}/staging"
     config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind, staging=staging, apply=apply,
                           target=target)
+    if args.engine is not None:
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "engine": args.engine}))
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     try:
@@ -171,7 +174,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     seen = sorted(d for _, d in series)
     result: dict[str, Any] = {
         "target": kind, "storage": "s3" if store else "local", "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds or "default",
-        "consistency": args.consistency or "default",
+        "consistency": args.consistency or "default", "engine": args.engine or "auto",
         "ready_s": round(ready, 1), "transactions": len(commits), "changes": sum(c.changes for c in commits),
         "rate_offered": round(sum(c.changes for c in commits) / args.seconds),
         "samples": len(seen), "not_applied": len(measured) - len(seen),
@@ -218,6 +221,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
     ap.add_argument("--flush-seconds", type=float, default=None, help="staging.flush_seconds (unset: the default)")
+    ap.add_argument("--engine", choices=["auto", "spark", "driver"], help="engine (unset: the default, auto)")
     ap.add_argument("--consistency", choices=["table", "transaction"], help="apply.consistency (unset: the default)")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")

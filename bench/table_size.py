@@ -85,10 +85,12 @@ def run_one(server: ThrowawayPostgres, kind: str, rows: int, args: argparse.Name
     work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
     config = write_config(work, name, server.dsn, {"tables": ["public.sized"]}, kind,
                           staging=({} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}))
+    raw = yaml.safe_load(config.read_text())
     if args.driver_key_rows is not None:
-        raw = yaml.safe_load(config.read_text())
         raw["target"][kind]["driver_key_rows"] = args.driver_key_rows
-        config.write_text(yaml.safe_dump(raw))
+    if args.engine is not None:
+        raw["engine"] = args.engine
+    config.write_text(yaml.safe_dump(raw))
     headrace = Headrace(config, work / "headrace.log")
     started = time.monotonic()
     headrace.start()
@@ -117,7 +119,7 @@ def run_one(server: ThrowawayPostgres, kind: str, rows: int, args: argparse.Name
                          " WHERE slot_name = %s", (f"headrace_{name}",))
     matches = compare_with_source(config, server.dsn, {"public.sized": "count(*), sum(v), sum(id)"})
     return {"target": kind, "rows": rows, "burst": args.burst, "copy_s": round(copy, 1),
-            "driver_key_rows": args.driver_key_rows,
+            "driver_key_rows": args.driver_key_rows, "engine": args.engine or "auto",
             "target_equals_source": matches["public.sized"]["equal"],
             "idle_run_s": round(statistics.median(idle), 2), "burst_net_s": round(statistics.median(net), 2),
             "burst_apply_s": round(statistics.median(applied), 2), "load_avg": load_average(),
@@ -151,6 +153,7 @@ def main() -> int:
     ap.add_argument("--flush-seconds", type=float, default=None, help="staging.flush_seconds (unset: the default)")
     ap.add_argument("--driver-key-rows", type=int, default=None,
                     help="target.<iceberg|ducklake>.driver_key_rows (default: headrace's, 20M)")
+    ap.add_argument("--engine", choices=["auto", "spark", "driver"], help="engine (unset: the default, auto)")
     ap.add_argument("--json", default=str(ROOT / "docs" / "table_size.json"))
     ap.add_argument("--png", default=str(ROOT / "docs" / "img" / "table_size.png"))
     args = ap.parse_args()
