@@ -14,12 +14,16 @@ is staged from them by the source's codec with those keys, and decoded only when
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from headrace.core.changes import UNCHANGED, Begin, Delete, Insert, Truncate, Update, Value
 from headrace.core.rows import unchanged_token
 from headrace.core.schema import TableSchema
 from headrace.core.undecoded import StageLayout, UndecodedCodec
 from headrace.log.codec import RowEncoder, StagingBuffer, row_encoder
+
+if TYPE_CHECKING:
+    from headrace.config import StagingConfig
 
 
 @dataclass
@@ -48,6 +52,12 @@ class TableBuffer:
 def buffered_bytes(buffers: dict[int, TableBuffer]) -> int:
     """Bytes held by ``buffers`` (the flush policy's measure)."""
     return sum(tb.buffer.nbytes for tb in buffers.values())
+
+
+def flush_due(buffers: dict[int, TableBuffer], spilled_rows: int, idle: bool, policy: StagingConfig) -> bool:
+    """The flush policy's size limit (rows or bytes) is reached (``idle``: the flusher is)."""
+    rows = sum(len(tb.buffer) for tb in buffers.values()) + spilled_rows
+    return rows >= (policy.flush_rows if idle else policy.flush_rows_busy) or buffered_bytes(buffers) >= policy.flush_bytes
 
 
 def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int, relations: dict[int, TableSchema],

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 
 from headrace.capture.backpressure import Backpressure
-from headrace.capture.buffer import TableBuffer, buffered_bytes, stage
+from headrace.capture.buffer import TableBuffer, buffered_bytes, flush_due, stage
 from headrace.capture.confirm import SlotConfirmation
 from headrace.capture.flusher import Flusher, FlushJob
 from headrace.capture.spill import Committed, StreamedTransactions
@@ -98,6 +98,7 @@ class Capture(SlotConfirmation):
         self.storage_error: str | None = None  # why staging refuses files, while capture waits for it
         self._stop = threading.Event()  # run()'s stop: ends a wait for staging space too
         self.backpressure = Backpressure(config.staging)
+        self._backoff = Backoff(config.reconnect.first_seconds, config.reconnect.max_seconds)
         self.on_staged: Callable[[], None] = lambda: None  # called once staged files are registered
 
     @property
@@ -126,7 +127,6 @@ class Capture(SlotConfirmation):
         attempt has registered a flush, so a drop after days of streaming reconnects within a second. One log
         line when capture stops streaming and one when it streams again, not one per attempt.
         """
-        backoff = self._backoff()
         self._stop = stop
         failures = 0
         passing: tuple[type[BaseException], ...] = (TransientError, psycopg.OperationalError, psycopg.InterfaceError,
@@ -153,7 +153,7 @@ class Capture(SlotConfirmation):
                 else:
                     log.debug("capture attempt %d failed: %s", failures, error)
                 self.last_error = error
-                stop.wait(backoff.delay(failures))
+                stop.wait(self._backoff.delay(failures))
             except Exception as exc:
                 self.connected = False
                 self.failure = exc
@@ -272,7 +272,7 @@ class Capture(SlotConfirmation):
                                 self._pending_token = ev.token
                             pending_end = max(pending_end, ev.end_lsn)
                             self.received_lsn = pending_end
-                            if self._full(buffers, spilled_rows, flusher.idle):
+                            if flush_due(buffers, spilled_rows, flusher.idle, self.config.staging):
                                 # Flush at this boundary: a read of many transactions mostly ends
                                 # inside one, so waiting for a read that ends between two let the
                                 # buffer grow to flush_bytes whatever flush_rows said.
@@ -319,7 +319,7 @@ class Capture(SlotConfirmation):
                 # registering commit) paid less often. Quiet, the flusher is idle: nothing changes.
                 idle = rows > 0 and flusher.idle
                 due = rows > 0 and (
-                    self._full(buffers, spilled_rows, idle)
+                    flush_due(buffers, spilled_rows, idle, self.config.staging)
                     or (idle and first_change_at is not None
                         and time.monotonic() - first_change_at >= flusher.linger(policy.flush_seconds))
                     or stop.is_set()
@@ -368,13 +368,6 @@ class Capture(SlotConfirmation):
         with self._source_lock:
             return self.source.relation_schema(source, stream, ev, known)
 
-    def _full(self, buffers: dict[int, TableBuffer], spilled_rows: int, idle: bool) -> bool:
-        """The flush policy's size limit (rows or bytes) is reached (``idle``: the flusher is)."""
-        policy = self.config.staging
-        rows = sum(len(tb.buffer) for tb in buffers.values()) + spilled_rows
-        return (rows >= (policy.flush_rows if idle else policy.flush_rows_busy)
-                or buffered_bytes(buffers) >= policy.flush_bytes)
-
     def _make_room(self, index: LogIndex, stream: ChangeStream, stop: threading.Event, flusher: Flusher,
                    buffers: dict[int, TableBuffer], pending_end: int) -> bool:
         """Backpressure, at a transaction boundary: when over the bound, make what is buffered
@@ -398,7 +391,4 @@ class Capture(SlotConfirmation):
         def report(error: str | None) -> None:
             self.storage_error = error
 
-        return write_waiting(write, self.staging, self._backoff(), halt, lambda: None, report)
-
-    def _backoff(self) -> Backoff:
-        return Backoff(self.config.reconnect.first_seconds, self.config.reconnect.max_seconds)
+        return write_waiting(write, self.staging, self._backoff, halt, lambda: None, report)
