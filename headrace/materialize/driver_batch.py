@@ -22,7 +22,6 @@ them or stops the table with its message. Every value the driver writes is one S
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import duckdb
@@ -41,27 +40,11 @@ from headrace.materialize.driver_casts import (
     FALLBACK_MARKER,
     arrow_type,
     cast_sql,
+    connection,
     literal,
-    register_functions,
 )
 
 _MAP = "'\"MAP(VARCHAR, VARCHAR)\"'"  # json_transform's target: the row's column -> text map
-
-
-_local = threading.local()
-
-
-def _connection() -> duckdb.DuckDBPyConnection:
-    """This thread's in-memory DuckDB (apply workers build batches at the same time)."""
-    con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
-    if con is None:
-        # One thread each: apply workers build several tables' batches at once, and the cores are
-        # shared with capture and Spark.
-        con = duckdb.connect(config={"threads": 1})
-        con.execute("SET TimeZone = 'UTC'")
-        register_functions(con)
-        _local.con = con
-    return con
 
 
 def read_driver_batch(paths: Sequence[str], table: TableSchema, skip_through: Position | None,
@@ -77,7 +60,7 @@ def read_driver_batch(paths: Sequence[str], table: TableSchema, skip_through: Po
     if truncate is not None and skip_through is not None and truncate <= skip_through:
         truncate = None  # the truncate is in the copy already
     staged = pa.concat_tables([read_staging_file(p) for p in paths]) if paths else STAGING_SCHEMA.empty_table()
-    con = _connection()
+    con = connection()
     con.register("hr_staged", staged)
     try:
         result = con.execute(batch_sql(table, skip_through, truncate, rules, known.unchanged)).arrow()
