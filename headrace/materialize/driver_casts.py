@@ -1,4 +1,6 @@
-"""PostgreSQL's text output cast to the row shape's values by DuckDB, for batches applied on the driver.
+"""PostgreSQL's text output (and a MySQL source's staged text, spelled alike) cast to the row shape's
+values by DuckDB: for batches applied on the driver, and for copy chunks written as files
+(``cast_texts``, from ``snapshot_job.chunk_rows``).
 
 The Spark path (``headrace.core.spark_types.cast_text``) is the reference: a value cast here must
 come out exactly as Spark casts it. So each type accepts only the text forms where DuckDB's cast
