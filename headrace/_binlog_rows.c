@@ -61,13 +61,59 @@ static long fraction(const unsigned char *p, int fsp) {
     return v * (n == 1 ? 10000 : n == 2 ? 100 : 1);
 }
 
+/* A str of the n ASCII bytes at text (digits, signs, separators): no UTF-8 decoding, no format
+ * parsing, unlike PyUnicode_FromFormat. */
+static PyObject *ascii(const char *text, Py_ssize_t n) {
+    PyObject *out = PyUnicode_New(n, 127);
+    if (out != NULL) memcpy(PyUnicode_1BYTE_DATA(out), text, (size_t)n);
+    return out;
+}
+
+/* The decimal digits of magnitude, after a '-' when negative. */
+static PyObject *int_text(uint64_t magnitude, int negative) {
+    char buf[24];
+    char *end = buf + sizeof buf, *q = end;
+    do {
+        *--q = (char)('0' + magnitude % 10);
+        magnitude /= 10;
+    } while (magnitude);
+    if (negative) *--q = '-';
+    return ascii(q, end - q);
+}
+
+/* v in exactly width digits at o (zero-padded, as %0<width>d for 0 <= v < 10^width); the end. */
+static char *digits(char *o, long v, int width) {
+    for (int i = width - 1; i >= 0; i--) {
+        o[i] = (char)('0' + v % 10);
+        v /= 10;
+    }
+    return o + width;
+}
+
+static char *date_digits(char *o, int y, int mo, int d) {
+    o = digits(o, y, 4);
+    *o++ = '-';
+    o = digits(o, mo, 2);
+    *o++ = '-';
+    return digits(o, d, 2);
+}
+
 static PyObject *datetime_text(int y, int mo, int d, int h, int mi, int s, long us, const char *suffix) {
     char out[48];
-    if (us)
-        snprintf(out, sizeof out, "%04d-%02d-%02d %02d:%02d:%02d.%06ld%s", y, mo, d, h, mi, s, us, suffix);
-    else
-        snprintf(out, sizeof out, "%04d-%02d-%02d %02d:%02d:%02d%s", y, mo, d, h, mi, s, suffix);
-    return PyUnicode_FromString(out);
+    char *o = date_digits(out, y, mo, d);
+    *o++ = ' ';
+    o = digits(o, h, 2);
+    *o++ = ':';
+    o = digits(o, mi, 2);
+    *o++ = ':';
+    o = digits(o, s, 2);
+    if (us) {
+        *o++ = '.';
+        o = digits(o, us, 6);
+    }
+    size_t n = strlen(suffix);
+    memcpy(o, suffix, n);
+    return ascii(out, (o - out) + (Py_ssize_t)n);
 }
 
 /* Civil date of days since 1970-01-01 (Howard Hinnant's algorithm). */
@@ -162,10 +208,10 @@ static PyObject *value(const Spec *s, const unsigned char *p, const unsigned cha
         if (left < s->a) goto truncated;
         *used = s->a;
         uint64_t v = le(p, s->a);
-        if (s->b) return PyUnicode_FromFormat("%llu", (unsigned long long)v);
+        if (s->b) return int_text(v, 0);
         int bits = s->a * 8;
         int64_t sv = bits == 64 ? (int64_t)v : (int64_t)(v << (64 - bits)) >> (64 - bits);
-        return PyUnicode_FromFormat("%lld", (long long)sv);
+        return sv < 0 ? int_text((uint64_t)(-(sv + 1)) + 1, 1) : int_text((uint64_t)sv, 0);
     }
     case K_FLOAT: {
         if (left < 4) goto truncated;
@@ -219,7 +265,8 @@ static PyObject *value(const Spec *s, const unsigned char *p, const unsigned cha
         int y = (v >> 9) & 0x7FFF, m = (v >> 5) & 15, d = v & 31;
         if (!y || !m || !d) return PyUnicode_FromString(ZERO_DATE);
         if (m > 12 || d > days_in_month(y, m)) return NULL;  /* no Python date: let Python say */
-        return PyUnicode_FromFormat("%04d-%02d-%02d", y, m, d);
+        char out[10];
+        return ascii(out, date_digits(out, y, m, d) - out);
     }
     case K_DATETIME2: {
         int n = 5 + (s->a + 1) / 2;
@@ -249,7 +296,7 @@ static PyObject *value(const Spec *s, const unsigned char *p, const unsigned cha
     case K_YEAR: {
         if (left < 1) goto truncated;
         *used = 1;
-        return p[0] ? PyUnicode_FromFormat("%d", p[0] + 1900) : PyUnicode_FromString("0");
+        return p[0] ? int_text((uint64_t)p[0] + 1900, 0) : ascii("0", 1);
     }
     }
     return NULL;

@@ -14,6 +14,7 @@
 under the same name (``engines.spark.batch`` and ``engines.driver.batch``: ``position_after``,
 ``key_changes``, ``last_change_per_key``, ``toast_fill``); ``tests/engines`` feeds both the same staged files
 and compares. The engines import ``core``, the staged log's format (``log``) and a source's chunk
-reader (``source.base``), never each other's modules, the materializer, the run or a target
+reader (``source.base``), never each other's modules (a copy chunk alone is cast by the driver's
+casts wherever it runs, a Spark task included), the materializer, the run or a target
 (``tests/run/test_layering.py``).
 """

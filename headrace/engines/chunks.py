@@ -18,9 +18,10 @@ from pyspark.sql.types import StringType, StructField, StructType
 from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.lanes import NotOnLane
 from headrace.core.position import Position
-from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, TableSchema, TypeKind
+from headrace.core.schema import HR_COMMIT_TS, HR_LSN, HR_SEQ, ColumnType, TableSchema, TypeKind
 from headrace.core.spark_types import spark_type
-from headrace.source.base import ChunkRead, ChunkSession, Route
+from headrace.engines.driver.casts import cast_texts
+from headrace.source.base import POSITION_COLUMN, ChunkRead, ChunkSession, Route
 
 
 class _Batches:
@@ -51,7 +52,9 @@ def read_by(session: ChunkSession, table: TableSchema, reader: ChunkRead, start:
 
 def driver_rows(table: TableSchema, reader: ChunkRead, position: Position) -> pa.Table | None:
     """A ``prefetched`` chunk in the Target row shape, built here without Spark (``chunk_rows``), or
-    None when only ``chunk_dataframe``'s casts give the right values (the caller runs the Spark job)."""
+    None when only ``chunk_dataframe``'s casts give the right values (the caller runs the Spark job),
+    or the reader gives per-row positions (a keyless table's copy records its chunk's position from
+    ``chunk_dataframe``'s ``on_position``)."""
     batches = getattr(reader.read, "batches", None)
     if batches is None or reader.per_row_position:
         return None
@@ -61,11 +64,14 @@ def driver_rows(table: TableSchema, reader: ChunkRead, position: Position) -> pa
 def takes_chunk_rows(table: TableSchema, routes: list[Route]) -> bool:
     """Whether ``chunk_rows`` can take any chunk of ``table`` at all (its column types); a False
     table goes to Spark whatever its values (arrays, CSV-read typed columns)."""
-    for col, route in zip(table.columns, routes, strict=True):
-        if route is Route.TEXT and col.type.kind is not TypeKind.DECIMAL \
-                and not isinstance(spark_type(col.type), StringType):
-            return False
-    return True
+    return all(route is not Route.TEXT or col.type.kind in _TEXT_CASTS or isinstance(spark_type(col.type), StringType)
+               for col, route in zip(table.columns, routes, strict=True))
+
+
+# Text the driver's casts (``engines.driver.casts``) give exactly Spark's values for (numeric: Arrow's exact read).
+_TEXT_CASTS = frozenset({TypeKind.DECIMAL, TypeKind.INT, TypeKind.LONG, TypeKind.FLOAT, TypeKind.DOUBLE,
+                         TypeKind.BOOLEAN, TypeKind.DATE, TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ,
+                         TypeKind.BINARY})
 
 
 def chunk_rows(table: TableSchema, routes: list[Route], batches: list[pa.RecordBatch], lsn: int
@@ -84,10 +90,14 @@ def chunk_rows(table: TableSchema, routes: list[Route], batches: list[pa.RecordB
     - numeric(p,s): PostgreSQL prints such a value with exactly ``s`` fractional digits and at most
       ``p - s`` integral ones, which Spark's cast and Arrow's (exact, refusing to round) both read
       as that decimal. Anything Arrow refuses (NaN, Infinity) goes to Spark, whose cast stops the
-      table with the usual message.
+      table with the usual message;
+    - other TEXT columns Spark types (integers, floating point, boolean, dates, timestamps, bytes:
+      MySQL's chunks, PostgreSQL's CSV copy): cast by the driver's casts (``engines.driver.casts``), which
+      take only the text forms where DuckDB's cast and Spark's agree;
+    - a reader's ``_pos`` (a source whose chunks each have their own snapshot): the rows' position.
 
-    Anything else (arrays, CSV-read typed columns, a date or timestamp past the binary range, a
-    source giving each row its own position) goes through Spark.
+    Anything else (arrays, a date or timestamp past the binary range or infinite, a MySQL zero date)
+    goes through Spark.
     """
     if not takes_chunk_rows(table, routes):
         return None
@@ -97,7 +107,8 @@ def chunk_rows(table: TableSchema, routes: list[Route], batches: list[pa.RecordB
         from pyspark.sql.pandas.types import to_arrow_schema
 
         data = to_arrow_schema(read_schema(table, routes)).empty_table()
-    arrays, fields = [], []
+    arrays: list[pa.ChunkedArray | pa.Array] = []
+    texts: dict[int, tuple[str, pa.ChunkedArray, ColumnType]] = {}
     for i, (col, route) in enumerate(zip(table.columns, routes, strict=True)):
         value = data.column(f"c{i}")
         if route is Route.SPLIT and data.column(f"t{i}").null_count != data.num_rows:
@@ -107,11 +118,19 @@ def chunk_rows(table: TableSchema, routes: list[Route], batches: list[pa.RecordB
             if decimal is None:
                 return None
             value = decimal
+        elif route is Route.TEXT and not isinstance(spark_type(col.type), StringType):
+            texts[i] = (col.name, value, col.type)
         arrays.append(value)
-        fields.append(pa.field(col.name, value.type))
+    try:
+        for i, cast in zip(texts, cast_texts(list(texts.values())), strict=True):
+            arrays[i] = cast
+    except NotOnLane:
+        return None
+    fields = [pa.field(col.name, value.type) for col, value in zip(table.columns, arrays, strict=True)]
     n = data.num_rows
-    arrays += [pa.nulls(n, pa.int64()).fill_null(lsn), pa.nulls(n, pa.int64()).fill_null(0),
-               pa.nulls(n, pa.timestamp("us", tz="UTC"))]
+    positions = (data.column(POSITION_COLUMN) if POSITION_COLUMN in data.column_names
+                 else pa.nulls(n, pa.int64()).fill_null(lsn))
+    arrays += [positions, pa.nulls(n, pa.int64()).fill_null(0), pa.nulls(n, pa.timestamp("us", tz="UTC"))]
     fields += [pa.field(HR_LSN, pa.int64()), pa.field(HR_SEQ, pa.int64()),
                pa.field(HR_COMMIT_TS, pa.timestamp("us", tz="UTC"))]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
@@ -129,8 +148,10 @@ def _exact_decimal(text: pa.ChunkedArray, precision: int | None, scale: int | No
 
 def takes_files(schema: TableSchema, reader: ChunkRead) -> bool:
     """A copy's tasks may write ``schema``'s chunks as Parquet themselves (into a ``FileSink``), where the
-    target has one: not for a source with per-row positions, nor for column types only Spark casts."""
-    return not reader.per_row_position and takes_chunk_rows(schema, reader.routes)
+    target has one: not for column types only Spark casts. A reader's per-row position (``_pos``) is
+    written as each row's ``_hr_lsn``, as ``chunk_dataframe`` does."""
+    return takes_chunk_rows(schema, reader.routes)
+
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A batch's staged changes read one by one, typed, in commit order: what every history mode is built from.
 
-The mirror keeps only the last change per key (``materialize.driver_batch``); history needs every
+The mirror keeps only the last change per key (``engines.driver.batch``); history needs every
 change with its position, commit time and transaction id. The staged files are read with pyarrow
 and cast by DuckDB with the driver's casts (``engines.driver.casts``), so a history row holds
 the value the mirror holds for the same change. A value only Spark's casts take raises

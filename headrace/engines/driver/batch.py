@@ -22,7 +22,6 @@ them or stops the table with its message. Every value the driver writes is one S
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import duckdb
@@ -35,27 +34,11 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules
-from headrace.engines.driver.casts import FALLBACK_MARKER, arrow_type, cast_sql, literal, register_functions
+from headrace.engines.driver.casts import FALLBACK_MARKER, arrow_type, cast_sql, connection, literal
 from headrace.log.codec import STAGING_SCHEMA, read_staging_file
 from headrace.log.facts import FileFacts, total
 
 _MAP = "'\"MAP(VARCHAR, VARCHAR)\"'"  # json_transform's target: the row's column -> text map
-
-
-_local = threading.local()
-
-
-def connection() -> duckdb.DuckDBPyConnection:
-    """This thread's in-memory DuckDB (apply workers build batches at the same time)."""
-    con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
-    if con is None:
-        # One thread each: apply workers build several tables' batches at once, and the cores are
-        # shared with capture and Spark.
-        con = duckdb.connect(config={"threads": 1})
-        con.execute("SET TimeZone = 'UTC'")
-        register_functions(con)
-        _local.con = con
-    return con
 
 
 def read_driver_batch(paths: Sequence[str], table: TableSchema, skip_through: Position | None,

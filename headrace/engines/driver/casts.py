@@ -1,4 +1,6 @@
-"""PostgreSQL's text output cast to the row shape's values by DuckDB, for batches applied on the driver.
+"""PostgreSQL's text output (and a MySQL source's staged text, spelled alike) cast to the row shape's
+values by DuckDB: for batches applied on the driver, and for copy chunks written as files
+(``cast_texts``, from ``engines.chunks.chunk_rows``).
 
 The Spark path (``headrace.core.spark_types.cast_text``) is the reference: a value cast here must
 come out exactly as Spark casts it. So each type accepts only the text forms where DuckDB's cast
@@ -14,10 +16,14 @@ DuckDB function), then each element is cast as above.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+
 import duckdb
 import pyarrow as pa
 from duckdb.func import FunctionNullHandling
 
+from headrace.core.lanes import NotOnLane
 from headrace.core.schema import ColumnType, TypeKind
 from headrace.core.spark_types import DATETIME_KINDS, ValueRules, parse_array_or_none
 
@@ -119,6 +125,45 @@ def register_functions(con: duckdb.DuckDBPyConnection) -> None:
     # "special": the function may return NULL (DuckDB's default refuses a NULL result).
     con.create_function(PARSE_ARRAY, parse_array_or_none, ["VARCHAR"], "VARCHAR[]", null_handling=FunctionNullHandling.SPECIAL,
                         side_effects=False)
+
+
+_local = threading.local()
+
+
+def connection() -> duckdb.DuckDBPyConnection:
+    """This thread's in-memory DuckDB for the casts (apply workers and copy threads cast at once)."""
+    con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
+    if con is None:
+        # One thread each: apply workers build several tables' batches at once, copy threads cast
+        # several chunks, and the cores are shared with capture and Spark.
+        con = duckdb.connect(config={"threads": 1})
+        con.execute("SET TimeZone = 'UTC'")
+        register_functions(con)
+        _local.con = con
+    return con
+
+
+def cast_texts(texts: Sequence[tuple[str, pa.ChunkedArray, ColumnType]]) -> list[pa.ChunkedArray]:
+    """Each (column name, text, type) cast to ``arrow_type``'s values as Spark's ``cast_text`` casts
+    it (under the default ``ValueRules``: no infinity kept); raises ``NotOnLane`` naming the first
+    value outside the fast forms, which only Spark's casts decide."""
+    if not texts:
+        return []
+    con = connection()
+    data = pa.table({f"c{i}": text for i, (_, text, _) in enumerate(texts)})
+    rules = ValueRules()
+    select = ", ".join(f"{cast_sql(f'c{i}', ct, rules, name)} AS c{i}" for i, (name, _, ct) in enumerate(texts))
+    con.register("hr_texts", data)
+    try:
+        result = con.execute(f"SELECT {select} FROM hr_texts").arrow()
+        cast = result if isinstance(result, pa.Table) else result.read_all()
+    except duckdb.Error as exc:
+        message = str(exc)
+        at = message.find(FALLBACK_MARKER)
+        raise NotOnLane(" ".join(message[max(at, 0):].split())[:300]) from exc
+    finally:
+        con.unregister("hr_texts")
+    return [cast.column(i).cast(arrow_type(ct)) for i, (_, _, ct) in enumerate(texts)]
 
 
 def has_datetime(ct: ColumnType) -> bool:

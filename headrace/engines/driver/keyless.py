@@ -13,12 +13,12 @@ import pyarrow as pa
 from headrace.core.names import quote_ident
 from headrace.core.rows import HR_COMMIT_TS, HR_DELTA, HR_LSN, HR_OP, HR_SEQ
 from headrace.core.schema import TableSchema
-from headrace.engines.driver.batch import connection
+from headrace.engines.driver.casts import connection
 
 
 def net_row_changes(images: pa.Table, table: TableSchema) -> pa.Table:
     """Fold a keyless batch (row images, ``engines.driver.batch.row_images``) into the multiset delta
-    it makes, in this thread's DuckDB (``engines.driver.batch.connection``).
+    it makes, in this thread's DuckDB (``engines.driver.casts.connection``).
 
     Per distinct row: one row with ``_hr_delta`` = -n when the batch removes n more copies than
     it adds, or one row with ``_hr_delta`` = 1 for each copy it adds net, carrying the position

@@ -55,7 +55,7 @@ from headrace.source.mysql.catalog import (
     schema_from_table_map,
     with_fills,
 )
-from headrace.source.mysql.connect import connect, parse_dsn
+from headrace.source.mysql.connect import MySqlConnection, connect, parse_dsn
 from headrace.source.mysql.ddl import parse, truncated_table
 from headrace.source.mysql.gtid import GtidTracker, mysql_gtid
 from headrace.source.mysql.identity import Identities, Known
@@ -121,6 +121,7 @@ class BinlogStream:
         # From a GTID state the server names the file and offset with its first events (a Rotate, then
         # the first transaction after the state): until then the position stays the given one.
         self._file = file if gtid_start is None else ""
+        self._base: tuple[str | None, int] = (None, 0)  # (file, its position 0) for _at
         self._seeking = gtid_start is not None
         # A heartbeat makes read() return on an idle server. By file and offset is_mariadb stays False
         # (with it mysql-replication 1.0.17 dumps from the first binlog; MariaDB still sends GTID events).
@@ -130,7 +131,7 @@ class BinlogStream:
         self._reader = BinLogStreamReader(
             connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
             blocking=True, slave_heartbeat=heartbeat, only_events=_EVENTS, enable_logging=False,
-            report_slave=tag, **by_gtid)
+            report_slave=tag, pymysql_wrapper=MySqlConnection, **by_gtid)
         self._from_gtid = gtid_start
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
@@ -201,9 +202,10 @@ class BinlogStream:
 
     def _at(self, event: Any) -> tuple[int, int]:
         """(start, end) positions of ``event`` in the current binlog file."""
-        end = int(event.packet.log_pos)
-        return (to_int(self._file, end - int(event.packet.event_size), self._epoch),
-                to_int(self._file, end, self._epoch))
+        if self._base[0] != self._file:  # the file's position 0, once per file (not twice an event)
+            self._base = (self._file, to_int(self._file, 0, self._epoch))
+        end = self._base[1] + int(event.packet.log_pos)
+        return end - int(event.packet.event_size), end
 
     def _handle(self, event: Any, out: list[tuple[int, Event]]) -> None:
         if isinstance(event, RotateEvent):
@@ -327,9 +329,9 @@ class BinlogStream:
         _shape, at, key_only = keys
         keyed = bool(shape.key)
         if isinstance(event, WriteRowsEvent):
-            out.extend((start, Insert(oid, row)) for row in images)
+            out += [(start, Insert(oid, row)) for row in images]
         elif isinstance(event, DeleteRowsEvent):
-            out.extend((start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images)
+            out += [(start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images]
         else:
             single = at[0] if len(at) == 1 else None
             for old, new in zip(images[::2], images[1::2], strict=True):

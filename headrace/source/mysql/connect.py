@@ -6,6 +6,8 @@ and the binlog (which stores TIMESTAMP as UTC seconds) give the same text for th
 
 from __future__ import annotations
 
+import functools
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -37,6 +39,26 @@ class MySqlDsn:
         return {"host": self.host, "port": self.port, "user": self.user, "password": self.password}
 
 
+@functools.cache
+def _offered_tls() -> ssl.SSLContext:
+    """The TLS context pymysql builds for a connection that offers TLS without requiring it (no CA
+    given: no certificate checked), made once: pymysql builds one per connection, loading the
+    system's CA certificates it then never checks (~50-80 ms a connection, measured; a run opens a dozen)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class MySqlConnection(pymysql.connections.Connection):  # type: ignore[type-arg]
+    """pymysql's connection, sharing one TLS context where it would build one of its own (``_offered_tls``)."""
+
+    def _create_ssl_ctx(self, sslp: Any) -> ssl.SSLContext:
+        if isinstance(sslp, dict) and not sslp:
+            return _offered_tls()
+        return super()._create_ssl_ctx(sslp)  # type: ignore[no-any-return]
+
+
 def parse_dsn(dsn: str) -> MySqlDsn:
     """Parse ``mysql://`` or ``mariadb://`` DSNs; ConfigError naming the fix for anything else."""
     parts = urlsplit(dsn)
@@ -59,7 +81,7 @@ def connect(dsn: str | MySqlDsn, **kw: Any) -> pymysql.connections.Connection[An
     options: dict[str, Any] = {"charset": "utf8mb4", "autocommit": True, "connect_timeout": 10,
                                "init_command": "SET time_zone = '+00:00'", **kw}
     try:
-        return pymysql.connect(**parsed.settings(), database=parsed.database or None, **options)
+        return MySqlConnection(**parsed.settings(), database=parsed.database or None, **options)
     except pymysql.err.OperationalError as exc:
         code = exc.args[0] if exc.args else 0
         if code == _ACCESS_DENIED:

@@ -25,6 +25,7 @@ import pymysql.cursors
 
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.faults import hold_seconds
+from headrace.core.filesink import ROW_GROUP_ROWS
 from headrace.core.names import TableName
 from headrace.core.schema import TableSchema, TypeKind
 from headrace.source.mysql.catalog import read_table_schema
@@ -159,7 +160,10 @@ def copy_chunk(dsn: str, schema: TableSchema, start: int, end: int, batch_rows: 
     before = []
     if held := hold_seconds("snapshot.read"):  # tests: a long read, holding the table's lock
         before.append(f"SELECT {marked(schema.oid)} SLEEP({float(held)}) FROM {_from(schema)} LIMIT 1")
-    yield from read_chunk_arrow(dsn, schema, plan, _inlined(schema, start, end), before, batch_rows, epoch)
+    # The compiled read holds the chunk whole: batches up to a Parquet row group's rows, so the
+    # copy's work per batch (chunk_rows' casts) runs about once a chunk, not every BATCH_ROWS rows.
+    whole = max(batch_rows, ROW_GROUP_ROWS)
+    yield from read_chunk_arrow(dsn, schema, plan, _inlined(schema, start, end), before, whole, epoch)
     _check_shape(dsn, schema)
 
 

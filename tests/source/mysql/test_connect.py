@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ssl
 
 import pytest
 
@@ -19,3 +20,11 @@ def test_session_is_utc_and_errors_name_the_fix(mariadb_server: ThrowawayMariaDB
         connect(mariadb_server.dsn.replace("repl:repl@", "repl:wrong@"))
     with pytest.raises(SourceError, match="CREATE DATABASE `nope`"):
         connect(mariadb_server.dsn_for("nope"))
+
+
+def test_connections_share_one_tls_context_that_checks_no_certificate(mariadb_server: ThrowawayMariaDB) -> None:
+    """pymysql offers TLS on every connection (its PREFERRED mode); the context, built once, is pymysql's
+    own for that mode: no certificate or host name checked."""
+    with contextlib.closing(connect(mariadb_server.dsn)) as one, contextlib.closing(connect(mariadb_server.dsn)) as two:
+        assert one.ctx is two.ctx
+        assert one.ctx.verify_mode is ssl.CERT_NONE and not one.ctx.check_hostname
