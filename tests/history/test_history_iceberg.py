@@ -135,3 +135,42 @@ def test_an_iceberg_table_as_its_scd2_table_replayed_and_not_copied_over(spark: 
         con.close()
     assert rows == [(1, "a", "big", False, True), (1, "a1", "big", True, False), (2, "b", "two", False, True),
                     (3, "c", "t3", True, False)]
+
+
+@pytest.mark.slow  # ~40 s: Spark jobs on two Iceberg tables over two rounds; the light one is above
+def test_iceberg_tables_under_their_own_names_follow_schema_changes(source_dsn: str, tmp_path: Path,
+                                                                    spark: Any) -> None:
+    """A dropped column (kept, the default: NULL from the drop on), a renamed one and a widened one, in a
+    changelog (appends) and an scd2 table (MERGEs) under their own names; DuckDB reads them back."""
+    own = {"c": "changelog", "s": "scd2"}
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        for t in own:
+            conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, name text, bal int, note text)")
+            conn.execute(f"INSERT INTO {t} VALUES (1, 'a', 10, 'n1'), (2, 'b', 20, 'n2')")
+    config = make_config(source_dsn, tmp_path, [f"public.{t}" for t in own], "iceberg",
+                         history={"tables": {f"public.{t}": [mode] for t, mode in own.items()}})
+    pipeline = Pipeline(config, spark=spark)
+    run_caught_up(pipeline)
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        for t in own:
+            conn.execute(f"UPDATE {t} SET bal = 11 WHERE id = 1")
+            conn.execute(f"ALTER TABLE {t} DROP COLUMN note")
+            conn.execute(f"ALTER TABLE {t} RENAME COLUMN name TO title")
+            conn.execute(f"ALTER TABLE {t} ALTER COLUMN bal TYPE bigint")
+            conn.execute(f"UPDATE {t} SET bal = 5000000000, title = 'two' WHERE id = 2")
+            conn.execute(f"INSERT INTO {t} VALUES (3, 'c', 30)")
+    run_caught_up(pipeline)
+    con = duckdb_with("avro", "iceberg")
+    try:
+        for t, current in (("c", "_hr_op <> 'D'"), ("s", "_hr_current")):
+            scan = f"iceberg_scan('{iceberg_metadata_location(pipeline.target.settings, 'public', t)}')"  # type: ignore[attr-defined]
+            rows = con.execute(f"SELECT id, title, bal, note FROM {scan} WHERE {current} ORDER BY _hr_lsn, _hr_seq"
+                               ).fetchall()
+            expected = [(1, "a", 10, "n1"), (2, "b", 20, "n2"), (1, "a", 11, "n1"), (2, "two", 5_000_000_000, None),
+                        (3, "c", 30, None)]
+            if t == "s":  # the open versions
+                expected = [(1, "a", 11, "n1"), (2, "two", 5_000_000_000, None), (3, "c", 30, None)]
+            assert [tuple(r) for r in rows] == expected, t
+    finally:
+        con.close()
+        pipeline.target.close()

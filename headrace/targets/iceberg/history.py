@@ -198,13 +198,21 @@ class IcebergHistory(HistoryWriter):
         self._follow_columns(table, name)
         if isinstance(built, (list, pa.Table)):
             if len(built):
-                (self._frame(table, mode, built).writeTo(name)
+                (self._kept_columns(self._frame(table, mode, built), name).writeTo(name)
                  .option(f"snapshot-property.{OFFSET}", str(log_offset)).append())
         elif isinstance(built, b.Scd2Batch):
             self._scd2(table, name, built)
         else:
             self._soft_delete(table, name, built)
         self._set(name, {OFFSET: str(log_offset)})
+
+    def _kept_columns(self, frame: DataFrame, name: str) -> DataFrame:
+        """``frame`` with the columns table ``name`` keeps and the batch has not (a dropped source column,
+        kept by policy), NULL: an append names every column of the table."""
+        from pyspark.sql import functions as F
+
+        kept = [f for f in self.spark.table(name).schema.fields if f.name not in set(frame.columns)]
+        return frame.select("*", *[F.lit(None).cast(f.dataType).alias(f.name) for f in kept]) if kept else frame
 
     def _frame(self, table: TableSchema, mode: Mode, rows: list[b.Row] | pa.Table) -> DataFrame:
         arrow = rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
