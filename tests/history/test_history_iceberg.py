@@ -11,6 +11,7 @@ refuses a copy over the table.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import uuid
@@ -137,7 +138,7 @@ def test_an_iceberg_table_as_its_scd2_table_replayed_and_not_copied_over(spark: 
                     (3, "c", "t3", True, False)]
 
 
-@pytest.mark.slow  # ~40 s: Spark jobs on two Iceberg tables over two rounds; the light one is above
+@pytest.mark.slow  # 13-40 s by load: Spark MERGEs into the scd2 table over two rounds; the light ones are above
 def test_iceberg_tables_under_their_own_names_follow_schema_changes(source_dsn: str, tmp_path: Path,
                                                                     spark: Any) -> None:
     """A dropped column (kept, the default: NULL from the drop on), a renamed one and a widened one, in a
@@ -174,3 +175,35 @@ def test_iceberg_tables_under_their_own_names_follow_schema_changes(source_dsn: 
     finally:
         con.close()
         pipeline.target.close()
+
+
+def test_an_iceberg_changelog_batch_is_appended_on_the_driver_once(spark: Any, tmp_path: Path) -> None:
+    """A table as its changelog: the batch (an update leaving a TOAST column unchanged, filled from the
+    key's last change; a delete; an insert) is one append committed on the driver (no Spark job) with
+    its offset, a replay appends nothing, and DuckDB reads the rows back."""
+    from headrace.targets.iceberg.config import IcebergConfig
+    from headrace.targets.iceberg.target import IcebergTarget
+
+    target = IcebergTarget(spark, IcebergConfig(warehouse=str(tmp_path / "w"), catalog_name=f"hr_cl{uuid.uuid4().hex[:8]}"),
+                           "own")
+    table = dataclasses.replace(TABLE, oid=91_002, name="own_changelog")
+    copy = pa.table({"id": pa.array([1, 2], pa.int32()), "v": ["a", "b"], "t": ["big", "two"],
+                     "_hr_lsn": pa.array([5, 5], pa.int64()), "_hr_seq": pa.array([0, 0], pa.int64()),
+                     "_hr_commit_ts": pa.array([None, None], pa.timestamp("us", tz="UTC"))})
+    target.write_snapshot_arrow(table, copy)
+    entries = [(1, _stage(tmp_path / "1.parquet", [("U", 10, 0, 1, "a1"), ("D", 10, 1, 2, None),
+                                                   ("I", 11, 0, 3, "c")]))]
+    writer = target.history()
+    assert apply_history(writer, table, ("changelog",), entries, None, ValueRules(), 0, own=True) == ["changelog"]
+    assert apply_history(writer, table, ("changelog",), entries, None, ValueRules(), 0, own=True) == []  # the replay
+    name = target.table_name(table)
+    summary = spark.sql(f"SELECT summary FROM {name}.snapshots ORDER BY committed_at DESC LIMIT 1").first()[0]
+    assert summary["headrace.apply"] == "driver" and summary["headrace.history.offset"] == "1"
+    con = duckdb_with("avro", "iceberg")
+    try:
+        scan = f"iceberg_scan('{iceberg_metadata_location(target.settings, 'public', 'own_changelog')}')"
+        rows = con.execute(f"SELECT _hr_op, id, v, t, _hr_lsn FROM {scan} ORDER BY _hr_lsn, _hr_seq, id").fetchall()
+    finally:
+        con.close()
+    assert rows == [("I", 1, "a", "big", 5), ("I", 2, "b", "two", 5), ("U", 1, "a1", "big", 10),
+                    ("D", 2, None, None, 10), ("I", 3, "c", "t3", 11)]

@@ -2,7 +2,8 @@
 
 Iceberg commits one statement at a time, so a history batch is several commits; each is idempotent
 by position on its own, which makes the batch exactly-once however a crash cuts it:
-- changelog: one append whose snapshot carries the batch's offset (``snapshot-property``), then the
+- changelog: one append whose snapshot carries the batch's offset (``snapshot-property``; committed on
+  the driver, ``history_append``, unless Spark must), then the
   offset in the table's properties too (read back as the larger of the two: a snapshot expired by
   maintenance still leaves the property). A replay finds the offset and appends nothing.
 - scd2: closes (a MERGE updating only the open version of a key written before the change), the
@@ -39,6 +40,7 @@ from headrace.history.tables import EXTRA, IN_PLACE_MARKERS, arrow_schema, in_pl
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import java_table
+from headrace.targets.iceberg.history_append import append_on_driver
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -197,7 +199,8 @@ class IcebergHistory(HistoryWriter):
         name = self.name(table, mode, own)
         self._follow_columns(table, name)
         if isinstance(built, (list, pa.Table)):
-            if len(built):
+            if len(built) and not append_on_driver(self.spark, name, self._arrow(table, mode, built),
+                                                   {OFFSET: str(log_offset)}):
                 (self._kept_columns(self._frame(table, mode, built), name).writeTo(name)
                  .option(f"snapshot-property.{OFFSET}", str(log_offset)).append())
         elif isinstance(built, b.Scd2Batch):
@@ -214,9 +217,12 @@ class IcebergHistory(HistoryWriter):
         kept = [f for f in self.spark.table(name).schema.fields if f.name not in set(frame.columns)]
         return frame.select("*", *[F.lit(None).cast(f.dataType).alias(f.name) for f in kept]) if kept else frame
 
+    @staticmethod
+    def _arrow(table: TableSchema, mode: Mode, rows: list[b.Row] | pa.Table) -> pa.Table:
+        return rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
+
     def _frame(self, table: TableSchema, mode: Mode, rows: list[b.Row] | pa.Table) -> DataFrame:
-        arrow = rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
-        return arrow_frame(self.spark, arrow, self._struct(table, mode))
+        return arrow_frame(self.spark, self._arrow(table, mode, rows), self._struct(table, mode))
 
     def _events(self, table: TableSchema, events: dict[Key, b.Event] | pa.Table) -> DataFrame:
         struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key]
