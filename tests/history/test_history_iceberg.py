@@ -86,6 +86,11 @@ def test_iceberg_tables_in_one_mode_under_their_own_names(source_dsn: str, tmp_p
     finally:
         con.close()
         pipeline.target.close()
+    from headrace.verify.compare import Progress
+    from headrace.verify.run import VerifyOptions, verify
+
+    checks = verify(config, VerifyOptions(wait_seconds=1), Progress())  # no mirror to compare: said, not guessed
+    assert len(checks) == 3 and all(c.error and "not a mirror of it; verify compares mirrors" in c.error for c in checks)
 
 
 TEXT = ColumnType(TypeKind.STRING, "text")
