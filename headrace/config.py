@@ -312,13 +312,13 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _history_in_place_supported(self) -> PipelineConfig:
-        if self.target.kind == "ducklake":
+        if self.target.kind in ("ducklake", "iceberg"):
             return self
         own = [name for name, modes in self.history.tables.items() if "mirror" not in modes]
         if self.history.mode != "mirror" or own:
             which = f"history.mode: {self.history.mode}" if self.history.mode != "mirror" else f"history.tables {own[0]}"
             raise ValueError(f"{which} writes a history mode in place of the mirror, which target.{self.target.kind}"
-                             " does not do (DuckLake does): list the mirror first, e.g. [mirror, scd2] in history.tables"
+                             " does not do (DuckLake and Iceberg do): list the mirror first, e.g. [mirror, scd2] in history.tables"
                              " (the history table is then <table>__scd2)")
         return self
 

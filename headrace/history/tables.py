@@ -22,6 +22,14 @@ EXTRA: dict[Mode, tuple[tuple[str, pa.DataType, str, str], ...]] = {
     "soft_delete": ((b.DELETED_AT, _TS, "TIMESTAMPTZ", "TIMESTAMP"), (b.COMMIT_TS, _TS, "TIMESTAMPTZ", "TIMESTAMP"),
                     (b.LSN, pa.int64(), "BIGINT", "BIGINT"), (b.SEQ, pa.int64(), "BIGINT", "BIGINT")),
 }
+# The column that only the ``mode`` table has (never a mirror): a table under its own name that has it is
+# that mode's table, holding history (a copy must not replace it).
+IN_PLACE_MARKERS: dict[Mode, str] = {"changelog": b.OP, "scd2": b.CURRENT, "soft_delete": b.DELETED_AT}
+
+
+def in_place_mode(columns: set[str]) -> Mode | None:
+    """The history mode a table of these ``columns`` under its own name is written in; None: a mirror's."""
+    return next((m for m, marker in IN_PLACE_MARKERS.items() if marker in columns), None)
 
 
 def arrow_schema(table: TableSchema, mode: Mode) -> pa.Schema:

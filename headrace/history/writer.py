@@ -101,7 +101,7 @@ def apply_history(writer: HistoryWriter, table: TableSchema, modes: Sequence[Mod
         return []
     if own and (len(modes) != 1 or not writer.writes_in_place):
         raise ConfigError(f"table {table.qualified_name}: a history mode in place of the mirror (history mode"
-                          f" {list(modes)}) is built for DuckLake only; on this target write it beside the"
+                          f" {list(modes)}) is built for DuckLake and Iceberg; on this target write it beside the"
                           f" mirror, as [mirror, {', '.join(modes)}] in history.tables")
     last = max(offset for offset, _ in entries)
     held: dict[Mode, int] = {}

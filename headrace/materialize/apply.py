@@ -40,7 +40,7 @@ log = logging.getLogger("headrace.materialize")
 
 
 # A table written in one history mode under its own name: its batches are built and committed there only.
-HISTORY_ONLY = LaneChoice(Lane.DRIVER, "history", "a history table without a mirror: built and committed on the driver")
+HISTORY_ONLY = LaneChoice(Lane.DRIVER, "history", "a history table without a mirror: built on the driver, committed by the target's history writer")
 
 # apply.driver_batch_rows's default, for callers without a pipeline's config (tests, benches).
 DRIVER_BATCH_ROWS: int = ApplyConfig().driver_batch_rows

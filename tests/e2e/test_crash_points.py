@@ -77,12 +77,15 @@ HISTORY = "apply.after_history_commit"  # its pipeline writes items in every his
 
 
 OWN = "scd2"  # engine auto, items written as its scd2 table under its own name (no mirror): its commit is the cursor's
+OWN_ICEBERG = "iceberg-scd2"  # the same on Iceberg: its history commits carry its offset, the cursor (state) moves after
 
 
 @pytest.mark.parametrize(("point", "engine"), [(p, "auto") for p in POINTS if p != HISTORY]
                          + [("apply.after_target_commit", "spark"),
                             pytest.param(HISTORY, "auto", marks=pytest.mark.slow),
-                            pytest.param("apply.after_target_commit", OWN, marks=pytest.mark.slow)])
+                            pytest.param("apply.after_target_commit", OWN, marks=pytest.mark.slow),
+                            # ~60 s (a JVM in the dying run, MERGEs): tests/history/test_history_iceberg.py replays light
+                            pytest.param("apply.after_target_commit", OWN_ICEBERG, marks=pytest.mark.slow)])
 def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp_path: Path, spark: Any) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("""
@@ -96,9 +99,11 @@ def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp
            "staging": {"path": str(tmp_path / "staging"), "flush_seconds": 0.2, "heartbeat_seconds": 1.0},
            "snapshot": {"chunk_pages": 16, "max_connections": 1},
            "apply": {"idle_sleep_seconds": 0.1}, "spark": {"master": "local[1]"},
-           "engine": "auto" if engine == OWN else engine}
-    if engine == OWN:
+           "engine": "auto" if engine in (OWN, OWN_ICEBERG) else engine}
+    if engine in (OWN, OWN_ICEBERG):
         raw["history"] = {"tables": {"public.items": [OWN]}}
+    if engine == OWN_ICEBERG:
+        raw["target"] = {"iceberg": {"warehouse": str(tmp_path / "wh"), "catalog_name": "hrcrashown"}}
     if point == HISTORY:
         raw["history"] = {"tables": {"public.items": ["mirror", "changelog", "scd2", "soft_delete"]}}
     path = tmp_path / "pipeline.yaml"
@@ -139,6 +144,8 @@ def test_crash_point_then_converge(point: str, engine: str, source_dsn: str, tmp
     try:
         if engine == OWN:
             _assert_scd2_in_place(local, source_dsn)
+        elif engine == OWN_ICEBERG:
+            _assert_scd2_in_place_on_iceberg(local, source_dsn)
         else:
             assert assert_same(local, source_dsn, "public.items") > 500
         assert assert_same(local, source_dsn, "public.lines") > 500
@@ -180,3 +187,21 @@ def _assert_scd2_in_place(pipeline: Pipeline, dsn: str) -> None:
     assert con.execute(f"SELECT count(*) FROM {t} WHERE _hr_current GROUP BY id HAVING count(*) > 1").fetchall() == []
     twice = con.execute(f"SELECT count(*) - count(DISTINCT (id, _hr_lsn, _hr_seq)) FROM {t}").fetchone()
     assert twice == (0,), "a version written twice"
+
+
+def _assert_scd2_in_place_on_iceberg(pipeline: Pipeline, dsn: str) -> None:
+    """The same, read by DuckDB's ``iceberg_scan`` (not our reader)."""
+    from headrace.readers import duckdb_with, iceberg_metadata_location
+
+    with psycopg.connect(dsn) as conn:
+        source = set(conn.execute("SELECT id, v, note FROM items").fetchall())
+    con = duckdb_with("avro", "iceberg")
+    try:
+        t = f"iceberg_scan('{iceberg_metadata_location(pipeline.target.settings, 'public', 'items')}')"  # type: ignore[attr-defined]
+        assert len(source) > 500
+        assert set(con.execute(f"SELECT id, v, note FROM {t} WHERE _hr_current").fetchall()) == source
+        assert con.execute(f"SELECT count(*) FROM {t} WHERE _hr_current GROUP BY id HAVING count(*) > 1").fetchall() == []
+        twice = con.execute(f"SELECT count(*) - count(DISTINCT (id, _hr_lsn, _hr_seq)) FROM {t}").fetchone()
+        assert twice == (0,), "a version written twice"
+    finally:
+        con.close()

@@ -5,8 +5,8 @@ streamed, with rows written before, during and after its copy; a table created a
 and a table of a database not watched are ignored; a tracked table dropped and created again is
 copied again in place (``recreated_table: resync``). With ``refuse`` the recreated table waits in
 ERRORED until ``headrace resync``, then streams. A restart right after a RENAME TABLE with no row
-change in between finds the table under its new name. Each table is compared with the source row by
-row.
+change in between finds the table under its new name, and a TRUNCATE read first after a restart
+reaches the mirror. Each table is compared with the source row by row.
 """
 
 from __future__ import annotations
@@ -153,3 +153,28 @@ def test_mysql_resync_of_a_recreated_table_and_a_restart_after_rename(
 def _binlog_end(pipeline: Pipeline) -> int:
     with pipeline.source.connect() as conn:
         return pipeline.source.current_position(conn)
+
+
+def test_mysql_truncate_read_first_after_a_restart_reaches_the_mirror(
+        mariadb_server: Any, shop: tuple[str, str], state_dsn: str, tmp_path: Path) -> None:  # noqa: F811
+    """A TRUNCATE that is the table's first binlog event after the pipeline starts again (no TABLE_MAP of
+    it read yet) empties the mirror before the insert after it. DuckLake on a SQLite catalog, read back
+    by DuckDB."""
+    from headrace.targets.ducklake import extension
+    from headrace.targets.ducklake.config import DuckLakeConfig
+    from tests.e2e.test_pipeline import run_caught_up
+
+    database, root = shop
+    _run(root, "CREATE TABLE tr (id INT PRIMARY KEY, v INT)", "INSERT INTO tr VALUES (1, 1), (2, 2)")
+    config = make_config(mariadb_server.dsn_for(database), tmp_path, [f"{database}.tr"], "ducklake-sqlite",
+                         source={"state_dsn": state_dsn})
+    pipeline = Pipeline(config)
+    run_caught_up(pipeline)  # copied, then stopped
+    _run(root, "TRUNCATE TABLE tr", "INSERT INTO tr VALUES (3, 3)")
+    run_caught_up(pipeline)  # capture starts again at the TRUNCATE
+    con = extension.connect(DuckLakeConfig(catalog=f"sqlite:{tmp_path / 'lake' / 'meta.sqlite'}",
+                                           data_path=str(tmp_path / "lake" / "data")))
+    try:
+        assert con.execute(f'SELECT id, v FROM hr_lake."{database}".tr ORDER BY id').fetchall() == [(3, 3)]
+    finally:
+        con.close()

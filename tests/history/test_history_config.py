@@ -54,12 +54,11 @@ def test_the_history_page_shows_the_queries_the_tests_run() -> None:
         assert " ".join(text.split()) in page, query
 
 
-def test_a_history_mode_in_place_of_the_mirror_is_refused_on_iceberg(tmp_path: Path) -> None:
+def test_a_history_mode_in_place_of_the_mirror_is_taken_on_iceberg(tmp_path: Path) -> None:
     from headrace.config import parse_config
 
     raw = {"name": "t", "source": {"dsn": "postgresql://x/y", "tables": ["public.orders"]},
            "target": {"iceberg": {"warehouse": str(tmp_path / "w")}}, "staging": {"path": str(tmp_path / "s")}}
     parse_config({**raw, "history": {"tables": {"public.orders": ["mirror", "scd2"]}}})
-    with pytest.raises(ConfigError, match=r"history.mode: scd2 writes a history mode in place of the mirror, which"
-                                          r" target.iceberg does not do"):
-        parse_config({**raw, "history": {"mode": "scd2"}})
+    config = parse_config({**raw, "history": {"mode": "scd2"}})
+    assert not config.history.mirrored(TableName("public", "orders"))

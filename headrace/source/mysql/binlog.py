@@ -362,14 +362,16 @@ class BinlogStream:
                                                           texts(row["after_values"], row["after_none_sources"]))]
 
     def _statement(self, event: Any, query: str, at: int, out: list[tuple[int, Event]]) -> None:
-        """TRUNCATE of a tracked table becomes ``Truncate``; renames and drops change identities
-        (``identity.Identities``); a renamed table's new name is sent as a Relation at once; types
-        and added columns show in the next TABLE_MAP."""
+        """TRUNCATE of a tracked table becomes ``Truncate`` (after a Relation, state's shape if no TABLE_MAP came
+        yet: capture stages no change of a table without one); renames and drops change identities."""
         default_db = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
         target = truncated_table(query, default_db)
         if target is not None:
             oid = self.identities.oid_of(*target)
             if oid is not None:
+                if (shape := self._schemas.get(oid) or self.identities.adopted(oid)) is not None:
+                    self._schemas[oid] = shape
+                    self._relation(oid, self._begin(out), out)
                 out.append((self._begin(out), Truncate((oid,))))
             return
         ddl = parse(query, default_db)

@@ -109,6 +109,10 @@ class Identities:
             self._adopted[oid] = known  # else oid_of would take state's (the dropped table's) schema back
         self.dropped_names.pop(oid, None)
 
+    def adopted(self, oid: int) -> TableSchema | None:
+        """The schema state gave for tracked table ``oid`` (its ids' origin), None if it gave none."""
+        return self._adopted.get(oid)
+
     def name_of(self, oid: int) -> Name | None:
         """The current name of tracked table ``oid`` (after renames), None if dropped or never seen."""
         if oid in self.dropped:

@@ -22,7 +22,7 @@ from headrace.core.schema import TableSchema
 from headrace.history import build as b
 from headrace.history.changes import Key, tuples
 from headrace.history.config import Mode, history_table
-from headrace.history.tables import EXTRA, key_table, to_arrow
+from headrace.history.tables import EXTRA, IN_PLACE_MARKERS, in_place_mode, key_table, to_arrow
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.types import cast_in, cast_out, duck_type
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from headrace.targets.ducklake.target import DuckLakeTarget
 
 L = extension.LAKE_ALIAS
-IN_PLACE_MARKERS: dict[Mode, str] = {"changelog": b.OP, "scd2": b.CURRENT, "soft_delete": b.DELETED_AT}  # not in a mirror
 CURSOR_TABLE = f"{L}._headrace.cursor"  # ``target.CURSOR_TABLE``: a table without a mirror commits its cursor here
 OFFSET_TABLE = f"{L}._headrace.history_offset"
 
@@ -89,7 +88,7 @@ class DuckLakeHistory(HistoryWriter):
         """Inside a copy that replaces the table's rows (lock held): refused when the table is a history
         table under its own name (the copy would throw its history away)."""
         have = {r[0] for r in self.con.execute(f"DESCRIBE {self.target._qualified(table)}").fetchall()}
-        mode = next((m for m, marker in IN_PLACE_MARKERS.items() if marker in have), None)
+        mode = in_place_mode(have)
         if mode is not None:
             raise TerminalError(
                 f"table {table.qualified_name}: {self.target._qualified(table)} is its {mode} table, holding its"

@@ -174,7 +174,7 @@ def table_columns(jvm: Any, iceberg: Any, table: TableSchema, batch: pa.Schema) 
     out = []
     for field in fields:
         name, kept = field["name"], field["name"] not in shape
-        arrow = _arrow_type(field["type"])
+        arrow = iceberg_arrow_type(field["type"])
         if arrow is None or not (kept or arrow == batch.field(name).type):
             raise NotOnLane(f"column {name}: Iceberg type {field['type']} is not the batch's")
         if name in table.key and pa.types.is_floating(arrow):
@@ -183,11 +183,11 @@ def table_columns(jvm: Any, iceberg: Any, table: TableSchema, batch: pa.Schema) 
     return out
 
 
-def _arrow_type(iceberg_type: Any) -> pa.DataType | None:
+def iceberg_arrow_type(iceberg_type: Any) -> pa.DataType | None:
     """The row shape's Arrow type (``arrow_frame.spark_arrow_type``) of Iceberg type ``iceberg_type``
     (schema JSON), with the field ids of list elements; None for a type the row shape has not."""
     if isinstance(iceberg_type, dict):
-        element = _arrow_type(iceberg_type["element"]) if iceberg_type.get("type") == "list" else None
+        element = iceberg_arrow_type(iceberg_type["element"]) if iceberg_type.get("type") == "list" else None
         if element is None:
             return None
         return pa.list_(pa.field("element", element, nullable=not iceberg_type["element-required"],

@@ -2,7 +2,8 @@
 
 Iceberg commits one statement at a time, so a history batch is several commits; each is idempotent
 by position on its own, which makes the batch exactly-once however a crash cuts it:
-- changelog: one append whose snapshot carries the batch's offset (``snapshot-property``), then the
+- changelog: one append whose snapshot carries the batch's offset (``snapshot-property``; committed on
+  the driver, ``history_append``, unless Spark must), then the
   offset in the table's properties too (read back as the larger of the two: a snapshot expired by
   maintenance still leaves the property). A replay finds the offset and appends nothing.
 - scd2: closes (a MERGE updating only the open version of a key written before the change), the
@@ -12,6 +13,12 @@ by position on its own, which makes the batch exactly-once however a crash cuts 
   deletions likewise, the truncate's marks last.
 A history table is created (``CREATE TABLE AS SELECT`` from the mirror) with the property
 ``headrace.history.started``; one without it (a crash inside the create) is created again.
+
+A table in one mode under its own name (no mirror, ``own``) is the copy turned into the mode's table
+at its first batch: columns added (scd2: ``_hr_commit_ts`` renamed ``_hr_valid_from``), the copy's
+rows marked, then ``headrace.history.started``; each step skips what is done, so a crash inside it
+starts it again. Its batches are written as above, with the same offset; its cursor (in the state
+store) moves after them, so a batch replayed before the cursor moved finds its offset and is skipped.
 """
 
 from __future__ import annotations
@@ -22,16 +29,18 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql.types import DataType, StructField, StructType
 
+from headrace.core.errors import TerminalError
 from headrace.core.names import quote_spark
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import spark_type
 from headrace.history import build as b
 from headrace.history.changes import Key
 from headrace.history.config import Mode, history_table
-from headrace.history.tables import EXTRA, arrow_schema, key_table, to_arrow
+from headrace.history.tables import EXTRA, IN_PLACE_MARKERS, arrow_schema, in_place_mode, key_table, to_arrow
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import java_table
+from headrace.targets.iceberg.history_append import append_on_driver
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -56,13 +65,17 @@ def _before(row: str, change: str) -> str:
 class IcebergHistory(HistoryWriter):
     """The history tables of one Iceberg target (its Spark session and catalog)."""
 
+    writes_in_place = True
+
     def __init__(self, target: IcebergTarget) -> None:
         self.target = target
         self.spark = target.spark
 
-    def name(self, table: TableSchema, mode: Mode) -> str:
-        """The history table's Spark name."""
+    def name(self, table: TableSchema, mode: Mode, own: bool = False) -> str:
+        """The history table's Spark name (``own``: the table's own name)."""
         mirror = self.target.table_name(table)
+        if own:
+            return mirror
         return mirror.rsplit(".", 1)[0] + "." + quote_spark(history_table(table.target_table, mode))
 
     def _struct(self, table: TableSchema, mode: Mode) -> StructType:
@@ -90,12 +103,15 @@ class IcebergHistory(HistoryWriter):
         return props
 
     def applied_offset(self, table: TableSchema, mode: Mode, own: bool = False) -> int | None:
-        props = self._properties(self.name(table, mode), appends=mode == "changelog")
+        props = self._properties(self.name(table, mode, own), appends=mode == "changelog")
         if props is None or STARTED not in props:
             return None
         return int(props.get(OFFSET, props[STARTED]))
 
     def start(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
+        if own:
+            self._start_in_place(table, mode, log_offset)
+            return
         name, mirror = self.name(table, mode), self.target.table_name(table)
         source = ", ".join(quote_spark(c.name) for c in table.columns)
         seeded = {
@@ -109,6 +125,50 @@ class IcebergHistory(HistoryWriter):
                        f"SELECT {source}, {seeded} FROM {mirror}")
         self._set(name, {OFFSET: str(log_offset), STARTED: str(log_offset)})
 
+    def _start_in_place(self, table: TableSchema, mode: Mode, log_offset: int) -> None:
+        """The copy (the mirror's shape, under the table's own name) becomes the ``mode`` table: its rows
+        ``I`` rows, open versions or live rows with no commit time, as a table beside the mirror starts.
+        Several commits, each skipping what is done; ``headrace.history.started`` last."""
+        name = self.name(table, mode, own=True)
+        have = set(self.spark.table(name).columns)
+        if other := [m for m, marker in IN_PLACE_MARKERS.items() if marker in have and m != mode]:
+            raise TerminalError(f"table {table.qualified_name}: {name} is its {other[0]} table and history mode"
+                                f" {mode} is configured for it: put back [{other[0]}], or drop that Iceberg table"
+                                f" (its history is lost) and resync to start it as {mode}")
+        if mode == "scd2" and b.COMMIT_TS in have and b.VALID_FROM not in have:
+            self.spark.sql(f"ALTER TABLE {name} RENAME COLUMN {b.COMMIT_TS} TO {b.VALID_FROM}")
+            have = (have - {b.COMMIT_TS}) | {b.VALID_FROM}
+        if added := [f"{column} {sql.lower()}" for column, _, _, sql in EXTRA[mode] if column not in have]:
+            self.spark.sql(f"ALTER TABLE {name} ADD COLUMNS ({', '.join(added)})")
+        if mode == "changelog":
+            self.spark.sql(f"UPDATE {name} SET {b.OP} = 'I' WHERE {b.OP} IS NULL")
+        elif mode == "scd2":
+            self.spark.sql(f"UPDATE {name} SET {b.CURRENT} = true WHERE {b.CURRENT} IS NULL")
+        self._set(name, {OFFSET: str(log_offset), STARTED: str(log_offset)})
+
+    def refuse_copy(self, table: TableSchema, columns: set[str]) -> None:
+        """Before a copy replaces ``table``'s rows (its Iceberg table has ``columns``): refused when the
+        table is a history table under its own name (the copy would throw its history away)."""
+        if (mode := in_place_mode(columns)) is not None:
+            raise TerminalError(
+                f"table {table.qualified_name}: {self.target.table_name(table)} is its {mode} table, holding its"
+                f" history, and a copy (a resync) would replace it: refused. To keep streaming, resume the table;"
+                f" to start its history again, drop that Iceberg table (its history is lost) and resync")
+
+    def _current_sql(self, table: TableSchema, mode: Mode, name: str) -> str:
+        """The rows of the table ``name``, written in ``mode``, that are the source's rows now."""
+        if mode == "scd2":
+            return f"SELECT * FROM {name} WHERE {b.CURRENT}"
+        if mode == "soft_delete":
+            return f"SELECT * FROM {name} WHERE {b.DELETED_AT} IS NULL"
+        # changelog: each key's last change after the last TRUNCATE, unless a delete
+        keys = ", ".join(quote_spark(k) for k in table.key)
+        last_truncate = f"(SELECT max(struct({b.LSN} AS l, {b.SEQ} AS s)) AS p FROM {name} WHERE {b.OP} = 'T')"
+        after = f"(t.p IS NULL OR c.{b.LSN} > t.p.l OR (c.{b.LSN} = t.p.l AND c.{b.SEQ} > t.p.s))"
+        return (f"SELECT * FROM (SELECT c.*, row_number() OVER (PARTITION BY {keys} ORDER BY c.{b.LSN} DESC,"
+                f" c.{b.SEQ} DESC) AS hr_r FROM {name} c CROSS JOIN {last_truncate} t WHERE c.{b.OP} <> 'T'"
+                f" AND {after}) WHERE hr_r = 1 AND {b.OP} <> 'D'")
+
     def _set(self, name: str, props: dict[str, str]) -> None:
         update = java_table(self.spark, name).updateProperties()
         for key, value in props.items():
@@ -120,7 +180,8 @@ class IcebergHistory(HistoryWriter):
 
         struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key])
         wanted = arrow_frame(self.spark, key_table(table, keys), struct)
-        mirror = self.spark.table(self.target.table_name(table))
+        name = self.target.table_name(table)
+        mirror = self.spark.table(name) if own is None else self.spark.sql(self._current_sql(table, own, name))
         rows = collect(mirror.join(wanted, list(table.key), "left_semi").select(*[quote_spark(c) for c in
                                                                                  table.column_names]))
         out = {}
@@ -135,11 +196,12 @@ class IcebergHistory(HistoryWriter):
                 self.spark.sql(f"ALTER TABLE {name} ADD COLUMN {quote_spark(c.name)} {spark_type(c.type).simpleString()}")
 
     def write(self, table: TableSchema, mode: Mode, built: Built, log_offset: int, own: bool = False) -> None:
-        name = self.name(table, mode)
+        name = self.name(table, mode, own)
         self._follow_columns(table, name)
         if isinstance(built, (list, pa.Table)):
-            if len(built):
-                (self._frame(table, mode, built).writeTo(name)
+            if len(built) and not append_on_driver(self.spark, name, self._arrow(table, mode, built),
+                                                   {OFFSET: str(log_offset)}):
+                (self._kept_columns(self._frame(table, mode, built), name).writeTo(name)
                  .option(f"snapshot-property.{OFFSET}", str(log_offset)).append())
         elif isinstance(built, b.Scd2Batch):
             self._scd2(table, name, built)
@@ -147,9 +209,20 @@ class IcebergHistory(HistoryWriter):
             self._soft_delete(table, name, built)
         self._set(name, {OFFSET: str(log_offset)})
 
+    def _kept_columns(self, frame: DataFrame, name: str) -> DataFrame:
+        """``frame`` with the columns table ``name`` keeps and the batch has not (a dropped source column,
+        kept by policy), NULL: an append names every column of the table."""
+        from pyspark.sql import functions as F
+
+        kept = [f for f in self.spark.table(name).schema.fields if f.name not in set(frame.columns)]
+        return frame.select("*", *[F.lit(None).cast(f.dataType).alias(f.name) for f in kept]) if kept else frame
+
+    @staticmethod
+    def _arrow(table: TableSchema, mode: Mode, rows: list[b.Row] | pa.Table) -> pa.Table:
+        return rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
+
     def _frame(self, table: TableSchema, mode: Mode, rows: list[b.Row] | pa.Table) -> DataFrame:
-        arrow = rows.cast(arrow_schema(table, mode)) if isinstance(rows, pa.Table) else to_arrow(table, mode, rows)
-        return arrow_frame(self.spark, arrow, self._struct(table, mode))
+        return arrow_frame(self.spark, self._arrow(table, mode, rows), self._struct(table, mode))
 
     def _events(self, table: TableSchema, events: dict[Key, b.Event] | pa.Table) -> DataFrame:
         struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key]

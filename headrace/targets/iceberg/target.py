@@ -129,6 +129,13 @@ class IcebergTarget(Target):
         have = [(f.name, f.dataType) for f in self.spark.table(name).schema.fields]
         return have == [(f.name, f.dataType) for f in row_struct(table).fields]
 
+    def _refuse_history_copy(self, table: TableSchema, name: str) -> None:
+        """A copy replacing a table not in the mirror's shape: refused when it is the table's history
+        under its own name (``history.refuse_copy``); a mirror's shape never holds history."""
+        from headrace.targets.iceberg.history import writer
+
+        writer(self).refuse_copy(table, set(self.spark.table(name).columns))
+
     def _shaped(self, table: TableSchema, rows: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         """``rows`` reduced to the target's columns, in order, with the target's types."""
         columns = [F.col(quote_spark(c.name)).cast(spark_type(c.type)).alias(c.name) for c in table.columns]
@@ -150,6 +157,7 @@ class IcebergTarget(Target):
         written = Observation(f"snapshot_rows_{uuid.uuid4().hex}")
         writer = self._shaped(table, rows).observe(written, F.count(F.lit(1)).alias("rows")).writeTo(name)
         if replace and not self._shape_matches(table, name):
+            self._refuse_history_copy(table, name)
             # A copy in a new shape (resync after a schema change the table could not follow):
             # REPLACE TABLE AS SELECT swaps schema and contents in one commit.
             for key, value in TABLE_PROPERTIES.items():
@@ -169,6 +177,7 @@ class IcebergTarget(Target):
         # A later part of a copy finds the table its first part made: no CREATE to run again.
         name = self.ensure_table(table) if replace else self.table_name(table)
         if replace and not self._shape_matches(table, name):
+            self._refuse_history_copy(table, name)
             return None
         return files.copy_sink(self.spark, name, table)
 
@@ -357,7 +366,7 @@ class IcebergTarget(Target):
         self.spark.sql(f"DROP TABLE IF EXISTS {self.table_name(table)} PURGE")
 
     def history(self) -> HistoryWriter:
-        """History tables beside the mirror, in the same namespace (``iceberg.history``)."""
+        """History tables beside the mirror, in the same namespace, or in its place (``iceberg.history``)."""
         from headrace.targets.iceberg.history import writer
 
         return writer(self)

@@ -209,3 +209,23 @@ def test_newest_schemas_are_rebuilt_only_when_the_tracked_set_changes(
         assert insert.relation_oid == table_id(database, "b") and len(maps) == 2
     finally:
         stream.close()
+
+
+def test_a_truncate_read_before_the_tables_first_table_map_follows_its_relation(
+        mariadb_server: Any, mysql_db: tuple[str, str]) -> None:
+    """Capture stages changes only of tables whose Relation it has seen: a TRUNCATE the stream reads
+    before any TABLE_MAP of the table (the first event after a restart) comes after state's shape of it."""
+    database, dsn = mysql_db
+    with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        known = {table_id(database, "t"): read_table_schema(root, database, "t")}
+        start = snapshot_position(root)
+        cur.execute("TRUNCATE TABLE t")
+    stream = BinlogStream(dsn, SERVER_ID + 8, start, {(database, "t")}, known=known)
+    try:
+        events = _read_commits(stream, 1)
+    finally:
+        stream.close()
+    tid = table_id(database, "t")
+    assert [type(e) for e in events] == [Begin, Relation, Truncate, Commit]
+    assert events[1].oid == tid and events[2] == Truncate((tid,))  # type: ignore[attr-defined]
