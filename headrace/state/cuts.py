@@ -41,6 +41,12 @@ class CutStore(OwnTableStore):
                 " (SELECT log_offset FROM _headrace.cuts WHERE pipeline = %s ORDER BY log_offset DESC LIMIT %s) k)",
                 (self.pipeline, self.pipeline, KEEP))
 
+    def named(self, table: str) -> int | None:
+        """The snapshot id the newest cut names for ``table`` (its target name); None: it names none."""
+        row = self.conn.execute("SELECT snapshots ->> %s AS at FROM _headrace.cuts WHERE pipeline = %s"
+                                " ORDER BY log_offset DESC LIMIT 1", (table, self.pipeline)).fetchone()
+        return None if row is None or row["at"] is None else int(row["at"])
+
     def latest(self) -> dict[str, Any] | None:
         """The newest cut: log_offset, applied_lsn, committed_at (ISO) and snapshots."""
         row = self.conn.execute("SELECT * FROM _headrace.cuts WHERE pipeline = %s ORDER BY log_offset DESC LIMIT 1",
