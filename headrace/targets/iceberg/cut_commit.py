@@ -14,12 +14,16 @@ its own: that cut is then not whole, and readers read it through the consistent-
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import SparkSession
 
+from headrace.core.interfaces import CutCommit
 from headrace.logs import event
-from headrace.targets.iceberg.catalog import spark_catalog_conf
+from headrace.targets.iceberg.catalog import JavaCatalog, java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 
 log = logging.getLogger("headrace.targets.iceberg")
@@ -39,10 +43,6 @@ class StagedCut:
         self.transactions[name] = (identifier, transaction)
         return transaction.table()
 
-    def unstage(self, name: str) -> None:
-        """``name``'s batch left the driver before writing anything: it commits alone (``alone``)."""
-        self.transactions.pop(name, None)
-        self.alone.append(name)
 
 
 def rest_catalog(spark: SparkSession, settings: IcebergConfig) -> Any:
@@ -77,3 +77,56 @@ def commit(spark: SparkSession, catalog: Any, staged: StagedCut) -> list[str]:
         catalog.commitTransaction(commits)
         event(log, "iceberg.cut_commit", logging.DEBUG, tables=len(changed), alone=len(staged.alone))
     return changed
+
+
+class CutCommits:
+    """One target's cuts: the cut each thread applies (``staged``), and the REST client that commits them."""
+
+    def __init__(self, spark: SparkSession, settings: IcebergConfig) -> None:
+        self.spark = spark
+        self.settings = settings
+        self._local = threading.local()
+        self._client: Any = None  # ``rest_catalog``, made at the first cut that commits
+        self._java: JavaCatalog | None = None  # for table identifiers
+        self._lock = threading.Lock()
+
+    def staged(self) -> StagedCut | None:
+        """The cut this thread applies (``cut``), if any."""
+        return getattr(self._local, "staged", None)
+
+    def stage(self, name: str, namespace: str, table_name: str, table: Any) -> Any:
+        """In a cut: a view of ``table`` (Spark name ``name``) whose commits go into the cut's transaction
+        of it; None outside a cut (commits go to the table)."""
+        if (staged := self.staged()) is None:
+            return None
+        with self._lock:
+            self._java = self._java or JavaCatalog(self.spark, self.settings.catalog_name)
+        return staged.stage(name, self._java.identifier(namespace, table_name), table)
+
+    def alone(self, name: str) -> None:
+        """In a cut: the batch of ``name`` commits on its own (Spark's MERGE), not in the cut's commit."""
+        if (staged := self.staged()) is not None:
+            staged.transactions.pop(name, None)  # staged before it left the driver: nothing in it
+            staged.alone.append(name)
+
+    @contextmanager
+    def cut(self) -> Iterator[CutCommit]:
+        """The block's driver batches staged, then committed together (``commit``) when it ends."""
+        staged, outcome = StagedCut(), CutCommit()
+        self._local.staged = staged
+        try:
+            yield outcome
+        finally:
+            self._local.staged = None
+        outcome.whole = not staged.alone
+        if staged.transactions:
+            with self._lock:
+                self._client = self._client or rest_catalog(self.spark, self.settings)
+            for name in commit(self.spark, self._client, staged):
+                java_table(self.spark, name).refresh()  # Spark's cached table learns of the commit
+
+    def close(self) -> None:
+        """Close the REST client, if one was made."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -21,8 +21,8 @@ import functools
 import operator
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -93,8 +93,7 @@ class IcebergTarget(Target):
         self.paths = driver_apply.ApplyPaths()
         # A REST catalog commits several tables at once (``cut_commit``); the others, one table at a time.
         self.commits_across_tables = settings.catalog.type == "rest"
-        self._cut = threading.local()  # ``staged``: the cut this thread applies (``cut``)
-        self._rest: Any = None  # ``cut_commit.rest_catalog``, made at the first cut
+        self.cuts = cut_commit.CutCommits(spark, settings)
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
@@ -203,48 +202,21 @@ class IcebergTarget(Target):
         ahead = files.copy_sink_ahead(self.settings, table)
         if ahead is None:
             return None
-        java = self._java_catalog()
+        with self._namespaces_lock:  # the catalog's Java handles, looked up once
+            java = self._java = self._java or JavaCatalog(self.spark, self.settings.catalog_name)
         namespace = path_segment(self.settings.namespace or table.target_schema)
         java.ensure_namespace(namespace)
         return files.create_with_rows(java, namespace, path_segment(table.target_table), row_struct(table).json(),
                                       TABLE_PROPERTIES, rows, ahead.field_ids)
 
-    @contextmanager
-    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> Iterator[CutCommit]:
-        """A REST catalog's cut (``cut_commit``): the batches this thread applies on the driver in the
-        block are staged, and committed in one multi-table commit when it ends; a MERGE commits alone."""
-        staged, outcome = cut_commit.StagedCut(), CutCommit()
-        self._cut.staged = staged
-        try:
-            yield outcome
-        finally:
-            self._cut.staged = None
-        outcome.whole = not staged.alone
-        if staged.transactions:
-            with self._namespaces_lock:
-                self._rest = self._rest or cut_commit.rest_catalog(self.spark, self.settings)
-            for name in cut_commit.commit(self.spark, self._rest, staged):
-                java_table(self.spark, name).refresh()  # Spark's cached table learns of the commit
-
-    def _staged(self) -> cut_commit.StagedCut | None:
-        """The cut this thread applies (``cut``), if any."""
-        return getattr(self._cut, "staged", None)
-
-    def _java_catalog(self) -> JavaCatalog:
-        with self._namespaces_lock:  # the catalog's Java handles, looked up once
-            self._java = self._java or JavaCatalog(self.spark, self.settings.catalog_name)
-            return self._java
-
-    def _identifier(self, table: TableSchema) -> Any:
-        """The table's Java ``TableIdentifier`` in the catalog."""
-        return self._java_catalog().identifier(path_segment(self.settings.namespace or table.target_schema),
-                                               path_segment(table.target_table))
+    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> AbstractContextManager[CutCommit]:
+        """A REST catalog's cut: the batches this thread applies on the driver in the block are staged,
+        and committed in one multi-table commit when it ends; a MERGE commits alone (``cut_commit``)."""
+        return self.cuts.cut()
 
     def close(self) -> None:
         """Close the REST client of the multi-table commits, if one was made."""
-        if self._rest is not None:
-            self._rest.close()
-            self._rest = None
+        self.cuts.close()
 
     def snapshot_at(self, table: TableSchema) -> tuple[str, int | None]:
         name = self.table_name(table)
@@ -265,8 +237,7 @@ class IcebergTarget(Target):
         A table without a key gets a multiset delta, exactly once: see ``keyless``.
         """
         name = self.table_name(table)
-        if (staged := self._staged()) is not None:
-            staged.alone.append(name)  # Spark commits it: not in the cut's one commit
+        self.cuts.alone(name)  # in a cut, Spark commits it on its own
         if not table.key:
             KeylessApply(self.spark).apply(table, name, changes, truncate_before)
             return KEYLESS_DELTA
@@ -294,10 +265,10 @@ class IcebergTarget(Target):
         name = self.table_name(table)
         iceberg_table, mode, large = self._prepare(name)
         reason = "target.iceberg.apply_on_driver is false"
-        staged = self._staged()
         if self.apply_on_driver:
             # In a cut, committed with its other tables (``cut``): into a transaction of the table.
-            into = None if staged is None else staged.stage(name, self._identifier(table), iceberg_table)
+            into = self.cuts.stage(name, path_segment(self.settings.namespace or table.target_schema),
+                                   path_segment(table.target_table), iceberg_table)
             try:
                 if mode == write_mode.COPY_ON_WRITE:
                     driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before, into)
@@ -310,8 +281,7 @@ class IcebergTarget(Target):
                 return done
             except NotOnLane as exc:
                 reason = str(exc)
-        if staged is not None:
-            staged.unstage(name)  # Spark's MERGE commits it alone
+        self.cuts.alone(name)  # in a cut, Spark's MERGE commits it on its own
         self.paths.took(table.qualified_name, "merge", reason)
         self._truncate(name, truncate_before)
         if changes.num_rows == 0:
