@@ -81,6 +81,7 @@ def test_check_proves_the_rest_catalog_and_names_the_credentials_it_refuses(
         f"target.iceberg.catalog: cannot reach the REST catalog at {dead}: fix target.iceberg.catalog.uri_env"]
 
 
+@pytest.mark.slow  # ~50 s on a loaded machine; its lighter relative: tests/targets/test_iceberg_rest_cut.py
 def test_a_cut_lands_in_one_multi_table_commit_through_the_rest_catalog(
         source_dsn: str, s3_server: MotoServer, s3_bucket: str, rest_catalog: Any, tmp_path: Path, spark: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:
