@@ -227,11 +227,14 @@ class ApplyPass:
         return members
 
     def _cut_harvested(self, state: StateStore, target: Target, cut: _Cut, oid: int, applied: Applied | None) -> None:
-        """One table of ``cut`` harvested (``applied`` None: it failed); the last one records the cut
-        for a target that names snapshots (Iceberg), unless one of them failed."""
+        """One table of ``cut`` harvested (``applied`` None: it failed); the last one reports the cut and
+        records it for a target that names snapshots (Iceberg), unless one of them failed."""
         cut.waiting.discard(oid)
         cut.failed |= applied is None
-        if cut.waiting or cut.failed or not target.names_snapshots:
+        if cut.waiting or cut.failed:
+            return
+        self.observer.cut_committed(cut.whole)
+        if not target.names_snapshots:
             return
         self._at_cut.update(cut.snapshots)
         for row in cut.members:  # the tables without a batch in the cut: as at the last cut, if in it
@@ -345,7 +348,7 @@ def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], c
     MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
     batches are all built on the driver never starts it (``run.spark_on_demand``). With ``cut``
     (``consistency: transaction``): on a target that commits across tables, every batch of the cut,
-    committed together when the last is built; on another, one table's batch, its snapshot id noted."""
+    committed together when the last is built; on another, one table's batch; snapshot ids noted (Iceberg)."""
     if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
         from headrace.spark import use_pool
 
@@ -359,9 +362,7 @@ def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], c
         cut.whole = commit.whole
     else:
         executed = [execute_batch(spark, target, planned) for planned in batches]  # one table's, beside the others'
-    if not target.names_snapshots:
-        return executed
-    for planned in batches:
+    for planned in batches if target.names_snapshots else []:
         cut.snapshots[planned.row.oid] = target.snapshot_at(planned.row.schema)
     return executed
 

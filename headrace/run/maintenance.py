@@ -57,8 +57,8 @@ def cut_policy(target: Target, cuts: CutStore | None, row: TableRow, policy: Mai
 
 def cut_store(config: PipelineConfig, target: Target, dsn: str) -> CutStore | None:
     """The pipeline's consistent cuts, where they name each table's snapshots (``consistency: transaction``
-    on a target that commits one table at a time); else None."""
-    if config.apply.consistency != "transaction" or target.commits_across_tables:
+    on Iceberg); else None."""
+    if config.apply.consistency != "transaction" or not target.names_snapshots:
         return None
     return CutStore(dsn, config.name)
 

@@ -33,6 +33,11 @@ TOTAL = 2 * ACCOUNTS * 1_000
 CONSISTENCY = "transaction"  # with "table", 91 of 110 sums were off in one run: the test can fail
 
 
+def cuts_counted(pipeline: Pipeline, commit: str) -> float:
+    """``/metrics``' count of cuts that became visible in ``commit`` ("one commit", "table by table")."""
+    return pipeline.metrics.registry.get_sample_value("headrace_cuts_total", {"commit": commit}) or 0.0
+
+
 def _move_money(dsn: str, stop: threading.Event, moves: list[int]) -> None:
     rng = random.Random(7)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -106,6 +111,7 @@ def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Pa
 
     _bank_run(pipeline, config, source_dsn, both, 8, 20)
     reader.close()
+    assert cuts_counted(pipeline, "one commit") > 0 and not cuts_counted(pipeline, "table by table")
     if engine == "spark":  # a cut's batches built by Spark, committed in one DuckLake transaction
         assert_built_by_spark(pipeline)
 
@@ -146,6 +152,7 @@ def test_iceberg_names_each_tables_snapshot_at_every_cut(source_dsn: str, tmp_pa
             return _iceberg_sum(tmp_path / "warehouse", row[0]) if row is not None and len(row[0]) == 2 else None
 
         _bank_run(pipeline, config, source_dsn, at_newest_cut, 10, 5)
+    assert cuts_counted(pipeline, "table by table") > 0 and not cuts_counted(pipeline, "one commit")
 
 
 @pytest.mark.slow  # ~40 s under load; its parts: test_iceberg_target (expiry), test_cuts (named)

@@ -93,7 +93,7 @@ def test_a_cut_lands_in_one_multi_table_commit_through_the_rest_catalog(
     import pyarrow.compute as pc
     from pyiceberg.catalog.rest import RestCatalog
 
-    from tests.e2e.test_consistency import CONSISTENCY, _bank_run, _open_accounts
+    from tests.e2e.test_consistency import CONSISTENCY, _bank_run, _open_accounts, cuts_counted
     from tests.restcatalog import TOKEN
 
     _open_accounts(source_dsn)
@@ -119,3 +119,4 @@ def test_a_cut_lands_in_one_multi_table_commit_through_the_rest_catalog(
         whole, cuts = conn.execute("SELECT count(*) FILTER (WHERE whole), count(*) FROM _headrace.cuts"
                                    " WHERE pipeline = %s", (config.name,)).fetchone() or (0, 0)
     assert whole == cuts > 1, (whole, cuts)  # every cut in one commit: its batches all on the driver
+    assert cuts_counted(pipeline, "one commit") == cuts
