@@ -8,7 +8,9 @@ through Iceberg's Java API; inside a cut each commits into a ``Transaction`` of 
 (nothing visible yet), and when the cut ends Iceberg's ``RESTCatalog.commitTransaction`` sends them
 all as that one request. A batch that goes to Spark's MERGE (or a keyless table's delta) commits on
 its own: that cut is then not whole, and readers read it through the consistent-cut table
-(``state.cuts``), which names every table's snapshot at every cut either way.
+(``state.cuts``), which names every table's snapshot at every cut either way. (pyiceberg 0.12 has no
+multi-table commit: its ``Transaction`` sends one table's ``CommitTableRequest``; Iceberg's Java client,
+which the driver lane commits through, has ``commitTransaction``.)
 """
 
 from __future__ import annotations
