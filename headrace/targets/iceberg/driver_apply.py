@@ -159,7 +159,7 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
     if not changed and after.num_rows == rows_before:
         return DriverApplied(rows_before, rows_before, 0, committed=False)
     written = sink.write(after, f"{uuid.uuid4().hex}-driver") if after.num_rows else None
-    _commit(jvm, iceberg, snapshot, data_files, written, iceberg if into is None else into)
+    _commit(jvm, iceberg, snapshot, data_files, written, into)
     return DriverApplied(rows_before, after.num_rows, len(data_files), committed=True)
 
 
@@ -301,12 +301,12 @@ def plan_join(keys: list[str], rows: pa.Table, batch: pa.Table, row_columns: str
 
 
 def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], written: WrittenFile | None,
-            into: Any) -> None:
-    """One overwrite (committed into ``into``: ``iceberg`` or a transaction of it): ``data_files`` out,
+            into: Any = None) -> None:
+    """One overwrite (committed into ``into``: a transaction of ``iceberg``, or by default ``iceberg``): ``data_files`` out,
     ``written`` in, validated from ``snapshot`` (None: the table had none, so any data committed since
     conflicts)."""
     api = jvm.org.apache.iceberg
-    overwrite = into.newOverwrite()
+    overwrite = (iceberg if into is None else into).newOverwrite()
     for data in data_files:
         overwrite.deleteFile(data)
     if written is not None:

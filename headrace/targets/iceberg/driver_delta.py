@@ -291,12 +291,12 @@ def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Ta
 
 
 def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
-            deletes: WrittenFile | None, referenced: list[str], into: Any) -> str | None:
-    """One ``RowDelta`` (committed into ``into``: ``iceberg`` or a transaction of it): ``written`` added, ``deletes`` (position deletes into the ``referenced`` data
+            deletes: WrittenFile | None, referenced: list[str], into: Any = None) -> str | None:
+    """One ``RowDelta`` (committed into ``into``: a transaction of ``iceberg``, or by default ``iceberg``): ``written`` added, ``deletes`` (position deletes into the ``referenced`` data
     files) added, validated from ``snapshot`` (module docstring). Returns the added data file's location
     as the table names it (``file:/...`` for a local path): what later deletes must name."""
     api = jvm.org.apache.iceberg
-    delta = into.newRowDelta()
+    delta = (iceberg if into is None else into).newRowDelta()
     location = None
     if written is not None:
         added = files.data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg, api.MetricsConfig.forTable(iceberg),
