@@ -151,9 +151,10 @@ class ApplyConfig(_Frozen):
         "table", description="table: each table's batches become visible on their own (the freshest); transaction:"
         " the streaming tables' batches up to one common point of the source's log (a flush's end: whole source"
         " transactions) commit together in one target transaction, so a source transaction that wrote several"
-        " tables becomes visible in all of them at once (DuckLake; Iceberg's catalogs commit one table at a time:"
-        " each cut then records every table's snapshot id in the state's _headrace.cuts, for readers to time-travel"
-        " to). Tables still copying or catching up apply on their own until they stream")
+        " tables becomes visible in all of them at once (DuckLake; an Iceberg REST catalog: one multi-table commit"
+        " of the batches applied on the driver. On Iceberg each cut also records every table's snapshot id in the"
+        " state's _headrace.cuts, for readers to time-travel to: the Hadoop and JDBC catalogs commit one table at a"
+        " time). Tables still copying or catching up apply on their own until they stream")
 
     def batch_rows(self, caps_batches: bool) -> int | None:
         """``max_batch_rows``, or when unset ``driver_batch_rows`` for a target that ``caps_batches``

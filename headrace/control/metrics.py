@@ -71,6 +71,10 @@ class PipelineMetrics:
         self.changed_values = Counter(
             "headrace_values_changed", "Source values stored changed under the values policy (values.infinity:"
             " clamp), by column and reason", ["table", "column", "reason"], registry=r)
+        self.cuts = Counter(
+            "headrace_cuts", "Consistent cuts applied (apply.consistency: transaction), by how they became visible:"
+            " one commit (DuckLake; an Iceberg REST catalog's multi-table commit) or table by table (Iceberg: read"
+            " through _headrace.cuts)", ["commit"], registry=r)
         # table -> "column reason" -> count since start, for status (Prometheus counters are write-only)
         self.changed_by_table: dict[str, dict[str, int]] = {}
         self.last_commit: dict[str, datetime] = {}  # table -> source commit time of last applied change
@@ -118,6 +122,10 @@ class PipelineMetrics:
 
     def table_failed(self, table: str, kind: str) -> None:
         self.errors.labels(table, kind).inc()
+
+    def cut_committed(self, whole: bool) -> None:
+        """Count one consistent cut by how it became visible."""
+        self.cuts.labels("one commit" if whole else "table by table").inc()
 
     # -- reading -------------------------------------------------------------------------------
     def exposition(self) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headrace.core.filesink import FileSink, WrittenFile
@@ -23,6 +24,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from headrace.history.writer import HistoryWriter
+
+
+@dataclass
+class CutCommit:
+    """What a ``Target.cut`` block did, told when it ends."""
+
+    whole: bool = True  # every batch of it in the one commit; False: some committed alone (a Spark MERGE)
 
 
 class Target(ABC):
@@ -61,6 +69,9 @@ class Target(ABC):
     # transaction (``cut``); False when each table commits alone and ``cut`` names each table's
     # snapshot at the cut instead (the cut is then what readers time-travel to).
     commits_across_tables: bool = False
+    # True when ``snapshot_at`` names each table's snapshot (Iceberg): its cuts are recorded
+    # (``state.cuts``) even where they commit across tables, for the cuts that could not (``CutCommit``).
+    names_snapshots: bool = False
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:
@@ -110,11 +121,12 @@ class Target(ABC):
         with the data (``stores_cursor``) does so, and returns it from ``read_cursor``.
         """
 
-    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> AbstractContextManager[None]:
+    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> AbstractContextManager[CutCommit]:
         """With ``commits_across_tables``: a block applying one cut's batches (``apply_batch``,
         ``apply_arrow_batch`` on this thread) of ``tables`` (every streaming table; ``changed``: the
-        oids with a batch in it); they commit together when it ends, in one transaction with their
-        cursors, or not at all (an error in the block)."""
+        oids with a batch in it); they commit together when it ends, in one transaction (with their
+        cursors, where the target stores them), or not at all (an error in the block). The
+        ``CutCommit`` it gives says, once the block ended, whether every batch was in that commit."""
         raise NotImplementedError(f"target {self.name} commits one table at a time: see snapshot_at")
 
     def snapshot_at(self, table: TableSchema) -> tuple[str, int | None]:

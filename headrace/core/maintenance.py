@@ -12,6 +12,9 @@ class MaintenancePolicy:
     retention_seconds: float  # snapshots older than this are expired ...
     keep_last: int  # ... but the newest ``keep_last`` snapshots always stay
     orphan_age_seconds: float  # files no snapshot references are removed once this old
+    # The snapshot the newest consistent cut names for the table (``apply.consistency: transaction`` on a
+    # target that commits one table at a time): neither it nor a later one is expired, however old.
+    keep_from_snapshot: int | None = None
 
 
 @dataclass(frozen=True)

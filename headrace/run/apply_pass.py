@@ -74,6 +74,7 @@ class _Cut:
     snapshots: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)
     failed: bool = False
+    whole: bool = False  # every batch of it in one target commit (``Target.cut``), not table by table
 
 
 @dataclass(frozen=True)
@@ -226,11 +227,14 @@ class ApplyPass:
         return members
 
     def _cut_harvested(self, state: StateStore, target: Target, cut: _Cut, oid: int, applied: Applied | None) -> None:
-        """One table of ``cut`` harvested (``applied`` None: it failed); the last one records the cut
-        for a target that names snapshots (Iceberg), unless one of them failed."""
+        """One table of ``cut`` harvested (``applied`` None: it failed); the last one reports the cut and
+        records it for a target that names snapshots (Iceberg), unless one of them failed."""
         cut.waiting.discard(oid)
         cut.failed |= applied is None
-        if cut.waiting or cut.failed or target.commits_across_tables:
+        if cut.waiting or cut.failed:
+            return
+        self.observer.cut_committed(cut.whole)
+        if not target.names_snapshots:
             return
         self._at_cut.update(cut.snapshots)
         for row in cut.members:  # the tables without a batch in the cut: as at the last cut, if in it
@@ -242,12 +246,13 @@ class ApplyPass:
         if self._cuts is None:
             self._cuts = CutStore(state.dsn, self.config.name)
         try:
-            self._cuts.record(cut.through, cut.reach, snapshots)
+            self._cuts.record(cut.through, cut.reach, snapshots, cut.whole)
         except Exception:
             self._cuts.close()  # an outage broke it: the next cut opens another (this one is not named)
             self._cuts = None
             raise
-        event(log, "apply.cut", through=cut.through, tables=len(snapshots))
+        event(log, "apply.cut", through=cut.through, tables=len(snapshots),
+              commit="one commit" if cut.whole else "table by table")
 
     def harvest(self, state: StateStore, target: Target, wait: bool = False) -> bool:
         """Finish the batches whose target commit ended (with ``wait``: every batch in flight, once
@@ -343,7 +348,7 @@ def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], c
     MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
     batches are all built on the driver never starts it (``engines.spark.on_demand``). With ``cut``
     (``consistency: transaction``): on a target that commits across tables, every batch of the cut,
-    committed together when the last is built; on another, one table's batch, its snapshot id noted."""
+    committed together when the last is built; on another, one table's batch; snapshot ids noted (Iceberg)."""
     if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
         from headrace.engines.spark.session import use_pool
 
@@ -352,10 +357,12 @@ def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], c
     if cut is None:
         return [execute_batch(spark, target, planned) for planned in batches]
     if target.commits_across_tables:
-        with target.cut([r.schema for r in cut.members], cut.changed):
-            return [execute_batch(spark, target, planned) for planned in batches]
-    executed = [execute_batch(spark, target, planned) for planned in batches]  # one table's, beside the others'
-    for planned in batches:
+        with target.cut([r.schema for r in cut.members], cut.changed) as commit:
+            executed = [execute_batch(spark, target, planned) for planned in batches]
+        cut.whole = commit.whole
+    else:
+        executed = [execute_batch(spark, target, planned) for planned in batches]  # one table's, beside the others'
+    for planned in batches if target.names_snapshots else []:
         cut.snapshots[planned.row.oid] = target.snapshot_at(planned.row.schema)
     return executed
 

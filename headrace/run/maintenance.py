@@ -28,6 +28,7 @@ from headrace.core.schema import TableSchema
 from headrace.history.config import Mode, history_table
 from headrace.logs import event
 from headrace.materialize.error_boundary import translate
+from headrace.state.cuts import CutStore
 from headrace.state.maintenance import MaintenanceStore
 from headrace.state.store import StateStore, TableRow
 
@@ -43,15 +44,34 @@ def history_tables(target: Target, table: TableSchema, modes: tuple[Mode, ...]) 
             for mode in modes if writer.applied_offset(table, mode) is not None]
 
 
+def cut_policy(target: Target, cuts: CutStore | None, row: TableRow, policy: MaintenancePolicy) -> MaintenancePolicy:
+    """``policy`` for the table itself. Where consistent cuts name its snapshots (``cuts``), expiry keeps
+    the one the newest cut names and every later one: a table quiet since its last batch is named at
+    that batch's snapshot in every cut, however old it grows. Any later cut names that snapshot or a
+    later one (a quiet table's stays, a batch's is newer), so reading it once, as the pass starts, holds."""
+    if cuts is None:
+        return policy
+    name, _current = target.snapshot_at(row.schema)
+    return dataclasses.replace(policy, keep_from_snapshot=cuts.named(name))
+
+
+def cut_store(config: PipelineConfig, target: Target, dsn: str) -> CutStore | None:
+    """The pipeline's consistent cuts, where they name each table's snapshots (``consistency: transaction``
+    on Iceberg); else None."""
+    if config.apply.consistency != "transaction" or not target.names_snapshots:
+        return None
+    return CutStore(dsn, config.name)
+
+
 def maintain_table(target: Target, store: MaintenanceStore, row: TableRow, policy: MaintenancePolicy,
-                   history: tuple[Mode, ...] = ()) -> TableFiles | None:
+                   history: tuple[Mode, ...] = (), cuts: CutStore | None = None) -> TableFiles | None:
     """One pass over one table and its ``history`` tables (docs/history.md); records the outcome and
-    the mirror's file counts after it. Raises nothing but what stops the process (the error is logged
-    and recorded)."""
+    the mirror's file counts after it; ``cuts``: see ``cut_policy``. Raises nothing but what stops the
+    process (the error is logged and recorded)."""
     started = time.monotonic()
     before = _measure(target, row)
     try:
-        target.maintain(row.schema, policy)
+        target.maintain(row.schema, cut_policy(target, cuts, row, policy))
         for table in history_tables(target, row.schema, history):
             target.maintain(table, policy)
     except Exception as exc:
@@ -78,6 +98,7 @@ class MaintenanceSchedule:
     """Tracks apply batches and last passes per table; runs due passes from the run loop."""
 
     def __init__(self, config: PipelineConfig, state_dsn: str) -> None:
+        self.config = config
         self.settings = config.maintenance
         self.history = config.history
         self.state_dsn = state_dsn
@@ -86,6 +107,7 @@ class MaintenanceSchedule:
         self.last_pass: dict[int, float] = {}  # monotonic time of the last pass
         self._started = time.monotonic()  # a run does not start with a pass of every table
         self._store: MaintenanceStore | None = None
+        self._cuts: CutStore | None = None  # ``cut_policy``: opened at the first pass that needs it
         self._thread: threading.Thread | None = None  # the pass under way, if any
         self._table: int | None = None  # the oid it maintains
         self.on_done: Callable[[], None] = lambda: None  # wakes the loop: the table can apply again
@@ -127,14 +149,16 @@ class MaintenanceSchedule:
     def _start(self, target: Target, row: TableRow) -> None:
         if self._store is None:
             self._store = MaintenanceStore(self.state_dsn, self.pipeline)
-        store, policy = self._store, self.settings.policy()
+        if self._cuts is None:
+            self._cuts = cut_store(self.config, target, self.state_dsn)
+        store, policy, cuts = self._store, self.settings.policy(), self._cuts
         self.batches[row.oid] = 0
         self._table = row.oid
 
         def run() -> None:
             try:
                 maintain_table(target, store, row, policy,  # logs and records its own failure
-                               self.history.extra_modes(row.schema.table_name))
+                               self.history.extra_modes(row.schema.table_name), cuts)
             finally:
                 self.last_pass[row.oid] = time.monotonic()
                 self.on_done()
@@ -151,6 +175,9 @@ class MaintenanceSchedule:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._cuts is not None:
+            self._cuts.close()
+            self._cuts = None
 
 
 def maintain_tables(config: PipelineConfig, target: Target, only: str | None = None) -> dict[str, TableFiles | None]:
@@ -159,6 +186,7 @@ def maintain_tables(config: PipelineConfig, target: Target, only: str | None = N
     dsn = config.source.state_dsn or config.source.resolved_dsn()
     state = StateStore(dsn, config.name)
     store = MaintenanceStore(dsn, config.name)
+    cuts = cut_store(config, target, dsn)
     try:
         rows = [r for r in (state.tables() if state.installed() else []) if r.state.applies_changes]
         if only is not None:
@@ -168,7 +196,9 @@ def maintain_tables(config: PipelineConfig, target: Target, only: str | None = N
                 raise ConfigError(f"table {only} is not replicated by pipeline {config.name} (or not copied yet):"
                                   f" see `headrace status -c ...` for its tables")
         return {r.qualified_name: maintain_table(target, store, r, config.maintenance.policy(),
-                                                 config.history.extra_modes(r.schema.table_name)) for r in rows}
+                                                 config.history.extra_modes(r.schema.table_name), cuts) for r in rows}
     finally:
         store.close()
+        if cuts is not None:
+            cuts.close()
         state.close()

@@ -33,6 +33,11 @@ class RunObserver(Protocol):
     def values_changed(self, table: str, counts: ValueCounts) -> None:
         """The casts changed values under the values policy (``values.infinity: clamp``)."""
 
+    def cut_committed(self, whole: bool) -> None:
+        """A consistent cut (``apply.consistency: transaction``) was named: ``whole``, its batches became
+        visible in one commit (DuckLake, an Iceberg REST catalog); else table by table (read through
+        ``_headrace.cuts``)."""
+
 
 class Observers:
     """Every observer attached to a run; itself a ``RunObserver`` that tells each of them."""
@@ -58,6 +63,10 @@ class Observers:
     def values_changed(self, table: str, counts: ValueCounts) -> None:
         for o in self._observers:
             _guarded(o.values_changed, table, counts)
+
+    def cut_committed(self, whole: bool) -> None:
+        for o in self._observers:
+            _guarded(o.cut_committed, whole)
 
 
 def _guarded(hook: Callable[..., None], *args: object) -> None:

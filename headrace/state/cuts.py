@@ -18,8 +18,10 @@ CREATE TABLE IF NOT EXISTS _headrace.cuts (
     applied_lsn   bigint NOT NULL,      -- the source position the cut reaches (its last transaction's commit)
     committed_at  timestamptz NOT NULL DEFAULT now(),
     snapshots     jsonb NOT NULL,       -- target table name -> snapshot id at the cut
+    whole         boolean NOT NULL DEFAULT false,  -- the catalog made all of it visible at once (REST)
     PRIMARY KEY (pipeline, log_offset)
 );
+ALTER TABLE _headrace.cuts ADD COLUMN IF NOT EXISTS whole boolean NOT NULL DEFAULT false;
 """
 
 
@@ -28,18 +30,27 @@ class CutStore(OwnTableStore):
 
     DDL = DDL
 
-    def record(self, log_offset: int, applied_lsn: int, snapshots: dict[str, int]) -> None:
-        """Store a cut (again: the same offset replaces it) and drop all but the newest ``KEEP``."""
+    def record(self, log_offset: int, applied_lsn: int, snapshots: dict[str, int], whole: bool = False) -> None:
+        """Store a cut (again: the same offset replaces it) and drop all but the newest ``KEEP``;
+        ``whole``: its batches became visible in one catalog commit (a REST catalog's multi-table
+        commit), not table by table."""
         with self.conn.transaction():
             self.conn.execute(
-                "INSERT INTO _headrace.cuts (pipeline, log_offset, applied_lsn, snapshots) VALUES (%s, %s, %s, %s)"
-                " ON CONFLICT (pipeline, log_offset) DO UPDATE SET applied_lsn = excluded.applied_lsn,"
-                " snapshots = excluded.snapshots, committed_at = now()",
-                (self.pipeline, log_offset, applied_lsn, json.dumps(snapshots)))
+                "INSERT INTO _headrace.cuts (pipeline, log_offset, applied_lsn, snapshots, whole)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pipeline, log_offset) DO UPDATE SET"
+                " applied_lsn = excluded.applied_lsn, snapshots = excluded.snapshots, whole = excluded.whole,"
+                " committed_at = now()",
+                (self.pipeline, log_offset, applied_lsn, json.dumps(snapshots), whole))
             self.conn.execute(
                 "DELETE FROM _headrace.cuts WHERE pipeline = %s AND log_offset < (SELECT min(log_offset) FROM"
                 " (SELECT log_offset FROM _headrace.cuts WHERE pipeline = %s ORDER BY log_offset DESC LIMIT %s) k)",
                 (self.pipeline, self.pipeline, KEEP))
+
+    def named(self, table: str) -> int | None:
+        """The snapshot id the newest cut names for ``table`` (its target name); None: it names none."""
+        row = self.conn.execute("SELECT snapshots ->> %s AS at FROM _headrace.cuts WHERE pipeline = %s"
+                                " ORDER BY log_offset DESC LIMIT 1", (table, self.pipeline)).fetchone()
+        return None if row is None or row["at"] is None else int(row["at"])
 
     def latest(self) -> dict[str, Any] | None:
         """The newest cut: log_offset, applied_lsn, committed_at (ISO) and snapshots."""
@@ -48,4 +59,4 @@ class CutStore(OwnTableStore):
         if row is None:
             return None
         return {"log_offset": row["log_offset"], "applied_lsn": row["applied_lsn"],
-                "committed_at": row["committed_at"].isoformat(), "snapshots": row["snapshots"]}
+                "committed_at": row["committed_at"].isoformat(), "snapshots": row["snapshots"], "whole": row["whole"]}

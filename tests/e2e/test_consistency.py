@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,21 @@ import pytest
 from pyiceberg.table import StaticTable
 
 from headrace.pipeline import Pipeline
+from headrace.run.maintenance import maintain_tables
+from headrace.state.cuts import CutStore
 from headrace.targets.ducklake.extension import load_extension
+from headrace.targets.registry import open_target
 from tests.e2e.helpers import assert_built_by_spark, assert_same, make_config
 from tests.e2e.test_discovery import caught_up, running, wait_for
 
 ACCOUNTS = 20
 TOTAL = 2 * ACCOUNTS * 1_000
 CONSISTENCY = "transaction"  # with "table", 91 of 110 sums were off in one run: the test can fail
+
+
+def cuts_counted(pipeline: Pipeline, commit: str) -> float:
+    """``/metrics``' count of cuts that became visible in ``commit`` ("one commit", "table by table")."""
+    return pipeline.metrics.registry.get_sample_value("headrace_cuts_total", {"commit": commit}) or 0.0
 
 
 def _move_money(dsn: str, stop: threading.Event, moves: list[int]) -> None:
@@ -102,6 +111,7 @@ def test_a_transaction_over_two_tables_lands_whole(source_dsn: str, tmp_path: Pa
 
     _bank_run(pipeline, config, source_dsn, both, 8, 20)
     reader.close()
+    assert cuts_counted(pipeline, "one commit") > 0 and not cuts_counted(pipeline, "table by table")
     if engine == "spark":  # a cut's batches built by Spark, committed in one DuckLake transaction
         assert_built_by_spark(pipeline)
 
@@ -142,3 +152,44 @@ def test_iceberg_names_each_tables_snapshot_at_every_cut(source_dsn: str, tmp_pa
             return _iceberg_sum(tmp_path / "warehouse", row[0]) if row is not None and len(row[0]) == 2 else None
 
         _bank_run(pipeline, config, source_dsn, at_newest_cut, 10, 5)
+    assert cuts_counted(pipeline, "table by table") > 0 and not cuts_counted(pipeline, "one commit")
+
+
+@pytest.mark.slow  # ~40 s under load; its parts: test_iceberg_target (expiry), test_cuts (named)
+def test_expiry_keeps_the_snapshot_the_newest_cut_names_for_a_quiet_table(source_dsn: str, tmp_path: Path,
+                                                                         spark: Any) -> None:
+    """A table quiet since its last batch is named in every later cut at that batch's snapshot. A
+    maintenance pass that then commits to it (a compaction) and expires every snapshot but the newest
+    (retention 0, keep_last 1) must keep that one: a reader of the newest cut still finds it."""
+    _open_accounts(source_dsn)
+    iceberg = {"iceberg": {"warehouse": str(tmp_path / "warehouse"), "catalog_name": f"quiet{uuid.uuid4().hex[:8]}",
+                           "copy_on_write_below_rows": 0}}  # merge-on-read: a batch leaves a delete to compact
+    config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'], iceberg,
+                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1},
+                         maintenance={"enabled": False, "retention_hours": 0, "keep_last": 1})
+    pipeline = Pipeline(config, spark=spark)
+    with running(pipeline) as check, psycopg.connect(source_dsn, autocommit=True) as conn:
+        wait_for("the initial copy", caught_up(config, source_dsn), check)
+        with conn.transaction():  # both tables get a batch ...
+            conn.execute('UPDATE "Checking" SET balance = balance - 5 WHERE id = 1')
+            conn.execute('UPDATE "Savings accounts" SET balance = balance + 5 WHERE id = 1')
+        wait_for("the move", caught_up(config, source_dsn), check)
+        with conn.transaction():  # ... then only Checking: Savings is quiet in the cut after
+            conn.execute('UPDATE "Checking" SET balance = balance + 1 WHERE id = 2')
+            conn.execute('UPDATE "Checking" SET balance = balance - 1 WHERE id = 3')
+        wait_for("Checking's batch", caught_up(config, source_dsn), check)
+    with CutStore(source_dsn, config.name) as cuts:
+        cut = cuts.latest()
+    assert cut is not None and len(cut["snapshots"]) == 2
+    target = open_target(config.target.kind, spark, config.target.settings, config.name)
+    try:
+        maintain_tables(config, target, 'public."Savings accounts"')
+    finally:
+        target.close()
+    savings = tmp_path / "warehouse" / "public" / "Savings accounts" / "metadata"
+    hint = (savings / "version-hint.text").read_text().strip()
+    table = StaticTable.from_metadata(str(savings / f"v{hint}.metadata.json"))
+    named = next(sid for name, sid in cut["snapshots"].items() if name.endswith("`Savings accounts`"))
+    current = table.current_snapshot()
+    assert current is not None and current.snapshot_id != named  # the compaction committed after it
+    assert _iceberg_sum(tmp_path / "warehouse", cut["snapshots"]) == TOTAL

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from headrace.pipeline import Pipeline
@@ -78,3 +79,44 @@ def test_check_proves_the_rest_catalog_and_names_the_credentials_it_refuses(
     target = {"iceberg": {"warehouse": "w", "catalog_name": "hrcheck2", "catalog": catalog}}
     assert catalog_problems(make_config(source_dsn, tmp_path, ["public.t"], target)) == [
         f"target.iceberg.catalog: cannot reach the REST catalog at {dead}: fix target.iceberg.catalog.uri_env"]
+
+
+@pytest.mark.slow  # ~50 s on a loaded machine; its lighter relative: tests/targets/test_iceberg_rest_cut.py
+def test_a_cut_lands_in_one_multi_table_commit_through_the_rest_catalog(
+        source_dsn: str, s3_server: MotoServer, s3_bucket: str, rest_catalog: Any, tmp_path: Path, spark: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``apply.consistency: transaction`` through a REST catalog: each cut's batches (on the driver) go to
+    the catalog as one ``transactions/commit``, so a reader of the tables' current snapshots, pyiceberg's
+    RestCatalog (not ours), sees the bank's total in every sample, with no cut table to look up. The
+    reader loads both tables twice and keeps a sample only when the second loads found the same
+    metadata: two loads are two requests, and a commit may fall between them."""
+    import pyarrow.compute as pc
+    from pyiceberg.catalog.rest import RestCatalog
+
+    from tests.e2e.test_consistency import CONSISTENCY, _bank_run, _open_accounts, cuts_counted
+    from tests.restcatalog import TOKEN
+
+    _open_accounts(source_dsn)
+    monkeypatch.setenv("LAKE_TOKEN", TOKEN)
+    namespace = f"bank{os.getpid()}_{next(_dbs)}"
+    target = {"iceberg": {"warehouse": rest_catalog.warehouse, "catalog_name": f"hrrest{next(_dbs)}",
+                          "namespace": namespace,
+                          "catalog": {"type": "rest", "uri": rest_catalog.uri, "token_env": "LAKE_TOKEN"}}}
+    config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'], target,
+                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1})
+    pipeline = Pipeline(config, spark=spark)
+    reader = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
+    names = [(namespace, "Checking"), (namespace, "Savings accounts")]
+
+    def both() -> int | None:
+        tables = [reader.load_table(name) for name in names]
+        if [reader.load_table(name).metadata_location for name in names] != [t.metadata_location for t in tables]:
+            return None  # a commit between the loads: sample again
+        return sum(int(pc.sum(t.scan().to_arrow()["balance"]).as_py() or 0) for t in tables)
+
+    _bank_run(pipeline, config, source_dsn, both, 8, 5)
+    with psycopg.connect(source_dsn) as conn:
+        whole, cuts = conn.execute("SELECT count(*) FILTER (WHERE whole), count(*) FROM _headrace.cuts"
+                                   " WHERE pipeline = %s", (config.name,)).fetchone() or (0, 0)
+    assert whole == cuts > 1, (whole, cuts)  # every cut in one commit: its batches all on the driver
+    assert cuts_counted(pipeline, "one commit") == cuts

@@ -9,6 +9,13 @@
 // client=ID:SECRET (OAuth2 client credentials exchanged for the token at /v1/oauth/tokens), keys
 // starting with "fs." go to the Hadoop configuration, every other key is a JdbcCatalog property
 // (uri, jdbc.user, jdbc.password, warehouse, ...).
+//
+// Multi-table commits (POST /v1/transactions/commit): Iceberg 1.9.2's CatalogHandlers has no handler for
+// them, so commitTransaction below applies every table's requirements and updates first, then commits
+// them one table after another, as Iceberg's own fixture does. A JdbcCatalog has no transaction across
+// tables, so to make the commit atomic for this server's readers it holds a write lock that every table
+// load waits for: a load sees all of a multi-table commit or none of it (what a catalog with a
+// multi-table transaction, Polaris, Nessie, gives by its store).
 package org.apache.iceberg.rest;
 
 import com.sun.net.httpserver.HttpExchange;
@@ -18,10 +25,19 @@ import java.io.OutputStream;
 import java.net.InetSocketAddress;
 import java.net.URLDecoder;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Executors;
+import java.util.concurrent.locks.ReadWriteLock;
+import java.util.concurrent.locks.ReentrantReadWriteLock;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.iceberg.BaseTable;
+import org.apache.iceberg.BaseTransaction;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.Transaction;
+import org.apache.iceberg.Transactions;
 import org.apache.iceberg.catalog.Namespace;
 import org.apache.iceberg.catalog.TableIdentifier;
 import org.apache.iceberg.exceptions.AlreadyExistsException;
@@ -32,6 +48,7 @@ import org.apache.iceberg.exceptions.NoSuchTableException;
 import org.apache.iceberg.exceptions.NotFoundException;
 import org.apache.iceberg.exceptions.ValidationException;
 import org.apache.iceberg.jdbc.JdbcCatalog;
+import org.apache.iceberg.rest.requests.CommitTransactionRequest;
 import org.apache.iceberg.rest.requests.CreateNamespaceRequest;
 import org.apache.iceberg.rest.requests.CreateTableRequest;
 import org.apache.iceberg.rest.requests.RegisterTableRequest;
@@ -48,6 +65,7 @@ public class RestCatalogServer {
   private final JdbcCatalog catalog = new JdbcCatalog();
   private String token;
   private String client;
+  private final ReadWriteLock commits = new ReentrantReadWriteLock(); // see commitTransaction
 
   public static void main(String[] args) throws Exception {
     new RestCatalogServer().start(args);
@@ -126,6 +144,11 @@ public class RestCatalogServer {
       }
       return;
     }
+    if (p.length == 3 && p[1].equals("transactions") && p[2].equals("commit") && method.equals("POST")) {
+      commitTransaction(MAPPER.readValue(body, CommitTransactionRequest.class));
+      respond(ex, 204, null);
+      return;
+    }
     if (p.length == 3 && p[1].equals("tables") && p[2].equals("rename")) {
       CatalogHandlers.renameTable(catalog, MAPPER.readValue(body, RenameTableRequest.class));
       respond(ex, 204, null);
@@ -166,7 +189,14 @@ public class RestCatalogServer {
         return;
       }
       switch (method) {
-        case "GET": respond(ex, 200, CatalogHandlers.loadTable(catalog, id)); return;
+        case "GET":
+          commits.readLock().lock();
+          try {
+            respond(ex, 200, CatalogHandlers.loadTable(catalog, id));
+          } finally {
+            commits.readLock().unlock();
+          }
+          return;
         case "HEAD": CatalogHandlers.tableExists(catalog, id); respond(ex, 204, null); return;
         case "POST":
           respond(ex, 200, CatalogHandlers.updateTable(catalog, id, MAPPER.readValue(body, UpdateTableRequest.class)));
@@ -180,6 +210,25 @@ public class RestCatalogServer {
       }
     }
     error(ex, 404, "NotFoundException", "no route for " + method + " " + ex.getRequestURI());
+  }
+
+  // Every table's requirements checked and updates applied (in memory) before any table commits; then
+  // the commits, under the write lock (see the header).
+  private void commitTransaction(CommitTransactionRequest request) {
+    commits.writeLock().lock();
+    try {
+      List<Transaction> staged = new ArrayList<>();
+      for (UpdateTableRequest change : request.tableChanges()) {
+        Table table = catalog.loadTable(change.identifier());
+        Transaction transaction =
+            Transactions.newTransaction(change.identifier().toString(), ((BaseTable) table).operations());
+        CatalogHandlers.commit(((BaseTransaction.TransactionTable) transaction.table()).operations(), change);
+        staged.add(transaction);
+      }
+      staged.forEach(Transaction::commitTransaction);
+    } finally {
+      commits.writeLock().unlock();
+    }
   }
 
   private static String query(HttpExchange ex, String name) {

@@ -14,6 +14,7 @@ from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
 from headrace.log.index import StagedFile
 from headrace.materialize.apply import CursorCache
 from headrace.run.cuts import cut_offset
+from headrace.state.cuts import CutStore
 from headrace.state.store import StateStore, TableRow
 from tests.statestore import fresh_state
 
@@ -67,3 +68,14 @@ def test_a_capped_table_moves_the_cut_back_to_a_flush_end(state: StateStore) -> 
 def test_one_flush_over_the_cap_is_split(state: StateStore) -> None:
     offsets = _flush(state, 100, A, A, A, B)
     assert _cut(state, max_batch_files=2) == (offsets[1], False)
+
+
+def test_the_newest_cut_names_each_tables_snapshot(source_dsn: str) -> None:
+    """What maintenance keeps from expiry (``run.maintenance.cut_policy``): the newest cut's snapshot of a
+    table, none for a table it does not name."""
+    with CutStore(source_dsn, f"cut_{uuid.uuid4().hex[:8]}") as cuts:
+        assert cuts.named("`c`.`public`.`a`") is None
+        cuts.record(10, 100, {"`c`.`public`.`a`": 1, "`c`.`public`.`b`": 2})
+        cuts.record(20, 200, {"`c`.`public`.`a`": 3, "`c`.`public`.`b`": 2})
+        assert (cuts.named("`c`.`public`.`a`"), cuts.named("`c`.`public`.`b`")) == (3, 2)
+        assert cuts.named("`c`.`public`.`z`") is None

@@ -14,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 
 from headrace.core.errors import ConfigError
@@ -132,6 +133,28 @@ def test_maintenance_lays_the_files_out_by_key(spark: SparkSession, mor_target: 
     assert len(ranges) > 1
     assert all(hi < next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:], strict=False)), ranges
     assert {r[0]: r for r in rows_of(target, TABLE).values()} == before
+
+
+def test_expiry_keeps_the_snapshot_a_consistent_cut_names_and_every_later_one(
+    spark: SparkSession, mor_target: IcebergTarget
+) -> None:
+    """``keep_from_snapshot`` (``apply.consistency: transaction``): a pass expiring everything but the
+    newest snapshot (retention 0, keep_last 1) keeps the named one and those after it; readers time-travel
+    to it (pyiceberg, below, reads the metadata the pass left)."""
+    target = mor_target
+    target.ensure_table(TABLE)
+    name = target.table_name(TABLE)
+    three_data_files(spark, target)
+    for lsn in (200, 300):
+        target.apply_batch(TABLE, batch_df(spark, TABLE, [("U", lsn, 0, None, 10, "x", None, None, "y")]), None, lsn)
+    first, named, last = [r[0] for r in spark.sql(f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at")
+                          .collect()]
+    policy = MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=3 * 86400, keep_from_snapshot=named)
+    target.maintain(TABLE, policy)
+    kept = {r[0] for r in spark.sql(f"SELECT snapshot_id FROM {name}.snapshots").collect()}
+    assert first not in kept and {named, last} <= kept and len(kept) > 2  # the compaction's commit too
+    at_named = StaticTable.from_metadata(iceberg_metadata_location(target.settings, "public", "orders")).scan(snapshot_id=named).to_arrow()
+    assert at_named.num_rows == 300
 
 
 @pytest.mark.parametrize("mode", ["copy_on_write", "merge_on_read"])

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from headrace.core.errors import SchemaChangeError
 from headrace.core.filesink import FileSink, WrittenFile, open_folder
-from headrace.core.interfaces import Target
+from headrace.core.interfaces import CutCommit, Target
 from headrace.core.lanes import Lane, LaneChoice
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import TableName, quote_ident
@@ -253,14 +253,14 @@ class DuckLakeTarget(Target):
         return APPLIED_IN_DUCKDB
 
     @contextmanager
-    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> Iterator[None]:
+    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> Iterator[CutCommit]:
         """The batches this thread applies in the block commit in one DuckLake transaction when it ends
         (``apply.consistency: transaction``): one snapshot holds them all, with their cursors, so a
         reader sees every table of the cut at the same source transaction, or none of it."""
         writes: list[ChangeWrite] = []
         self._cut.writes = writes
         try:
-            yield  # one snapshot holds the cut: no table's needs naming
+            yield CutCommit()  # one snapshot holds the cut, always whole: no table's needs naming
         finally:
             self._cut.writes = None
         if writes:

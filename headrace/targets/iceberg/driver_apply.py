@@ -125,11 +125,11 @@ def connection() -> duckdb.DuckDBPyConnection:
 
 
 def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
-                    truncate_before: Position | None) -> DriverApplied:
+                    truncate_before: Position | None, into: Any = None) -> DriverApplied:
     """Apply ``changes`` (a keyed batch in the row shape, as ``engines.driver.batch.batch_schema``) after the
     TRUNCATE before it, to the copy-on-write table ``iceberg`` (the Spark catalog's cached py4j
-    ``Table``, ``catalog.java_table``), in one commit. Raises ``NotOnLane`` before writing anything
-    when the MERGE must do it."""
+    ``Table``, ``catalog.java_table``), in one commit (``into``: into that transaction's view of it
+    instead, ``cut_commit``). Raises ``NotOnLane`` before writing anything when the MERGE must do it."""
     if not table.key:
         raise NotOnLane("table without a key")  # a multiset delta: ``keyless``
     if HR_FROM in changes.column_names:
@@ -159,7 +159,7 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
     if not changed and after.num_rows == rows_before:
         return DriverApplied(rows_before, rows_before, 0, committed=False)
     written = sink.write(after, f"{uuid.uuid4().hex}-driver") if after.num_rows else None
-    _commit(jvm, iceberg, snapshot, data_files, written)
+    _commit(jvm, iceberg, snapshot, data_files, written, into)
     return DriverApplied(rows_before, after.num_rows, len(data_files), committed=True)
 
 
@@ -300,11 +300,13 @@ def plan_join(keys: list[str], rows: pa.Table, batch: pa.Table, row_columns: str
         con.unregister("hr_batch")
 
 
-def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], written: WrittenFile | None) -> None:
-    """One overwrite: ``data_files`` out, ``written`` in, validated from ``snapshot`` (None: the
-    table had none, so any data committed since conflicts)."""
+def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], written: WrittenFile | None,
+            into: Any = None) -> None:
+    """One overwrite (committed into ``into``: a transaction of ``iceberg``, or by default ``iceberg``): ``data_files`` out,
+    ``written`` in, validated from ``snapshot`` (None: the table had none, so any data committed since
+    conflicts)."""
     api = jvm.org.apache.iceberg
-    overwrite = iceberg.newOverwrite()
+    overwrite = (iceberg if into is None else into).newOverwrite()
     for data in data_files:
         overwrite.deleteFile(data)
     if written is not None:

@@ -86,11 +86,12 @@ _INTEGERS = ("int", "long")
 
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
-                          truncate_before: Position | None, max_rows: int) -> DriverApplied:
+                          truncate_before: Position | None, max_rows: int, into: Any = None) -> DriverApplied:
     """Apply ``changes`` (a keyed batch in the row shape, as ``engines.driver.batch.batch_schema``) to the
-    merge-on-read table ``iceberg`` (the Spark catalog's cached py4j ``Table``) in one commit, holding
-    at most ``max_rows`` keys (``IcebergConfig.driver_key_rows``). Raises ``NotOnLane`` before
-    writing anything when the MERGE must do it."""
+    merge-on-read table ``iceberg`` (the Spark catalog's cached py4j ``Table``) in one commit (``into``:
+    into that transaction's view of it instead, ``cut_commit``), holding at most ``max_rows`` keys
+    (``IcebergConfig.driver_key_rows``). Raises ``NotOnLane`` before writing anything when the MERGE
+    must do it."""
     refusal = _refusal(table, changes, truncate_before)
     if refusal:
         raise NotOnLane(refusal)
@@ -131,8 +132,9 @@ def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema,
                                             f"{stem}-deletes")
     referenced = sorted({index.locations[i] for i in replaced.column(_FILE).to_pylist()})
     # Out of the cache (``take``) until the commit is known to follow the snapshot it was read at.
-    location = _commit(jvm, iceberg, snapshot, written, deletes_written, referenced)
-    committed = iceberg.currentSnapshot()
+    into = iceberg if into is None else into
+    location = _commit(jvm, iceberg, snapshot, written, deletes_written, referenced, into)
+    committed = into.currentSnapshot()  # in a transaction: the snapshot it will commit
     if index.whole and committed is not None and _parent(committed) == snapshot_id:
         index.advance(int(committed.snapshotId()), replaced.column(IDX).to_numpy(),
                       added.select([c.name for c in wanted]), location)
@@ -289,12 +291,12 @@ def _plan(table: TableSchema, current: pa.Table, batch: pa.Table) -> tuple[pa.Ta
 
 
 def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
-            deletes: WrittenFile | None, referenced: list[str]) -> str | None:
-    """One ``RowDelta``: ``written`` added, ``deletes`` (position deletes into the ``referenced`` data
+            deletes: WrittenFile | None, referenced: list[str], into: Any = None) -> str | None:
+    """One ``RowDelta`` (committed into ``into``: a transaction of ``iceberg``, or by default ``iceberg``): ``written`` added, ``deletes`` (position deletes into the ``referenced`` data
     files) added, validated from ``snapshot`` (module docstring). Returns the added data file's location
     as the table names it (``file:/...`` for a local path): what later deletes must name."""
     api = jvm.org.apache.iceberg
-    delta = iceberg.newRowDelta()
+    delta = (iceberg if into is None else into).newRowDelta()
     location = None
     if written is not None:
         added = files.data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg, api.MetricsConfig.forTable(iceberg),

@@ -5,7 +5,8 @@ batch, and a snapshot per commit. One pass: ``rewrite_data_files`` rewrites smal
 file with a delete, into few large ones sorted by the table's key (deletes applied, dangling delete
 files dropped);
 ``rewrite_position_delete_files`` compacts what deletes remain; ``expire_snapshots`` drops
-snapshots past the retention (keeping the newest few) and the files only they referenced;
+snapshots past the retention (keeping the newest few, and any a consistent cut still names) and the
+files only they referenced;
 ``remove_orphan_files`` deletes files no snapshot references (crashed writes), once old enough
 that no running write can still be about to commit them.
 
@@ -92,6 +93,20 @@ def _sort_order(key: tuple[str, ...]) -> str:
     return ", ".join("`" + k.replace("`", "``") + "` ASC NULLS LAST" for k in key)
 
 
+def _expire_before(spark: SparkSession, name: str, policy: MaintenancePolicy, now: datetime) -> datetime:
+    """Snapshots committed before this moment are expired (all but the newest ``keep_last``): the
+    retention's start, or, when a consistent cut names a snapshot (``keep_from_snapshot``) older than
+    that, that snapshot's commit (Iceberg expires only what is strictly older)."""
+    moment = now - timedelta(seconds=policy.retention_seconds)
+    if policy.keep_from_snapshot is None:
+        return moment
+    named = spark.sql(f"SELECT unix_millis(committed_at) FROM {name}.snapshots"
+                      f" WHERE snapshot_id = {int(policy.keep_from_snapshot)}").first()
+    if named is None:  # expired already (by a pass before cuts named it): nothing left to keep
+        return moment
+    return min(moment, datetime.fromtimestamp(int(named[0]) / 1000, timezone.utc))
+
+
 def _pass(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy, key: tuple[str, ...]) -> None:
     call = f"CALL `{catalog.replace('`', '``')}`.system"
     table = f"table => {_literal(identifier)}"
@@ -109,7 +124,7 @@ def _pass(spark: SparkSession, catalog: str, identifier: str, policy: Maintenanc
     now = datetime.now(timezone.utc)
     expired = spark.sql(
         f"{call}.expire_snapshots({table}, "
-        f"older_than => {_timestamp(now - timedelta(seconds=policy.retention_seconds))}, "
+        f"older_than => {_timestamp(_expire_before(spark, name, policy, now))}, "
         f"retain_last => {policy.keep_last})"
     ).first()
     orphans = spark.sql(

@@ -22,6 +22,7 @@ import operator
 import threading
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from pyspark.sql import functions as F
 
 from headrace.core.errors import ConfigError, SchemaChangeError
 from headrace.core.filesink import FileSink, WrittenFile
-from headrace.core.interfaces import Target
+from headrace.core.interfaces import CutCommit, Target
 from headrace.core.lanes import Lane, LaneChoice, NotOnLane
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
@@ -39,7 +40,7 @@ from headrace.core.position import Position
 from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import SchemaChange, TableSchema
 from headrace.core.spark_types import spark_type
-from headrace.targets.iceberg import driver_apply, driver_delta, files, maintenance, write_mode
+from headrace.targets.iceberg import cut_commit, driver_apply, driver_delta, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import SECRET_KEYS, JavaCatalog, java_table, spark_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
@@ -65,6 +66,7 @@ class IcebergTarget(Target):
     # batches of 250K, 49.9 CPU-s) with the earlier 50,000 and no cap.
     caps_batches = True
     copies_arrow = True  # small copies: pyarrow writes the file, Iceberg's Java API commits it (``files``)
+    names_snapshots = True  # consistent cuts name each table's snapshot (``snapshot_at``)
 
     def __init__(self, spark: SparkSession, settings: IcebergConfig, pipeline: str) -> None:
         self.spark = spark
@@ -89,6 +91,9 @@ class IcebergTarget(Target):
         self.apply_on_driver = settings.apply_on_driver
         self.driver_key_rows = settings.driver_key_rows
         self.apply_lanes = driver_apply.ApplyLanes()
+        # A REST catalog commits several tables at once (``cut_commit``); the others, one table at a time.
+        self.commits_across_tables = settings.catalog.type == "rest"
+        self.cuts = cut_commit.CutCommits(spark, settings)
 
     def _namespace(self, table: TableSchema) -> str:
         """``catalog.namespace``, quoted for Spark SQL."""
@@ -213,6 +218,15 @@ class IcebergTarget(Target):
         return files.create_with_rows(java, namespace, path_segment(table.target_table), row_struct(table).json(),
                                       TABLE_PROPERTIES, rows, ahead.field_ids)
 
+    def cut(self, tables: Sequence[TableSchema], changed: set[int]) -> AbstractContextManager[CutCommit]:
+        """A REST catalog's cut: the batches this thread applies on the driver in the block are staged,
+        and committed in one multi-table commit when it ends; a MERGE commits alone (``cut_commit``)."""
+        return self.cuts.cut()
+
+    def close(self) -> None:
+        """Close the REST client of the multi-table commits, if one was made."""
+        self.cuts.close()
+
     def snapshot_at(self, table: TableSchema) -> tuple[str, int | None]:
         name = self.table_name(table)
         iceberg = java_table(self.spark, name)
@@ -232,6 +246,7 @@ class IcebergTarget(Target):
         A table without a key gets a multiset delta, exactly once: see ``keyless``.
         """
         name = self.table_name(table)
+        self.cuts.alone(name)  # in a cut, Spark commits it on its own
         if not table.key:
             KeylessApply(self.spark).apply(table, name, changes, truncate_before)
             return KEYLESS_DELTA
@@ -263,18 +278,22 @@ class IcebergTarget(Target):
         iceberg_table, mode, large = self._prepare(name)
         reason = "target.iceberg.apply_on_driver is false"
         if self.apply_on_driver:
+            # In a cut, committed with its other tables (``cut``): into a transaction of the table.
+            into = self.cuts.stage(name, path_segment(self.settings.namespace or table.target_schema),
+                                   path_segment(table.target_table), iceberg_table)
             try:
                 if mode == write_mode.COPY_ON_WRITE:
-                    driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before)
+                    driver_apply.apply_on_driver(self.spark, iceberg_table, table, changes, truncate_before, into)
                     done = LaneChoice(Lane.DRIVER, "rewrite", "copy-on-write files rewritten on the driver")
                 else:
                     driver_delta.apply_delta_on_driver(self.spark, iceberg_table, table, changes, truncate_before,
-                                                       self.driver_key_rows)
+                                                       self.driver_key_rows, into)
                     done = LaneChoice(Lane.DRIVER, "position-deletes", "position deletes written on the driver")
                 self.apply_lanes.took(table.qualified_name, "driver")
                 return done
             except NotOnLane as exc:
                 reason = str(exc)
+        self.cuts.alone(name)  # in a cut, Spark's MERGE commits it on its own
         self.apply_lanes.took(table.qualified_name, "merge", reason)
         self._truncate(name, truncate_before)
         if changes.num_rows == 0:
