@@ -24,18 +24,20 @@ on the driver (``BatchBounds.of_arrow``) has its bounds for free, with no Spark 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import operator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from headrace.core.names import quote_spark
-from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
 from headrace.core.schema import TableSchema
 
 # Keys listed in the ON clause at most (beyond it, the range alone). The list is SQL text Spark parses
@@ -176,4 +178,27 @@ def merge_statement(table: TableSchema, name: str, view: str, bounds: BatchBound
         f"WHEN MATCHED AND s.{HR_OP} <> 'D' AND {newer} THEN UPDATE SET {', '.join(sets)} "
         f"WHEN NOT MATCHED AND s.{HR_OP} <> 'D' THEN INSERT ({', '.join(targets)}) "
         f"VALUES ({', '.join('s.' + t for t in targets)})"
+    )
+
+
+def take_from_old_keys(spark: SparkSession, table: TableSchema, name: str, changes: DataFrame) -> DataFrame:
+    """Rows whose key changed leaving TOAST columns unchanged (``_hr_from``: the old key) take
+    those columns from the old key's row in the target, read before the MERGE changes it."""
+    old = spark.table(name).select(
+        *[F.col(quote_spark(c.name)).alias(f"_hr_old{i}") for i, c in enumerate(table.columns)]
+    )
+    index = {c.name: i for i, c in enumerate(table.columns)}
+    same = [F.col(HR_FROM).getField(k) == F.col(f"_hr_old{index[k]}") for k in table.key]
+    joined = changes.join(old, functools.reduce(operator.and_, same), "left")
+    moved = F.col(HR_FROM).isNotNull()
+    unchanged = F.split(F.coalesce(F.col(HR_UNCHANGED), F.lit("")), ",")
+    columns = []
+    for i, c in enumerate(table.columns):
+        value = F.col(quote_spark(c.name))
+        if c.name not in table.key:
+            value = F.when(moved & F.array_contains(unchanged, unchanged_token(c.name)), F.col(f"_hr_old{i}")).otherwise(value)
+        columns.append(value.alias(c.name))
+    return joined.select(
+        *columns, HR_LSN, HR_SEQ, HR_COMMIT_TS, HR_OP,
+        F.when(moved, F.lit(None).cast("string")).otherwise(F.col(HR_UNCHANGED)).alias(HR_UNCHANGED),
     )

@@ -17,8 +17,6 @@ merge-on-read writes position-delete files instead, which makes reads a little s
 
 from __future__ import annotations
 
-import functools
-import operator
 import threading
 import uuid
 from collections.abc import Sequence
@@ -37,7 +35,7 @@ from headrace.core.lanes import Lane, LaneChoice, NotOnLane
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.core.names import path_segment, quote_spark
 from headrace.core.position import Position
-from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, unchanged_token
+from headrace.core.rows import HR_COMMIT_TS, HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED
 from headrace.core.schema import SchemaChange, TableSchema
 from headrace.core.spark_types import spark_type
 from headrace.targets.iceberg import cut_commit, driver_apply, driver_delta, files, maintenance, write_mode
@@ -46,7 +44,12 @@ from headrace.targets.iceberg.catalog import SECRET_KEYS, JavaCatalog, java_tabl
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.evolve import evolve_columns
 from headrace.targets.iceberg.keyless import KeylessApply
-from headrace.targets.iceberg.merge import LARGE_TABLE_RECORDS, BatchBounds, merge_statement
+from headrace.targets.iceberg.merge import (
+    LARGE_TABLE_RECORDS,
+    BatchBounds,
+    merge_statement,
+    take_from_old_keys,
+)
 from headrace.targets.iceberg.shapes import TABLE_PROPERTIES, batch_struct, require_jdbc_driver, row_struct
 
 if TYPE_CHECKING:
@@ -253,7 +256,7 @@ class IcebergTarget(Target):
         _, _, large = self._prepare(name)
         self._truncate(name, truncate_before)
         if HR_FROM in changes.columns:
-            changes = self._take_from_old_keys(table, name, changes)
+            changes = take_from_old_keys(self.spark, table, name, changes)
         # Persisted: the bounds' aggregate computes the batch once, and the MERGE reads it from there.
         shaped = self._shaped(table, changes, (HR_OP, HR_UNCHANGED)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -330,27 +333,6 @@ class IcebergTarget(Target):
         mode = write_mode.follow_size(iceberg_table, rows, self.settings.copy_on_write_below_rows)
         return iceberg_table, mode, rows is not None and rows >= LARGE_TABLE_RECORDS
 
-    def _take_from_old_keys(self, table: TableSchema, name: str, changes: DataFrame) -> DataFrame:
-        """Rows whose key changed leaving TOAST columns unchanged (``_hr_from``: the old key) take
-        those columns from the old key's row in the target, read before the MERGE changes it."""
-        old = self.spark.table(name).select(
-            *[F.col(quote_spark(c.name)).alias(f"_hr_old{i}") for i, c in enumerate(table.columns)]
-        )
-        index = {c.name: i for i, c in enumerate(table.columns)}
-        same = [F.col(HR_FROM).getField(k) == F.col(f"_hr_old{index[k]}") for k in table.key]
-        joined = changes.join(old, functools.reduce(operator.and_, same), "left")
-        moved = F.col(HR_FROM).isNotNull()
-        unchanged = F.split(F.coalesce(F.col(HR_UNCHANGED), F.lit("")), ",")
-        columns = []
-        for i, c in enumerate(table.columns):
-            value = F.col(quote_spark(c.name))
-            if c.name not in table.key:
-                value = F.when(moved & F.array_contains(unchanged, unchanged_token(c.name)), F.col(f"_hr_old{i}")).otherwise(value)
-            columns.append(value.alias(c.name))
-        return joined.select(
-            *columns, HR_LSN, HR_SEQ, HR_COMMIT_TS, HR_OP,
-            F.when(moved, F.lit(None).cast("string")).otherwise(F.col(HR_UNCHANGED)).alias(HR_UNCHANGED),
-        )
 
     def evolve(self, old: TableSchema, new: TableSchema, changes: Sequence[SchemaChange]) -> None:
         """Follow the source's schema changes: a rename of the table, then one ALTER TABLE per column
