@@ -62,7 +62,7 @@ from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
 from headrace.source.mysql.server import gtid_at, server_identity
 from headrace.source.mysql.table_maps import CachedTableMapEvent
-from headrace.source.mysql.types import binlog_converters, binlog_text
+from headrace.source.mysql.types import binlog_converters, python_images
 
 TableFilter = Callable[[str, str], bool]
 Converter = Callable[[Any], str | None]
@@ -347,19 +347,8 @@ class BinlogStream:
         converters = self._converters.get(oid)
         if converters is None or converters[0] is not shape:
             converters = self._converters[oid] = (shape, *binlog_converters(shape.columns))
-        _shape, names, fast, convert = converters
-        plan = list(zip(names, fast, convert, shape.columns, event.columns, strict=True))
-
-        def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
-            # Most values take their column's converter directly; NULL-looking ones (zero dates, the
-            # empty SET are None too) and the types binlog_text must see first go through it.
-            return tuple(f(v) if f is not None and (v := values[n]) is not None
-                         else binlog_text(values[n], none.get(n), lib, c, g) for n, f, g, c, lib in plan)
-
-        if not isinstance(event, UpdateRowsEvent):
-            return [texts(row["values"], row["none_sources"]) for row in event.rows]
-        return [image for row in event.rows for image in (texts(row["before_values"], row["before_none_sources"]),
-                                                          texts(row["after_values"], row["after_none_sources"]))]
+        return python_images(event.rows, isinstance(event, UpdateRowsEvent), converters[1:], shape.columns,
+                             event.columns)
 
     def _statement(self, event: Any, query: str, at: int, out: list[tuple[int, Event]]) -> None:
         """TRUNCATE of a tracked table becomes ``Truncate`` (after a Relation, state's shape if no TABLE_MAP came

@@ -366,3 +366,23 @@ def select_expression(column: Column) -> str:
     if base_type(column.type) == "float":
         return f"CAST({name} AS DOUBLE)"
     return name
+
+
+def python_images(rows: list[dict[str, Any]], update: bool,
+                  converters: tuple[list[str], list[Callable[[Any], str | None] | None], list[Callable[[Any], str | None]]],
+                  columns: Sequence[Column], binlog_columns: Sequence[Any]) -> list[tuple[str | None, ...]]:
+    """A row event's images (an UPDATE, ``update``: before, after, ...) as text, from mysql-replication's
+    values, with the columns' ``binlog_converters``."""
+    names, fast, convert = converters
+    plan = list(zip(names, fast, convert, columns, binlog_columns, strict=True))
+
+    def texts(values: dict[str, Any], none: dict[str, str]) -> tuple[str | None, ...]:
+        # Most values take their column's converter directly; NULL-looking ones (zero dates, the
+        # empty SET are None too) and the types binlog_text must see first go through it.
+        return tuple(f(v) if f is not None and (v := values[n]) is not None
+                     else binlog_text(values[n], none.get(n), lib, c, g) for n, f, g, c, lib in plan)
+
+    if not update:
+        return [texts(row["values"], row["none_sources"]) for row in rows]
+    return [image for row in rows for image in (texts(row["before_values"], row["before_none_sources"]),
+                                                texts(row["after_values"], row["after_none_sources"]))]
