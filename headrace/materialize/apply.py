@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -21,9 +21,11 @@ from headrace.core.faults import crash_point
 from headrace.core.interfaces import Target
 from headrace.core.lanes import Engine, Lane, LaneChoice, NotOnLane
 from headrace.core.position import Position, format_lsn
+from headrace.core.rows import HR_FROM
 from headrace.core.schema import TableSchema
 from headrace.core.spark_types import ValueRules, value_rules
-from headrace.engines.driver.batch import read_driver_batch
+from headrace.engines.driver.batch import batch_schema, read_driver_batch
+from headrace.engines.spark.arrow import to_arrow
 from headrace.engines.spark.batch import read_change_batch
 from headrace.history.config import HistoryConfig, Mode
 from headrace.history.writer import apply_history
@@ -153,6 +155,7 @@ class PlannedBatch:
     build: LaneChoice = SPARK_ENGINE  # where it is to be read, deduplicated and cast (lanes.batch_build_lane)
     history: tuple[Mode, ...] = ()  # history tables written before the mirror (headrace.history)
     mirrored: bool = True  # False: the table is its one history mode under its own name, no mirror
+    driver_rows: int = DRIVER_BATCH_ROWS  # apply.driver_batch_rows (``collected``)
 
 
 def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
@@ -189,7 +192,8 @@ def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
     build = batch_build_lane(engine, target.applies_arrow, schema, [e.facts for e in entries], driver_rows)
     modes = history.history_modes(row.schema.table_name) if history is not None else ()
     mirrored = history is None or history.mirrored(row.schema.table_name)
-    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build, modes, mirrored)
+    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build, modes, mirrored,
+                        driver_rows)
 
 
 @dataclass(frozen=True)
@@ -225,12 +229,27 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) ->
             build = LaneChoice(Lane.SPARK, "values", str(exc))
             event(log, "apply.driver_fallback", table=planned.row.qualified_name, reason=str(exc))
     if batch is None:
-        batch = read_change_batch(spark, paths, schema, skip, rules, facts=facts)
+        batch = collected(read_change_batch(spark, paths, schema, skip, rules, facts=facts), schema, target,
+                          planned.driver_rows)
     if isinstance(batch.changes, pa.Table):
         applied = target.apply_arrow_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     else:
         applied = target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     return Executed(batch, build, applied)
+
+
+def collected(batch: ChangeBatch, table: TableSchema, target: Target, driver_rows: int) -> ChangeBatch:
+    """A keyed batch Spark built of at most ``driver_rows`` staged rows, collected to the driver as the
+    Arrow table the driver's build gives (``batch_schema``), for a target that applies Arrow batches:
+    Iceberg then applies it as a driver batch (position deletes or a rewrite, the MERGE only where
+    those cannot), no MERGE job; DuckLake collects every batch anyway. The build stays Spark's
+    (``engine: spark``: the executors' tasks); a batch whose key change left TOAST columns unchanged
+    (``_hr_from``), a keyless one or a bigger one reaches the target as the DataFrame."""
+    if (not target.applies_arrow or not table.key or isinstance(batch.changes, pa.Table)
+            or batch.rows_in > driver_rows or HR_FROM in batch.changes.columns):
+        return batch
+    shape = batch_schema(table)
+    return replace(batch, changes=to_arrow(batch.changes).select(shape.names).cast(shape))
 
 
 def write_history(target: Target, planned: PlannedBatch) -> None:

@@ -15,6 +15,7 @@ import pyarrow as pa
 from headrace.core.names import path_segment, quote_spark
 from headrace.core.rows import HR_COMMIT_TS, HR_LSN, HR_SEQ, POSITION_COLUMNS
 from headrace.core.schema import TableSchema
+from headrace.engines.spark.arrow import to_arrow  # noqa: F401  (the batch's Arrow, re-exported)
 from headrace.targets.ducklake.types import spark_type
 
 if TYPE_CHECKING:
@@ -22,19 +23,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SNAPSHOT_FOLDER = "_headrace_snapshot"  # under the data path; Spark's files for initial copies
-
-
-def to_arrow(changes: DataFrame) -> pa.Table:
-    """The batch on the driver as one Arrow table (Spark 3.5 has no public ``toArrow``)."""
-    to_arrow = getattr(changes, "toArrow", None)
-    if to_arrow is not None:
-        table: pa.Table = to_arrow()
-        return table
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    batches = changes._collect_as_arrow()
-    schema = to_arrow_schema(changes.schema)
-    return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
 
 
 def to_spark(spark: SparkSession, table: TableSchema, data: pa.Table) -> DataFrame:
