@@ -389,12 +389,18 @@ def compare_with_source(config: Path, dsn: str, checks: dict[str, str]) -> dict[
     ``checks`` maps a table to SQL expressions both engines spell alike, e.g. ``count(*), sum(v)``.
     A bench must not report a speed bought with lost rows.
     """
+    from headrace import storage
     from headrace.readers import duckdb_with, iceberg_metadata_location
     from headrace.readers import ducklake as attach_ducklake
 
     settings = load_config(config).target
     out: dict[str, Any] = {}
-    con = duckdb_with("avro", "iceberg") if settings.kind == "iceberg" else attach_ducklake(settings.settings)
+    if settings.kind == "iceberg":
+        con = duckdb_with("avro", "iceberg")
+        if storage.is_object_store(settings.settings.warehouse):
+            storage.access().create_duckdb_secret(con)  # httpfs (from its wheel) and the store's secret
+    else:
+        con = attach_ducklake(settings.settings)
     try:
         with psycopg.connect(dsn) as conn:
             for table, exprs in checks.items():
