@@ -1,5 +1,7 @@
 """The queries docs/history.md gives users, in DuckDB SQL: the state as of a moment from an scd2 table,
 and from a changelog replayed up to it. The tests run these very strings, so the page cannot drift.
+Below them, the rules both targets' history writers run in their own dialects (``written_before``,
+``rows_now``), spelled once.
 
 ``{table}`` is the history table's name, ``{columns}`` the source columns to return, ``{key}`` the
 key columns (comma-separated), ``$1`` the moment (a TIMESTAMPTZ). Rows from the initial copy have no
@@ -7,6 +9,12 @@ commit time (NULL): they count as being there since before any moment.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+from headrace.core.schema import TableSchema
+from headrace.history import build as b
+from headrace.history.config import Mode
 
 SCD2_AS_OF = """
 SELECT {columns} FROM {table}
@@ -50,3 +58,25 @@ WITH upto AS (
 )
 SELECT {columns} FROM latest WHERE r = 1 AND _hr_op <> 'D'
 """
+
+
+def written_before(row: str, change: str) -> str:
+    """SQL, in both targets' dialects: the row aliased ``row`` was written before the change aliased
+    ``change`` (by position)."""
+    return f"({row}.{b.LSN} < {change}.{b.LSN} OR ({row}.{b.LSN} = {change}.{b.LSN} AND {row}.{b.SEQ} < {change}.{b.SEQ}))"
+
+
+def rows_now(table: TableSchema, mode: Mode, name: str, quote: Callable[[str], str]) -> str:
+    """The rows of the history table ``name`` (``table`` written in ``mode`` under its own name) that are
+    the source's rows now, as one SELECT both targets' dialects run (``quote``: the dialect's quoting of
+    a column name): scd2's open versions, soft_delete's live rows, and a changelog's last change per key
+    after its last TRUNCATE, unless a delete."""
+    if mode == "scd2":
+        return f"SELECT * FROM {name} WHERE {b.CURRENT}"
+    if mode == "soft_delete":
+        return f"SELECT * FROM {name} WHERE {b.DELETED_AT} IS NULL"
+    keys = ", ".join(quote(k) for k in table.key)
+    truncated_after = f"EXISTS (SELECT 1 FROM {name} t WHERE t.{b.OP} = 'T' AND {written_before('c', 't')})"
+    return (f"SELECT * FROM (SELECT c.*, row_number() OVER (PARTITION BY {keys} ORDER BY c.{b.LSN} DESC,"
+            f" c.{b.SEQ} DESC) AS hr_r FROM {name} c WHERE c.{b.OP} <> 'T' AND NOT {truncated_after})"
+            f" WHERE hr_r = 1 AND {b.OP} <> 'D'")

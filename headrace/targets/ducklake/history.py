@@ -22,6 +22,7 @@ from headrace.core.schema import TableSchema
 from headrace.history import build as b
 from headrace.history.changes import Key, tuples
 from headrace.history.config import Mode, history_table
+from headrace.history.queries import rows_now, written_before
 from headrace.history.tables import EXTRA, IN_PLACE_MARKERS, in_place_mode, key_table, to_arrow
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.ducklake import extension
@@ -33,12 +34,6 @@ if TYPE_CHECKING:
 L = extension.LAKE_ALIAS
 CURSOR_TABLE = f"{L}._headrace.cursor"  # ``target.CURSOR_TABLE``: a table without a mirror commits its cursor here
 OFFSET_TABLE = f"{L}._headrace.history_offset"
-
-
-def _before(row: str, change: str) -> str:
-    """The row aliased ``row`` was written (opened) before the change aliased ``change``."""
-    return (f"({row}.{b.LSN} < {change}.{b.LSN} OR ({row}.{b.LSN} = {change}.{b.LSN} "
-            f"AND {row}.{b.SEQ} < {change}.{b.SEQ}))")
 
 
 class DuckLakeHistory(HistoryWriter):
@@ -171,30 +166,17 @@ class DuckLakeHistory(HistoryWriter):
         batch's versions reads the open ones only, whatever the history holds (docs/history.md)."""
         self.con.execute(f"ALTER TABLE {name} SET PARTITIONED BY ({b.CURRENT})")
 
-    def _current_sql(self, table: TableSchema, mode: Mode, name: str) -> str:
-        """The rows of the table ``name``, written in ``mode``, that are the source's rows now."""
-        if mode == "scd2":
-            return f"(SELECT * FROM {name} WHERE {b.CURRENT})"
-        if mode == "soft_delete":
-            return f"(SELECT * FROM {name} WHERE {b.DELETED_AT} IS NULL)"
-        # changelog: each key's last change after the last TRUNCATE, unless a delete
-        keys = ", ".join(quote_ident(k) for k in table.key)
-        after_truncate = (f"NOT EXISTS (SELECT 1 FROM {name} t WHERE t.{b.OP} = 'T' AND {_before('c', 't')})")
-        return (f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY {b.LSN} DESC,"
-                f" {b.SEQ} DESC) AS hr_r FROM {name} c WHERE {b.OP} <> 'T' AND {after_truncate})"
-                f" WHERE hr_r = 1 AND {b.OP} <> 'D')")
-
     def previous(self, table: TableSchema, keys: list[Key], own: Mode | None = None) -> dict[Key, b.Row]:
-        rows_now = self.target._qualified(table)
+        source = self.target._qualified(table)
         if own is not None:
-            rows_now = self._current_sql(table, own, rows_now)
+            source = f"({rows_now(table, own, source, quote_ident)})"
         on = " AND ".join(f"m.{quote_ident(k)} = {cast_in('k.' + quote_ident(k), table.column(k).type)}"
                           for k in table.key)
         cols = ", ".join(cast_out(f"m.{quote_ident(c.name)}", c.type) for c in table.columns)
         with self.target._lock:
             self.con.register("hr_keys", key_table(table, keys))
             try:
-                rows = tuples(self.con.execute(f"SELECT {cols} FROM {rows_now} m JOIN hr_keys k ON {on}").arrow())
+                rows = tuples(self.con.execute(f"SELECT {cols} FROM {source} m JOIN hr_keys k ON {on}").arrow())
             finally:
                 self.con.unregister("hr_keys")
         out = {}
@@ -268,7 +250,7 @@ class DuckLakeHistory(HistoryWriter):
             self._with("hr_closes", closes,
                        f"UPDATE {name} AS v SET {close.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
                        f" FROM hr_closes c WHERE v.{b.CURRENT} AND {self._on_key(table, 'v', 'c')}"
-                       f" AND {_before('v', 'c')}")
+                       f" AND {written_before('v', 'c')}")
         if (t := batch.truncate) is not None:
             self.con.execute(
                 f"UPDATE {name} SET {close.format(ts='?', lsn=t.lsn, seq=t.seq)} WHERE {b.CURRENT} AND "
@@ -282,12 +264,12 @@ class DuckLakeHistory(HistoryWriter):
             self._with("hr_deletes", deletes,
                        f"UPDATE {name} AS v SET {mark.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
                        f" FROM hr_deletes c WHERE v.{b.DELETED_AT} IS NULL AND {self._on_key(table, 'v', 'c')}"
-                       f" AND {_before('v', 'c')}")
+                       f" AND {written_before('v', 'c')}")
         if len(batch.rows):
             rows = batch.rows if isinstance(batch.rows, pa.Table) else to_arrow(table, "soft_delete",
                                                                                   list(batch.rows.values()))
             self._with("hr_rows", rows, f"DELETE FROM {name} AS v USING hr_rows c WHERE "
-                                        f"{self._on_key(table, 'v', 'c')} AND {_before('v', 'c')}")
+                                        f"{self._on_key(table, 'v', 'c')} AND {written_before('v', 'c')}")
             keep = f"NOT EXISTS (SELECT 1 FROM {name} v WHERE {self._on_key(table, 'v', 'hr_rows')})"
             cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA["soft_delete"]]
             values = [cast_in(quote_ident(c.name), c.type) for c in table.columns]

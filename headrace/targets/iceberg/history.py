@@ -36,6 +36,7 @@ from headrace.core.spark_types import spark_type
 from headrace.history import build as b
 from headrace.history.changes import Key
 from headrace.history.config import Mode, history_table
+from headrace.history.queries import rows_now, written_before
 from headrace.history.tables import EXTRA, IN_PLACE_MARKERS, arrow_schema, in_place_mode, key_table, to_arrow
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.iceberg.arrow_frame import arrow_frame
@@ -55,11 +56,6 @@ def _type(spark_sql: str) -> DataType:
     from pyspark.sql.types import _parse_datatype_string
 
     return _parse_datatype_string(spark_sql.lower())
-
-
-def _before(row: str, change: str) -> str:
-    return (f"({row}.{b.LSN} < {change}.{b.LSN} OR ({row}.{b.LSN} = {change}.{b.LSN} "
-            f"AND {row}.{b.SEQ} < {change}.{b.SEQ}))")
 
 
 class IcebergHistory(HistoryWriter):
@@ -155,20 +151,6 @@ class IcebergHistory(HistoryWriter):
                 f" history, and a copy (a resync) would replace it: refused. To keep streaming, resume the table;"
                 f" to start its history again, drop that Iceberg table (its history is lost) and resync")
 
-    def _current_sql(self, table: TableSchema, mode: Mode, name: str) -> str:
-        """The rows of the table ``name``, written in ``mode``, that are the source's rows now."""
-        if mode == "scd2":
-            return f"SELECT * FROM {name} WHERE {b.CURRENT}"
-        if mode == "soft_delete":
-            return f"SELECT * FROM {name} WHERE {b.DELETED_AT} IS NULL"
-        # changelog: each key's last change after the last TRUNCATE, unless a delete
-        keys = ", ".join(quote_spark(k) for k in table.key)
-        last_truncate = f"(SELECT max(struct({b.LSN} AS l, {b.SEQ} AS s)) AS p FROM {name} WHERE {b.OP} = 'T')"
-        after = f"(t.p IS NULL OR c.{b.LSN} > t.p.l OR (c.{b.LSN} = t.p.l AND c.{b.SEQ} > t.p.s))"
-        return (f"SELECT * FROM (SELECT c.*, row_number() OVER (PARTITION BY {keys} ORDER BY c.{b.LSN} DESC,"
-                f" c.{b.SEQ} DESC) AS hr_r FROM {name} c CROSS JOIN {last_truncate} t WHERE c.{b.OP} <> 'T'"
-                f" AND {after}) WHERE hr_r = 1 AND {b.OP} <> 'D'")
-
     def _set(self, name: str, props: dict[str, str]) -> None:
         update = java_table(self.spark, name).updateProperties()
         for key, value in props.items():
@@ -181,7 +163,7 @@ class IcebergHistory(HistoryWriter):
         struct = StructType([StructField(k, spark_type(table.column(k).type)) for k in table.key])
         wanted = arrow_frame(self.spark, key_table(table, keys), struct)
         name = self.target.table_name(table)
-        mirror = self.spark.table(name) if own is None else self.spark.sql(self._current_sql(table, own, name))
+        mirror = self.spark.table(name) if own is None else self.spark.sql(rows_now(table, own, name, quote_spark))
         rows = collect(mirror.join(wanted, list(table.key), "left_semi").select(*[quote_spark(c) for c in
                                                                                  table.column_names]))
         out = {}
@@ -258,7 +240,7 @@ class IcebergHistory(HistoryWriter):
         if len(batch.closes):
             self._merge(self._events(table, batch.closes),
                         f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.CURRENT}"
-                        f" AND {_before('t', 's')} WHEN MATCHED THEN UPDATE SET {close}")
+                        f" AND {written_before('t', 's')} WHEN MATCHED THEN UPDATE SET {close}")
         if (t := batch.truncate) is not None:
             self._truncate(name, t, f"{b.CURRENT}", f"{b.VALID_TO} = {{ts}}, {b.CURRENT} = false,"
                            f" {b.END_LSN} = {t.lsn}, {b.END_SEQ} = {t.seq}")
@@ -286,12 +268,12 @@ class IcebergHistory(HistoryWriter):
         if len(batch.deletes):
             self._merge(self._events(table, batch.deletes),
                         f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)} AND t.{b.DELETED_AT} IS NULL"
-                        f" AND {_before('t', 's')} WHEN MATCHED THEN UPDATE SET {mark}")
+                        f" AND {written_before('t', 's')} WHEN MATCHED THEN UPDATE SET {mark}")
         if len(batch.rows):
             rows = batch.rows if isinstance(batch.rows, pa.Table) else list(batch.rows.values())
             self._merge(self._frame(table, "soft_delete", rows),
                         f"MERGE INTO {name} t USING {{source}} s ON {self._on_key(table)}"
-                        f" WHEN MATCHED AND {_before('t', 's')} THEN UPDATE SET {self._update(table, 'soft_delete')}"
+                        f" WHEN MATCHED AND {written_before('t', 's')} THEN UPDATE SET {self._update(table, 'soft_delete')}"
                         f" WHEN NOT MATCHED THEN {self._insert(table, 'soft_delete')}")
         if (t := batch.truncate) is not None:
             self._truncate(name, t, f"{b.DELETED_AT} IS NULL", f"{b.DELETED_AT} = {{ts}}, {b.COMMIT_TS} = {{ts}},"
