@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from headrace.core.errors import TerminalError
 from headrace.core.schema import TableSchema
 from headrace.engines.driver.casts import arrow_type
 from headrace.history import build as b
@@ -30,6 +31,15 @@ IN_PLACE_MARKERS: dict[Mode, str] = {"changelog": b.OP, "scd2": b.CURRENT, "soft
 def in_place_mode(columns: set[str]) -> Mode | None:
     """The history mode a table of these ``columns`` under its own name is written in; None: a mirror's."""
     return next((m for m, marker in IN_PLACE_MARKERS.items() if marker in columns), None)
+
+
+def refuse_other_mode(table: TableSchema, name: str, columns: set[str], mode: Mode, what: str) -> None:
+    """Before a table under its own name becomes the ``mode`` table: refused when its ``columns`` say it is
+    another mode's (``what`` names the table to drop, e.g. "that lake table")."""
+    if other := [m for m, marker in IN_PLACE_MARKERS.items() if marker in columns and m != mode]:
+        raise TerminalError(f"table {table.qualified_name}: {name} is its {other[0]} table and history mode {mode}"
+                            f" is configured for it: put back [{other[0]}], or drop {what} (its history is lost)"
+                            f" and resync to start it as {mode}")
 
 
 def arrow_schema(table: TableSchema, mode: Mode) -> pa.Schema:

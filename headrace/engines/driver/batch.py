@@ -15,8 +15,8 @@ change per key kept, TOAST columns left unchanged filled from the latest earlier
 that sent them. Casts: ``headrace.engines.driver.casts``.
 
 ``materialize.lanes.batch_build_lane`` says from the batch's facts which batches stay on Spark (too
-big, no facts registered, no key, a key change that left TOAST columns unchanged, a floating-point
-key); a batch whose values the casts here do not take (``NotOnLane``) goes to Spark too, which casts
+big, no facts registered, a key change that left TOAST columns unchanged, a floating-point key, a
+keyless table with a floating-point column or an update without its old row); a batch whose values the casts here do not take (``NotOnLane``) goes to Spark too, which casts
 them or stops the table with its message. Every value the driver writes is one Spark would have written.
 """
 

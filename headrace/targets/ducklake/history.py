@@ -23,7 +23,14 @@ from headrace.history import build as b
 from headrace.history.changes import Key, tuples
 from headrace.history.config import Mode, history_table
 from headrace.history.queries import rows_now, written_before
-from headrace.history.tables import EXTRA, IN_PLACE_MARKERS, in_place_mode, key_table, to_arrow
+from headrace.history.tables import (
+    EXTRA,
+    IN_PLACE_MARKERS,
+    in_place_mode,
+    key_table,
+    refuse_other_mode,
+    to_arrow,
+)
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.ducklake import extension
 from headrace.targets.ducklake.types import cast_in, cast_out, duck_type
@@ -144,10 +151,7 @@ class DuckLakeHistory(HistoryWriter):
         name = self.target._qualified(table)
         with self.target._lock, self.target._transaction(table):
             have = {r[0] for r in self.con.execute(f"DESCRIBE {name}").fetchall()}
-            if other := [m for m, marker in IN_PLACE_MARKERS.items() if marker in have and m != mode]:
-                raise TerminalError(f"table {table.qualified_name}: {name} is its {other[0]} table and history"
-                                    f" mode {mode} is configured for it: put back [{other[0]}], or drop that lake"
-                                    f" table (its history is lost) and resync to start it as {mode}")
+            refuse_other_mode(table, name, have, mode, "that lake table")
             if mode == "scd2" and b.COMMIT_TS in have and b.VALID_FROM not in have:
                 self.con.execute(f"ALTER TABLE {name} RENAME COLUMN {b.COMMIT_TS} TO {b.VALID_FROM}")
                 have = (have - {b.COMMIT_TS}) | {b.VALID_FROM}

@@ -37,7 +37,14 @@ from headrace.history import build as b
 from headrace.history.changes import Key
 from headrace.history.config import Mode, history_table
 from headrace.history.queries import rows_now, written_before
-from headrace.history.tables import EXTRA, IN_PLACE_MARKERS, arrow_schema, in_place_mode, key_table, to_arrow
+from headrace.history.tables import (
+    EXTRA,
+    arrow_schema,
+    in_place_mode,
+    key_table,
+    refuse_other_mode,
+    to_arrow,
+)
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.iceberg.arrow_frame import arrow_frame
 from headrace.targets.iceberg.catalog import java_table
@@ -127,10 +134,7 @@ class IcebergHistory(HistoryWriter):
         Several commits, each skipping what is done; ``headrace.history.started`` last."""
         name = self.name(table, mode, own=True)
         have = set(self.spark.table(name).columns)
-        if other := [m for m, marker in IN_PLACE_MARKERS.items() if marker in have and m != mode]:
-            raise TerminalError(f"table {table.qualified_name}: {name} is its {other[0]} table and history mode"
-                                f" {mode} is configured for it: put back [{other[0]}], or drop that Iceberg table"
-                                f" (its history is lost) and resync to start it as {mode}")
+        refuse_other_mode(table, name, have, mode, "that Iceberg table")
         if mode == "scd2" and b.COMMIT_TS in have and b.VALID_FROM not in have:
             self.spark.sql(f"ALTER TABLE {name} RENAME COLUMN {b.COMMIT_TS} TO {b.VALID_FROM}")
             have = (have - {b.COMMIT_TS}) | {b.VALID_FROM}
