@@ -144,40 +144,52 @@ def rates(args: argparse.Namespace, root: Path) -> None:
         print(f"  {label:16} {rate:10,.0f} changes/s  {rate / reference:5.2f}x the mirror's mean")
 
 
-def scd2_growth(args: argparse.Namespace, root: Path) -> None:
-    """The same bursts into a table of few and of many versions, scd2 and (the reference) the mirror; with
-    ``--maintain``, each table compacted first, as the pipeline's ``maintenance:`` passes keep it."""
+def _grown(args: argparse.Namespace, folder: Path, modes: tuple[Mode, ...], bursts: int) -> tuple[DuckLakeTarget, Workload, int]:
+    """A lake whose table took ``bursts`` bursts (and, with ``--maintain``, a maintenance pass); the lake,
+    its workload and the next staged-log offset."""
     from headrace.core.maintenance import MaintenancePolicy
 
+    folder.mkdir()
+    work = Workload(folder, args.keys, args.txn, seed=2)
+    lake = open_lake(folder)
+    lake.ensure_table(TABLE)
+    files = [work.seed_file()] + [work.file(args.file_changes) for _ in range(bursts * args.burst_files)]
+    apply(lake, (), files[:1], 1, work.facts, 1)  # the copy
+    if modes:
+        lake.history().start(TABLE, "scd2", 1, own=True)
+    apply(lake, modes, files[1:], 2, work.facts, args.burst_files, own=bool(modes))
+    if args.maintain:
+        lake.maintain(TABLE, MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=0))
+    return lake, work, len(files) + 1
+
+
+def scd2_growth(args: argparse.Namespace, root: Path) -> None:
+    """The same bursts into a table of few and of many versions, scd2 and (the reference) the mirror; with
+    ``--maintain``, each table compacted first, as the pipeline's ``maintenance:`` passes keep it. The
+    two tables take their bursts in turn (small, large, small, ...), so the machine's load falls on both
+    alike; each side's median counts."""
     for label, modes in (("scd2", ("scd2",)), ("mirror", ())):
-        times = []
-        for n, bursts in (("small", args.history), ("large", args.history * args.factor)):
-            folder = root / f"growth_{label}_{n}"
-            folder.mkdir()
-            work = Workload(folder, args.keys, args.txn, seed=2)
-            lake = open_lake(folder)
-            lake.ensure_table(TABLE)
-            files = [work.seed_file()] + [work.file(args.file_changes) for _ in range(bursts * args.burst_files)]
-            apply(lake, (), files[:1], 1, work.facts, 1)  # the copy
-            if modes:
-                lake.history().start(TABLE, "scd2", 1, own=True)
-            apply(lake, modes, files[1:], 2, work.facts, args.burst_files, own=bool(modes))  # type: ignore[arg-type]
-            if args.maintain:
-                lake.maintain(TABLE, MaintenancePolicy(retention_seconds=0, keep_last=1, orphan_age_seconds=0))
-            rows = lake._con.execute("SELECT count(*) FROM hr_lake.public.acct").fetchone()
-            taken, cpu = [], []
-            for i in range(args.repeat):  # the median of a few bursts: one is at the mercy of the machine's load
+        sides = [_grown(args, root / f"growth_{label}_{n}", modes, bursts)  # type: ignore[arg-type]
+                 for n, bursts in (("small", args.history), ("large", args.history * args.factor))]
+        rows = []  # the versions each table holds before its timed bursts (each burst adds ~4,000 to both)
+        for lake, _, _ in sides:
+            found = lake._con.execute("SELECT count(*) FROM hr_lake.public.acct").fetchone()
+            rows.append(found[0] if found else 0)
+        taken: list[list[float]] = [[], []]
+        cpu: list[list[float]] = [[], []]
+        for i in range(args.repeat):
+            for side, (lake, work, first) in enumerate(sides):
                 burst = [work.file(args.file_changes) for _ in range(args.burst_files)]
                 started = time.process_time()
-                taken.append(apply(lake, modes, burst, len(files) + 1 + i * args.burst_files,  # type: ignore[arg-type]
-                                   work.facts, args.burst_files, own=bool(modes)))
-                cpu.append(time.process_time() - started)
-            times.append((statistics.median(taken), rows[0] if rows else 0, statistics.median(cpu)))
+                taken[side].append(apply(lake, modes, burst, first + i * args.burst_files,  # type: ignore[arg-type]
+                                         work.facts, args.burst_files, own=bool(modes)))
+                cpu[side].append(time.process_time() - started)
+        for lake, _, _ in sides:
             lake.close()
-        (small, r_small, c_small), (large, r_large, c_large) = times
-        print(f"{label} burst of {args.burst_files * args.file_changes} changes (median of {args.repeat}"
-              f"{', after maintenance' if args.maintain else ''}): {small:.3f} s ({c_small:.3f} s CPU) into"
-              f" {r_small} rows, {large:.3f} s ({c_large:.3f} s CPU) into {r_large} rows ({r_large / r_small:.1f}x):"
+        (small, large), (c_small, c_large) = map(statistics.median, taken), map(statistics.median, cpu)
+        print(f"{label} burst of {args.burst_files * args.file_changes} changes (median of {args.repeat}, taken in"
+              f" turn{', after maintenance' if args.maintain else ''}): {small:.3f} s ({c_small:.3f} s CPU) into"
+              f" {rows[0]} rows, {large:.3f} s ({c_large:.3f} s CPU) into {rows[1]} rows ({rows[1] / rows[0]:.1f}x):"
               f" {large / small:.2f}x ({c_large / c_small:.2f}x CPU)")
 
 

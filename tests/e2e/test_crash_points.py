@@ -83,6 +83,8 @@ OWN_ICEBERG = "iceberg-scd2"  # the same on Iceberg: its history commits carry i
 @pytest.mark.parametrize(("point", "engine"), [(p, "auto") for p in POINTS if p != HISTORY]
                          + [("apply.after_target_commit", "spark"),
                             pytest.param(HISTORY, "auto", marks=pytest.mark.slow),
+                            # the mirror's batches Spark jobs, the history tables built on the driver as on auto
+                            pytest.param(HISTORY, "spark", marks=pytest.mark.slow),
                             pytest.param("apply.after_target_commit", OWN, marks=pytest.mark.slow),
                             # ~60 s (a JVM in the dying run, MERGEs): tests/history/test_history_iceberg.py replays light
                             pytest.param("apply.after_target_commit", OWN_ICEBERG, marks=pytest.mark.slow)])
