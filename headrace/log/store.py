@@ -80,6 +80,8 @@ class StagingStore:
         elif self.fs.type_name in _OBJECT_STORES:
             with self.fs.open_output_stream(path) as out:
                 write_staging_file(out, buffer)
+                size = out.tell()
+            return self._location(path), size  # the size as written: no HEAD request to ask the store
         else:
             self.fs.create_dir(folder, recursive=True)
             tmp = path[: -len(".parquet")] + ".tmp"

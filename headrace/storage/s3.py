@@ -117,6 +117,10 @@ class S3Access:
             region=self.region, endpoint_override=self.host_port, scheme=scheme,
             force_virtual_addressing=not self.path_style and self.endpoint is not None,
             connect_timeout=5, request_timeout=30,
+            # a staged or table file smaller than an upload part goes up in one PUT, not three requests
+            # (create, part, complete) and a round trip at open; a failure then shows at close, which
+            # every writer here waits for
+            allow_delayed_open=True,
         )
 
     # -- Hadoop S3A (Spark's JVM) ----------------------------------------------------------------
