@@ -310,8 +310,9 @@ def table_facts(table: pa.Table) -> FileFacts:
         last_truncate = Position(*max(zip(truncates["_lsn"].to_pylist(), truncates["_seq"].to_pylist(), strict=True)))
     any_unchanged = unchanged.null_count != len(unchanged)
     key_toast = any_unchanged and bool(pc.any(pc.and_(pc.and_(updates, pc.is_valid(old_key)), pc.is_valid(unchanged))).as_py())
+    latest = pc.max(table["_ts"].cast(pa.int64())).as_py()
     return FileFacts(counts.get("I", 0), counts.get("U", 0), counts.get("D", 0), counts.get("T", 0), last_truncate,
-                     any_unchanged, bool(pc.any(pc.and_(updates, pc.is_null(old_key))).as_py()), key_toast)
+                     any_unchanged, bool(pc.any(pc.and_(updates, pc.is_null(old_key))).as_py()), key_toast, latest)
 
 
 def _with_subxids(tb: TableBuffer, subxids: list[int]) -> pa.Table:

@@ -216,7 +216,8 @@ def _count_ops(entries: list[LogEntry], snapshot_lsn: int | None) -> tuple[dict[
     """Changes per operation in staged files (those after the copy position) and the latest commit time.
 
     A file registered with its facts, wholly after the copy position, is counted from the facts and
-    its commit times from the Parquet footer's statistics: re-reading every applied file's columns
+    its latest commit time from the facts too (files registered before they held it: the Parquet
+    footer's statistics, a request per file on an object store): re-reading every applied file's columns
     was about 5% of the driver's busy samples while draining a backlog (py-spy). Others are read as
     before.
     """
@@ -224,13 +225,17 @@ def _count_ops(entries: list[LogEntry], snapshot_lsn: int | None) -> tuple[dict[
     last: datetime | None = None
     for entry in entries:
         facts = entry.facts
-        footer = (_footer_last_ts(entry.path)
-                  if facts is not None and (snapshot_lsn is None or entry.min_lsn > snapshot_lsn) else None)
+        whole = facts is not None and (snapshot_lsn is None or entry.min_lsn > snapshot_lsn)
+        footer: tuple[datetime | None] | None = None
+        if whole and facts is not None and facts.last_commit_us is not None:
+            footer = (datetime.fromtimestamp(facts.last_commit_us / 1e6, timezone.utc),)
+        elif whole:
+            footer = _footer_last_ts(entry.path)
         if facts is not None and footer is not None:
             for op, n in (("I", facts.inserts), ("U", facts.updates), ("D", facts.deletes), ("T", facts.truncates)):
                 if n:
                     ops[OPS[op]] = ops.get(OPS[op], 0) + n
-            ts = footer[0]
+            ts: datetime | None = footer[0]
         else:
             read = _read_ops(entry.path, snapshot_lsn)
             if read is None:

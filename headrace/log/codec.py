@@ -150,7 +150,7 @@ class StagingBuffer:
     @property
     def facts(self) -> FileFacts:
         """Counts per op, the latest TRUNCATE and the TOAST/old-row flags of the rows so far."""
-        return facts_of(self.op, self.lsn, self.seq, self.unchanged, self.old_key)
+        return facts_of(self.op, self.lsn, self.seq, self.unchanged, self.old_key, self.ts)
 
     def __len__(self) -> int:
         return len(self.op)
@@ -198,6 +198,11 @@ def read_staging_file(path: str | Path) -> pa.Table:
     materializer. An ``s3://`` location is read from the configured object store (``headrace.storage``)."""
     if isinstance(path, str) and "://" in path:
         from headrace import storage
+        from headrace.log import recent
+
+        kept = recent.read(path)
+        if kept is not None:  # written by this process a moment ago: no round trips to the store
+            return pq.read_table(pa.BufferReader(kept), schema=STAGING_SCHEMA)
 
         filesystem, fs_path = storage.filesystem(path)
         return pq.read_table(fs_path, schema=STAGING_SCHEMA, filesystem=filesystem)

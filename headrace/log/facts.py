@@ -33,6 +33,9 @@ class FileFacts:
     # means the old row is missing (REPLICA IDENTITY was not FULL), which the materializer refuses.
     update_without_old: bool = False
     key_toast: bool = False  # an update moved the key and left TOAST columns unchanged
+    # The latest commit time (µs since the epoch) of the file's rows: the status page's lag reads it here
+    # instead of the file's footer, a request per applied file on an object store. None: not known.
+    last_commit_us: int | None = None
 
     @property
     def rows(self) -> int:
@@ -50,6 +53,8 @@ class FileFacts:
             unchanged=self.unchanged or other.unchanged,
             update_without_old=self.update_without_old or other.update_without_old,
             key_toast=self.key_toast or other.key_toast,
+            last_commit_us=max(times) if (times := [t for t in (self.last_commit_us, other.last_commit_us)
+                                                    if t is not None]) else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -78,7 +83,7 @@ def total(facts: Iterable[FileFacts]) -> FileFacts:
 
 
 def facts_of(op: Sequence[str], lsn: Sequence[int], seq: Sequence[int], unchanged: Sequence[str | None],
-             old_key: Sequence[str | None]) -> FileFacts:
+             old_key: Sequence[str | None], ts: Sequence[int] = ()) -> FileFacts:
     """The facts of staged rows given column by column (``StagingBuffer`` at a flush).
 
     Found over whole columns with C-level counts; the per-row scans run only when there is
@@ -96,4 +101,4 @@ def facts_of(op: Sequence[str], lsn: Sequence[int], seq: Sequence[int], unchange
     if counts["T"]:
         last_truncate = Position(*max((p, s) for o, p, s in zip(op, lsn, seq, strict=True) if o == "T"))
     return FileFacts(counts["I"], counts["U"], counts["D"], counts["T"], last_truncate, any_unchanged,
-                     update_without_old, key_toast)
+                     update_without_old, key_toast, max(ts) if ts else None)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from headrace import storage
+from headrace.log import recent
 from headrace.log.codec import StagingBuffer, write_staging_file
 
 # Object stores publish an object whole when its upload completes (a failed upload leaves nothing),
@@ -78,10 +79,14 @@ class StagingStore:
         if self.local:
             _write_local(path, buffer)
         elif self.fs.type_name in _OBJECT_STORES:
+            encoded = pa.BufferOutputStream()
+            write_staging_file(encoded, buffer)
+            data = encoded.getvalue()
             with self.fs.open_output_stream(path) as out:
-                write_staging_file(out, buffer)
-                size = out.tell()
-            return self._location(path), size  # the size as written: no HEAD request to ask the store
+                out.write(data)
+            location = self._location(path)
+            recent.keep(location, data)  # the materializer's read of it, a moment later, from memory
+            return location, data.size  # the size as written: no HEAD request to ask the store
         else:
             self.fs.create_dir(folder, recursive=True)
             tmp = path[: -len(".parquet")] + ".tmp"
@@ -121,6 +126,7 @@ class StagingStore:
     def delete(self, location: str) -> bool:
         """Delete the file at ``location``; False when it was gone already."""
         fs, path = self._resolve(location)
+        recent.forget(location)
         try:
             fs.delete_file(path)
         except FileNotFoundError:

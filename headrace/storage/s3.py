@@ -170,6 +170,12 @@ class S3Access:
             options["PROVIDER"] = "credential_chain"
         parts = [f"{k} {_duckdb_value(v)}" for k, v in options.items()]
         con.execute(f"CREATE OR REPLACE TEMPORARY SECRET {name} ({', '.join(parts)})")
+        # every file headrace reads on the store is written once under a name never reused (staged files,
+        # table data and delete files): what DuckDB learnt of one (its size, its footer, its bytes) stays
+        # true, so it asks the store again for none of them
+        con.execute("SET enable_http_metadata_cache = true")
+        con.execute("SET parquet_metadata_cache = true")
+        con.execute("SET validate_external_file_cache = 'NO_VALIDATION'")
 
     # -- pyiceberg ---------------------------------------------------------------------------------
     def pyiceberg_properties(self) -> dict[str, str]:

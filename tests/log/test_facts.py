@@ -61,3 +61,16 @@ def test_facts_add_up_and_survive_json() -> None:
         assert FileFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
     # A newer version's extra fact is ignored by this one.
     assert FileFacts.from_json({**a.to_json(), "something_new": 1}) == a
+
+
+def test_the_latest_commit_time_is_kept_summed_and_stored() -> None:
+    # the status page's lag reads it from here, not from each applied file's footer (a request on S3)
+    buf = StagingBuffer()
+    for ts in (5_000_000, 9_000_000, 7_000_000):
+        buf.append("I", 1, 1, ts, 1, '{"id":"1"}')
+    facts = buf.facts
+    assert facts.last_commit_us == 9_000_000
+    assert (facts + FileFacts(last_commit_us=12_000_000)).last_commit_us == 12_000_000
+    assert (facts + FileFacts()).last_commit_us == 9_000_000
+    assert FileFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
+    assert FileFacts.from_json({"inserts": 1}).last_commit_us is None  # a file registered before

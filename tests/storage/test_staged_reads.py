@@ -30,3 +30,34 @@ def test_staged_file_counts_are_read_from_the_configured_store(s3_server: MotoSe
     assert _read_ops(f"s3://{s3_bucket}/staging/t/1.parquet", None) == ({"insert": 1, "update": 1, "delete": 1}, at)
     assert _footer_last_ts(f"s3://{s3_bucket}/staging/t/1.parquet") == (at,)
     assert time.monotonic() - started < 5
+
+
+def test_a_staged_file_this_process_wrote_is_uploaded_once_and_read_back_without_the_store(
+        s3_server: MotoServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headrace.log import recent
+    from headrace.log.codec import StagingBuffer, read_staging_file
+    from headrace.log.store import StagingStore
+
+    storage.configure(StorageConfig(endpoint=s3_server.endpoint))
+    store = StagingStore.open(f"s3://{s3_bucket}/staging/p")
+    buf = StagingBuffer()
+    buf.append("I", 5, 1, 7_000_000, 1, '{"id":"1"}')
+
+    def requests() -> int:
+        return len(s3_server.log_path.read_text().splitlines())
+
+    before = requests()
+    location, size = store.write(42, buf)
+    assert requests() - before == 1  # one PUT: no multipart create/complete, no HEAD for the size
+    assert size == s3_server.client().head_object(Bucket=s3_bucket, Key=location.split("/", 3)[3])["ContentLength"]
+    before = requests()
+    assert read_staging_file(location).equals(buf.to_table())
+    assert requests() == before  # read from this process's memory
+    store.delete(location)
+    assert recent.read(location) is None
+    another = StagingStore.open(f"s3://{s3_bucket}/staging/p")  # a file this process did not write: the store
+    location, _ = another.write(42, buf)
+    recent.forget(location)
+    before = requests()
+    assert read_staging_file(location).equals(buf.to_table())
+    assert requests() > before
