@@ -200,13 +200,13 @@ def stream_changes(dsn: str, start: int, end: int, profile: bool, native: bool =
     profiler roughly doubles the time)."""
 
     def drain(profiler: cProfile.Profile | None) -> tuple[float, int]:
-        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)}, native=native)
+        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)}, native=native, staged=native)
         count, t0 = 0, time.monotonic()
         if profiler:
             profiler.enable()
         try:
             while stream.position < end:
-                count += sum(isinstance(e, (Insert, Update, Delete)) for _, e in stream.read(10_000, 1.0))
+                count += sum(isinstance(e, (Insert, Update, Delete, bytes)) for _, e in stream.read(10_000, 1.0))
         finally:
             if profiler:
                 profiler.disable()

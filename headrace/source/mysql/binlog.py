@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pymysql
@@ -49,17 +50,19 @@ from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
 from headrace.core.settings import redacted_dsn
 from headrace.source.mysql import rows_native
+from headrace.source.mysql import staged as staged_changes
 from headrace.source.mysql.catalog import (
     column_defaults,
     fixed_binary_types,
     schema_from_table_map,
     with_fills,
 )
-from headrace.source.mysql.connect import MySqlConnection, connect, parse_dsn
+from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.ddl import parse, truncated_table
 from headrace.source.mysql.gtid import GtidTracker, mysql_gtid
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
+from headrace.source.mysql.rows_native import BinlogConnection, NativeRows
 from headrace.source.mysql.server import gtid_at, server_identity
 from headrace.source.mysql.table_maps import CachedTableMapEvent
 from headrace.source.mysql.types import binlog_converters, python_images
@@ -94,7 +97,7 @@ class BinlogStream:
     def __init__(self, dsn: str, server_id: int, start: int,
                  tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
                  known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None,
-                 native: bool = True, epoch: int = 0, gtid_start: str | None = None) -> None:
+                 native: bool = True, epoch: int = 0, gtid_start: str | None = None, staged: bool = False) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
@@ -128,10 +131,17 @@ class BinlogStream:
         # From a GTID state: @slave_connect_state (strict mode), MySQL's COM_BINLOG_DUMP_GTID.
         by_gtid = {"auto_position": gtid_start, "is_mariadb": mariadb} if gtid_start is not None else {
             "log_file": file, "log_pos": offset, "is_mariadb": False}
+        self.native = native  # row events decoded in C where the table's types allow (rows_native)
+        # binlog table id -> its C plan (rows_native.plan), for the tables whose row events C reads whole;
+        # with ``staged`` their changes are handed over as ``staged`` bytes (capture stages them in C).
+        self._plans: dict[int, rows_native.Plan] = {}
+        self.staged = staged and native and staged_changes.CODEC is not None
         self._reader = BinLogStreamReader(
             connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
             blocking=True, slave_heartbeat=heartbeat, only_events=_EVENTS, enable_logging=False,
-            report_slave=tag, pymysql_wrapper=MySqlConnection, **by_gtid)
+            report_slave=tag, pymysql_wrapper=partial(BinlogConnection, plans=self._plans if native else None,
+                                                                 staged=self.staged),
+            **by_gtid)
         self._from_gtid = gtid_start
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
@@ -149,7 +159,6 @@ class BinlogStream:
         self._fixed: dict[tuple[int, str, str], dict[str, str]] = {}  # (binlog table id, name) -> UUID/INET columns (_declared)
         # oid -> (shape, *types.binlog_converters(its columns)), rebuilt when the shape object changes.
         self._converters: dict[int, tuple[TableSchema, list[str], list[Converter | None], list[Converter]]] = {}
-        self.native = native  # row events decoded in C where the table's types allow (rows_native)
         self._native: dict[int, tuple[TableSchema, list[rows_native.Spec] | None]] = {}  # binlog table id ->
 
     def schema(self, oid: int) -> TableSchema:
@@ -166,6 +175,9 @@ class BinlogStream:
         while len(out) < max_messages and time.monotonic() < deadline:
             try:
                 event = self._reader.fetchone()
+            except NativeRows as native:
+                self._native_rows(*native.decoded, out)
+                continue
             except pymysql.err.OperationalError as exc:
                 if exc.args and exc.args[0] == _LOG_GONE and self._seeking:
                     raise SourceError(
@@ -239,8 +251,10 @@ class BinlogStream:
                             self._shapes.clear()
                         self._shapes[key] = shape
                 self._schemas[oid] = self.identities.label(oid, shape)
+                self._plan(event.table_id, event.columns, self._schemas[oid])
             else:
                 self._maps.pop(event.table_id, None)
+                self._plans.pop(event.table_id, None)
             return
         if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
             mapped = self._maps.get(event.table_id)
@@ -307,30 +321,60 @@ class BinlogStream:
             out.append((start, Relation(oid, shape.schema, shape.name, shape.replica_identity, columns)))
             self._sent[oid] = shape
 
+    def _plan(self, table_id: int, binlog_columns: Any, shape: TableSchema) -> None:
+        """The C decoder's plan for the rows of binlog table ``table_id`` (None: Python decodes them);
+        with one, its row events are read whole in C (``rows_native.BinlogConnection``)."""
+        planned = self._native.get(table_id)
+        if planned is not None and planned[0] is shape:
+            return
+        # Each TABLE_MAP body seen anew gives a new shape object; its columns are mostly the last one's.
+        same = planned is not None and planned[0].columns == shape.columns
+        specs = planned[1] if same and planned is not None else (
+            rows_native.row_specs(binlog_columns, shape.columns) if self.native else None)
+        self._native[table_id] = (shape, specs)
+        if specs is None:
+            self._plans.pop(table_id, None)
+        else:
+            self._plans[table_id] = rows_native.plan(specs, self._maps[table_id], bool(shape.key))
+
     def _rows(self, event: Any, oid: int, out: list[tuple[int, Event]]) -> None:
+        """A row event mysql-replication read (C declined it whole, or the table has no C plan)."""
         start = self._begin(out)
         self._relation(oid, start, out)
-        shape = self._schemas[oid]
         planned = self._native.get(event.table_id)
-        if planned is None or planned[0] is not shape:
-            # Each TABLE_MAP gives a new shape object; its columns are mostly the last one's.
-            same = planned is not None and planned[0].columns == shape.columns
-            specs = planned[1] if same and planned is not None else (
-                rows_native.row_specs(event.columns, shape.columns) if self.native else None)
-            planned = self._native[event.table_id] = (shape, specs)
-        specs = planned[1]
-        images = rows_native.decode(event, specs) if specs is not None else None
+        images = rows_native.decode(event, planned[1]) if planned is not None and planned[1] is not None else None
         if images is None:
-            images = self._python_images(event, oid, shape)
+            images = self._python_images(event, oid, self._schemas[oid])
+        kind = 0 if isinstance(event, WriteRowsEvent) else 2 if isinstance(event, DeleteRowsEvent) else 1
+        self._changes(start, kind, oid, images, out)
+
+    def _native_rows(self, kind: int, table_id: int, log_pos: int, _size: int, images: list[Any],
+                     out: list[tuple[int, Any]]) -> None:
+        """A row event read whole in C (``rows_native.NativeRows``); mysql-replication never saw it."""
+        self._reader.log_pos = log_pos  # where it resumes if it reconnects by itself
+        oid = self._maps.get(table_id)
+        if oid is None:  # pragma: no cover - plans are kept for mapped tables only
+            return
+        start = self._begin(out)
+        self._relation(oid, start, out)
+        if self.staged:
+            out += [(start, change) for change in images]
+        else:
+            self._changes(start, kind, oid, images, out)
+
+    def _changes(self, start: int, kind: int, oid: int, images: list[tuple[str | None, ...]],
+                 out: list[tuple[int, Event]]) -> None:
+        """The changes of one row event's ``images`` (kind 0 write, 1 update: before, after, ..., 2 delete)."""
+        shape = self._schemas[oid]
         keys = self._keys.get(oid)
         if keys is None or keys[0] is not shape:  # the key's places, once per shape
             at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
             keys = self._keys[oid] = (shape, at, rows_native.key_image(at, len(shape.columns)))
         _shape, at, key_only = keys
         keyed = bool(shape.key)
-        if isinstance(event, WriteRowsEvent):
+        if kind == 0:
             out += [(start, Insert(oid, row)) for row in images]
-        elif isinstance(event, DeleteRowsEvent):
+        elif kind == 2:
             out += [(start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images]
         else:
             single = at[0] if len(at) == 1 else None
