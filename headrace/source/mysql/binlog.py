@@ -1,8 +1,10 @@
 """Change capture from a MariaDB/MySQL binary log, as the events of ``core.changes``.
 
-``BinlogStream`` reads row events with mysql-replication (as a replica would, with the caller's
+``BinlogStream`` reads the binlog with mysql-replication (as a replica would, with the caller's
 ``server_id``) and hands the capture loop what pgoutput would: per transaction one ``Begin``, a
 ``Relation`` when a table's shape is first seen or changes, the row changes as text, ``Commit``.
+Row events of tables whose column types C spells are read whole in C from the replication packets
+(``row_events.py``, ``rows_native.py``), and with ``staged`` handed over as bytes (``staged.py``).
 
 Positions (``position.to_int``): a transaction's position (``Begin.final_lsn`` =
 ``Commit.commit_lsn``) is where it starts in the binlog (its GTID event); ``Commit.end_lsn`` is
@@ -89,6 +91,9 @@ class BinlogStream(RowEvents):
 
     Each ``Commit`` carries the GTID state after it (``Commit.token``, ``gtid.Resume``); ``gtid_start``
     reads from a GTID state instead of ``start``, which is on another server (failover), in ``epoch``.
+
+    ``native=False`` decodes every row in Python (mysql-replication); ``staged=True`` hands over the
+    changes C reads as ``staged`` bytes (what capture stages in C) instead of events.
     """
 
     def __init__(self, dsn: str, server_id: int, start: int,
