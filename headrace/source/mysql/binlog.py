@@ -62,7 +62,7 @@ from headrace.source.mysql.gtid import GtidTracker, mysql_gtid
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
 from headrace.source.mysql.row_events import RowEvents
-from headrace.source.mysql.rows_native import BinlogConnection, NativeRows
+from headrace.source.mysql.rows_native import BinlogConnection, NativeEvent, NativeRows
 from headrace.source.mysql.server import gtid_at, server_identity
 from headrace.source.mysql.table_maps import CachedTableMapEvent
 
@@ -180,6 +180,9 @@ class BinlogStream(RowEvents):
             except NativeRows as native:
                 self._native_rows(*native.decoded, out)
                 continue
+            except NativeEvent as native:
+                self._native_event(native, out)
+                continue
             except pymysql.err.OperationalError as exc:
                 if exc.args and exc.args[0] == _LOG_GONE and self._seeking:
                     raise SourceError(
@@ -214,12 +217,29 @@ class BinlogStream(RowEvents):
         not known (MySQL read by file and offset)."""
         return self._gtid.token
 
-    def _at(self, event: Any) -> tuple[int, int]:
-        """(start, end) positions of ``event`` in the current binlog file."""
+    def _at(self, log_pos: int, size: int) -> tuple[int, int]:
+        """(start, end) positions of the event of ``size`` bytes ending at ``log_pos`` in the current file."""
         if self._base[0] != self._file:  # the file's position 0, once per file (not twice an event)
             self._base = (self._file, to_int(self._file, 0, self._epoch))
-        end = self._base[1] + int(event.packet.log_pos)
-        return end - int(event.packet.event_size), end
+        end = self._base[1] + log_pos
+        return end - size, end
+
+    def _native_event(self, native: NativeEvent, out: list[tuple[int, Event]]) -> None:
+        """An XID or MariaDB GTID event read from its packet (``rows_native.NativeEvent``)."""
+        timestamp, kind, server_id, size, log_pos = native.head
+        self._reader.log_pos = log_pos  # where mysql-replication resumes if it reconnects by itself
+        start, end = self._at(log_pos, size)
+        if native.gtid is None:
+            self._commit(end, out)
+        else:
+            seq, domain, flags = native.gtid
+            self._mariadb_gtid(start, timestamp, seq, domain, server_id, flags)
+
+    def _mariadb_gtid(self, start: int, timestamp: int, seq: int, domain: int, server_id: int, flags: int) -> None:
+        """A MariaDB transaction (or standalone statement) starts at ``start`` with GTID domain-server-seq."""
+        self._seeking = False
+        self._open(start, timestamp, seq, bool(flags & _FL_STANDALONE))
+        self._gtid.begin(domain, server_id, seq)
 
     def _handle(self, event: Any, out: list[tuple[int, Event]]) -> None:
         if isinstance(event, RotateEvent):
@@ -227,16 +247,15 @@ class BinlogStream(RowEvents):
             if self._txn is None and not self._seeking:
                 self.position = to_int(self._file, int(event.position), self._epoch)
             return
-        start, end = self._at(event)
+        start, end = self._at(int(event.packet.log_pos), int(event.packet.event_size))
         if isinstance(event, MariadbGtidEvent):
-            self._seeking = False
-            self._open(start, event, int(event.gtid_seq_no), bool(event.flags & _FL_STANDALONE))
-            self._gtid.begin(int(event.domain_id), int(event.server_id), int(event.gtid_seq_no))
+            self._mariadb_gtid(start, int(event.timestamp), int(event.gtid_seq_no), int(event.domain_id),
+                               int(event.server_id), int(event.flags))
             return
         if isinstance(event, GtidEvent):
             # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
             self._seeking = False
-            self._open(start, event, int(event.gno), True)
+            self._open(start, int(event.timestamp), int(event.gno), True)
             self._gtid.begin(*mysql_gtid(event))
             return
         if isinstance(event, TableMapEvent):
@@ -267,12 +286,12 @@ class BinlogStream(RowEvents):
             query = event.query.strip()
             if query.upper() == "BEGIN":
                 if self._txn is None:  # MySQL without GTIDs (its anonymous GTID event is not decoded)
-                    self._open(start, event, 0, False)
+                    self._open(start, int(event.timestamp), 0, False)
                 self._standalone = False
                 return
             if query.upper() not in ("COMMIT", "ROLLBACK"):
                 if self._txn is None:
-                    self._open(start, event, 0, True)
+                    self._open(start, int(event.timestamp), 0, True)
                 self._statement(event, query, start, out)
                 if not self._standalone:
                     return
@@ -297,9 +316,9 @@ class BinlogStream(RowEvents):
             declared = self._fixed[key] = fixed_binary_types(self._catalog, event.schema, event.table)
         return declared
 
-    def _open(self, start: int, event: Any, xid: int, standalone: bool) -> None:
+    def _open(self, start: int, timestamp: int, xid: int, standalone: bool) -> None:
         """A transaction starts at ``start`` (its GTID event, or its first statement without one)."""
-        self._txn = (start, int(event.timestamp) * 1_000_000, xid)
+        self._txn = (start, timestamp * 1_000_000, xid)
         self._begun = False
         self._standalone = standalone
 
@@ -312,8 +331,12 @@ class BinlogStream(RowEvents):
         return start
 
     def _relation(self, oid: int, start: int, out: list[tuple[int, Event]]) -> None:
-        shape = self._schemas[oid]
-        if self._sent.get(oid) != shape:
+        shape, sent = self._schemas[oid], self._sent.get(oid)
+        if sent is shape:
+            return
+        if sent == shape:  # the shape sent last (a new TABLE_MAP object): keep one object, per-shape plans hold
+            self._schemas[oid] = sent
+        else:
             # What rows older than an added column hold: the TABLE_MAP has no defaults, so the
             # catalog's, read now (as the PostgreSQL source reads attmissingval).
             if self._catalog is None:

@@ -10,7 +10,8 @@ text (``tests/source/mysql/test_rows_native.py``).
 
 A row event of a table with a plan is read whole in C from the replication packet
 (``BinlogConnection``): its header, table id, columns-present bitmaps and rows, with no
-mysql-replication packet wrapper or event object. That library's classes, with their own Python
+mysql-replication packet wrapper or event object; so are the fixed fields of XID and MariaDB GTID
+events, in Python (``NativeEvent``). That library's classes, with their own Python
 per-event parse, were a quarter of the stream's time after the rows were decoded in C (cProfile,
 bench/mysql.py). Every other event, and a row event C declines (an image that is not FULL, a value
 it does not spell), goes on to mysql-replication as before.
@@ -37,6 +38,10 @@ except ImportError:  # pragma: no cover - depends on the build
     _decode_rows = _decode_event = None
 
 _COM_BINLOG_DUMP_GTID = 0x1E
+_ROW_EVENTS = frozenset((23, 24, 25, 30, 31, 32))  # WRITE/UPDATE/DELETE_ROWS v1 (MariaDB) and v2 (MySQL)
+XID_EVENT, MARIADB_GTID_EVENT = 16, 162
+_HEAD = struct.Struct("<IBIII")  # after the OK byte: timestamp, type, server id, event size, end position
+_MARIADB_GTID = struct.Struct("<QIB")  # sequence number, domain id, flags
 # (kind: 0 write, 1 update, 2 delete; binlog table id; the event's end in its file; its size; the
 # row images: an UPDATE's before, after, before, ...)
 Decoded = tuple[int, int, int, int, list[tuple[str | None, ...]] | list[bytes]]
@@ -115,6 +120,16 @@ class NativeRows(Exception):  # noqa: N818 -- not an error: the way out of mysql
         self.decoded = decoded
 
 
+class NativeEvent(Exception):  # noqa: N818 -- not an error: the way out of mysql-replication's fetchone
+    """An XID (a commit) or a MariaDB GTID event (a transaction's start), read from the packet's fixed
+    fields as the connection received it: ``head`` (timestamp, type, server id, size, end position)
+    and for a GTID ``gtid`` (sequence number, domain id, flags)."""
+
+    def __init__(self, head: tuple[int, int, int, int, int], gtid: tuple[int, int, int] | None) -> None:
+        super().__init__()
+        self.head, self.gtid = head, gtid
+
+
 class BinlogConnection(MySqlConnection):
     """The replication connection: once it asked for the binlog, a row event of a table in ``plans``
     (binlog table id -> ``plan``, kept by the stream) raises ``NativeRows`` with its rows (text
@@ -141,10 +156,18 @@ class BinlogConnection(MySqlConnection):
 
     def _read_packet(self, packet_type: Any = None) -> Any:
         packet = super()._read_packet() if packet_type is None else super()._read_packet(packet_type)
-        if self._checksum is not None and self.plans:
-            decoded = _decode_event(packet._data, self.plans, self._checksum, self.staged)  # type: ignore[misc]
+        if self._checksum is None or self.plans is None:
+            return packet
+        data = packet._data
+        kind = data[5] if len(data) > 20 and data[0] == 0 else 0
+        if kind in _ROW_EVENTS and self.plans:
+            decoded = _decode_event(data, self.plans, self._checksum, self.staged)  # type: ignore[misc]
             if decoded is not None:
                 raise NativeRows(decoded)
+        elif kind == XID_EVENT:
+            raise NativeEvent(_HEAD.unpack_from(data, 1), None)
+        elif kind == MARIADB_GTID_EVENT and len(data) >= 20 + _MARIADB_GTID.size:
+            raise NativeEvent(_HEAD.unpack_from(data, 1), _MARIADB_GTID.unpack_from(data, 20))
         return packet
 
 
