@@ -15,7 +15,10 @@ column) is loaded with ``INSERT ... SELECT`` from MariaDB's sequence engine. The
    --read-from-remote-server --base64-output=decode-rows --verbose`` decoding exactly those events
    to /dev/null. headrace: ``BinlogStream`` alone reading them, with mysql-replication's Python row
    decoder and with the C one (``rows_native``; ``--profile`` prints where its time goes), and the
-   stopped pipeline run again until caught up (staged and applied to DuckLake).
+   stopped pipeline run again until caught up (staged and applied to DuckLake). Beside the wall clock,
+   the CPU seconds of a run of ``mariadb-binlog`` and of ``BinlogStream`` (``cpu_*`` in the JSON; a
+   loaded machine slows the two unequally). ``BinlogStream`` with the C path hands over the staged
+   bytes capture takes (``source/mysql/staged.py``).
 
     .venv/bin/python bench/mysql.py [--rows 1000000] [--changes 200000] [--repeat 3] [--profile] [--png out.png] [--pg]
 
@@ -36,6 +39,7 @@ import json
 import os
 import pstats
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -200,13 +204,13 @@ def stream_changes(dsn: str, start: int, end: int, profile: bool, native: bool =
     profiler roughly doubles the time)."""
 
     def drain(profiler: cProfile.Profile | None) -> tuple[float, int]:
-        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)}, native=native)
+        stream = BinlogStream(dsn, 77, start, {(DATABASE, TABLE)}, native=native, staged=native)
         count, t0 = 0, time.monotonic()
         if profiler:
             profiler.enable()
         try:
             while stream.position < end:
-                count += sum(isinstance(e, (Insert, Update, Delete)) for _, e in stream.read(10_000, 1.0))
+                count += sum(isinstance(e, (Insert, Update, Delete, bytes)) for _, e in stream.read(10_000, 1.0))
         finally:
             if profiler:
                 profiler.disable()
@@ -307,11 +311,18 @@ def main() -> int:
         results["changes"] = written
         results["binlog_mb"] = round((end - start) / 2**20, 1)
         results["load_avg_changes"] = round(os.getloadavg()[0], 1)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         ref_binlog = best(lambda: mariadb_binlog(server, file, start, end), args.repeat)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # CPU seconds a run, beside the wall clock: a loaded machine slows the two unequally.
+        results["cpu_mariadb_binlog_s"] = round((after.ru_utime + after.ru_stime - children.ru_utime
+                                                 - children.ru_stime) / args.repeat, 3)
         table.append(("reference: mariadb-binlog --verbose (decode rows)", written, rate(written, ref_binlog)))
         for native, label in ((False, "Python rows"), (True, "C rows")):
+            cpu = time.process_time()
             stream_s, streamed = best(partial(stream_changes, server.dsn_for(DATABASE), to_int(file, start),
                                               to_int(file, end), args.profile, native), args.repeat)
+            results[f"cpu_stream_{label.split()[0].lower()}_s"] = round((time.process_time() - cpu) / args.repeat, 3)
             assert streamed == written, f"the stream read {streamed} changes, {written} were written"
             results[f"stream_{label.split()[0].lower()}_s"] = round(stream_s, 2)
             table.append((f"headrace BinlogStream alone ({label})", written, rate(written, stream_s)))
@@ -326,6 +337,7 @@ def main() -> int:
             table.append(("PostgreSQL source: catch-up of the same changes to DuckLake", pg_written,
                           rate(pg_written, pg_s)))
         spark.stop()
+        results["cpu_stream_c_vs_mariadb_binlog"] = round(results["cpu_mariadb_binlog_s"] / results["cpu_stream_c_s"], 3)
         results["load_avg_end"] = round(os.getloadavg()[0], 1)
 
     refs = {"copy": rate(args.rows, ref_copy), "changes": rate(written, ref_binlog)}

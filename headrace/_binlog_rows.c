@@ -2,6 +2,7 @@
  * present; headrace.source.mysql.rows_native falls back to mysql-replication's Python decoder, with
  * the same results, when it is not, and for tables with a column type it does not handle).
  *
+ * decode_event(packet, plans, checksum): a whole replication packet of a row event (see there).
  * decode_rows(body, images, specs) -> list[tuple[str | None, ...]] | None
  *   body:   the event's rows (after its header and columns-present bitmaps), up to its end;
  *   images: 1 (WRITE, DELETE) or 2 (UPDATE: before and after image per row);
@@ -305,25 +306,12 @@ truncated:
     return NULL;
 }
 
-static PyObject *decode_rows(PyObject *self, PyObject *args) {
-    const char *buf;
-    Py_ssize_t len;
-    int images;
-    PyObject *spec_seq;
-    if (!PyArg_ParseTuple(args, "y#iO", &buf, &len, &images, &spec_seq)) return NULL;
-    PyObject *fast = PySequence_Fast(spec_seq, "specs must be a sequence");
-    if (fast == NULL) return NULL;
-    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(fast);
-    Spec *specs = PyMem_Calloc((size_t)(ncols ? ncols : 1), sizeof(Spec));
-    PyObject *rows = NULL;
-    if (specs == NULL) { Py_DECREF(fast); return PyErr_NoMemory(); }
-    for (Py_ssize_t i = 0; i < ncols; i++) {
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iii", &specs[i].kind, &specs[i].a, &specs[i].b))
-            goto fail;
-    }
-    rows = PyList_New(0);
-    if (rows == NULL) goto fail;
-    const unsigned char *p = (const unsigned char *)buf, *end = p + len;
+/* The rows from p to end of images image(s) each (UPDATE: 2, before and after) as text tuples;
+ * Py_None (a new reference) when a value is not for this decoder; NULL with an error set. */
+static PyObject *rows_of(const unsigned char *p, const unsigned char *end, int images, const Spec *specs,
+                         Py_ssize_t ncols) {
+    PyObject *rows = PyList_New(0);
+    if (rows == NULL) return NULL;
     Py_ssize_t nullbytes = (ncols + 7) / 8;
     while (p < end) {
         for (int image = 0; image < images; image++) {
@@ -347,31 +335,230 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
                         Py_DECREF(row);
                         if (PyErr_Occurred()) goto fail;
                         Py_DECREF(rows);
-                        PyMem_Free(specs);
-                        Py_DECREF(fast);
                         Py_RETURN_NONE;
                     }
                     p += used;
                 }
                 PyTuple_SET_ITEM(row, i, v);
             }
+            /* Text and None only: never part of a cycle. The collector would untrack it at its first
+             * look; untracked now, the rows of a large read cost no collection time (about a third of
+             * the stream's time when they were tracked, bench/mysql.py). */
+            PyObject_GC_UnTrack(row);
             int rc = PyList_Append(rows, row);
             Py_DECREF(row);
             if (rc < 0) goto fail;
         }
     }
+    return rows;
+fail:
+    Py_DECREF(rows);
+    return NULL;
+}
+
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    const char *buf;
+    Py_ssize_t len;
+    int images;
+    PyObject *spec_seq;
+    if (!PyArg_ParseTuple(args, "y#iO", &buf, &len, &images, &spec_seq)) return NULL;
+    PyObject *fast = PySequence_Fast(spec_seq, "specs must be a sequence");
+    if (fast == NULL) return NULL;
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(fast);
+    Spec *specs = PyMem_Calloc((size_t)(ncols ? ncols : 1), sizeof(Spec));
+    PyObject *rows = NULL;
+    if (specs == NULL) { Py_DECREF(fast); return PyErr_NoMemory(); }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iii", &specs[i].kind, &specs[i].a, &specs[i].b))
+            goto done;
+    }
+    rows = rows_of((const unsigned char *)buf, (const unsigned char *)buf + len, images, specs, ncols);
+done:
     PyMem_Free(specs);
     Py_DECREF(fast);
     return rows;
-fail:
-    Py_XDECREF(rows);
-    PyMem_Free(specs);
-    Py_DECREF(fast);
-    return NULL;
+}
+
+/* A growable byte buffer for one staged message. */
+typedef struct {
+    unsigned char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_put(Buf *b, const void *bytes, Py_ssize_t n) {
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap * 2 > b->len + n ? b->cap * 2 : b->len + n + 256;
+        unsigned char *data = PyMem_Realloc(b->data, (size_t)cap);
+        if (data == NULL) { PyErr_NoMemory(); return -1; }
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, bytes, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_be(Buf *b, uint64_t v, int n) {
+    unsigned char out[8];
+    for (int i = n - 1; i >= 0; i--, v >>= 8) out[i] = (unsigned char)(v & 0xFF);
+    return buf_put(b, out, n);
+}
+
+/* One row image at *pp as pgoutput TupleData (column count, then 'n' or 't' + length + UTF-8 text
+ * per column); 1 done, 0 a value not for this decoder, -1 an error. */
+static int put_image(Buf *b, const unsigned char **pp, const unsigned char *end, const Spec *specs,
+                     Py_ssize_t ncols) {
+    const unsigned char *p = *pp;
+    Py_ssize_t nullbytes = (ncols + 7) / 8;
+    if (end - p < nullbytes) {
+        PyErr_SetString(PyExc_ValueError, "binlog row event: a null bitmap runs past the end of the event");
+        return -1;
+    }
+    const unsigned char *nulls = p;
+    p += nullbytes;
+    if (buf_be(b, (uint64_t)ncols, 2) < 0) return -1;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if (nulls[i / 8] & (1 << (i % 8))) {
+            if (buf_put(b, "n", 1) < 0) return -1;
+            continue;
+        }
+        Py_ssize_t used = 0, n = 0;
+        PyObject *v = value(&specs[i], p, end, &used);
+        if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+        p += used;
+        const char *text = PyUnicode_AsUTF8AndSize(v, &n);
+        int failed = text == NULL || buf_put(b, "t", 1) < 0 || buf_be(b, (uint64_t)n, 4) < 0 || buf_put(b, text, n) < 0;
+        Py_DECREF(v);
+        if (failed) return -1;
+    }
+    *pp = p;
+    return 1;
+}
+
+/* The rows from p to end as staged messages, one bytes per change, in the shape of pgoutput's
+ * INSERT/UPDATE/DELETE (what headrace._speedups.stage_change stages, called with at=5): the
+ * operation byte, the table's 8-byte id (big-endian), then as pgoutput: 'N' + the new row (insert),
+ * 'K'/'O' + the old row + 'N' + the new row (update; 'O': a table without a key), 'K'/'O' + the
+ * old row (delete). Old rows are whole: stage_change picks the key's columns. Py_None (new
+ * reference) when a value is not for this decoder; NULL with an error set. */
+static PyObject *messages_of(const unsigned char *p, const unsigned char *end, int kind, const Spec *specs,
+                             Py_ssize_t ncols, uint64_t oid, int keyed) {
+    static const char ops[3] = {'I', 'U', 'D'};
+    PyObject *messages = PyList_New(0);
+    Buf b = {NULL, 0, 0};
+    if (messages == NULL) return NULL;
+    const char old_marker = keyed ? 'K' : 'O';
+    while (p < end) {
+        b.len = 0;
+        int rc = buf_put(&b, &ops[kind], 1) < 0 || buf_be(&b, oid, 8) < 0 ? -1 : 1;
+        if (rc > 0) rc = buf_put(&b, kind == 0 ? "N" : &old_marker, 1) < 0 ? -1 : 1;
+        if (rc > 0) rc = put_image(&b, &p, end, specs, ncols);
+        if (rc > 0 && kind == 1) {
+            rc = buf_put(&b, "N", 1) < 0 ? -1 : 1;
+            if (rc > 0) rc = put_image(&b, &p, end, specs, ncols);
+        }
+        if (rc <= 0) {
+            PyMem_Free(b.data);
+            Py_DECREF(messages);
+            if (rc < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+        PyObject *message = PyBytes_FromStringAndSize((const char *)b.data, b.len);
+        if (message == NULL || PyList_Append(messages, message) < 0) {
+            Py_XDECREF(message);
+            PyMem_Free(b.data);
+            Py_DECREF(messages);
+            return NULL;
+        }
+        Py_DECREF(message);
+    }
+    PyMem_Free(b.data);
+    return messages;
+}
+
+/* Binlog event types of row events: v1 (MariaDB, MySQL 5.5) and v2 (MySQL 5.6+). */
+enum { WRITE_V1 = 23, UPDATE_V1 = 24, DELETE_V1 = 25, WRITE_V2 = 30, UPDATE_V2 = 31, DELETE_V2 = 32 };
+enum { HEADER = 20 };  /* the OK byte, then the 19-byte event header */
+
+/* decode_event(packet, plans, checksum, staged) -> (kind, table_id, log_pos, event_size, rows) | None
+ *   packet:   a replication packet as the server sends it (0x00, the event header, the event);
+ *   plans:    {binlog table id: (packed Spec triples (int32 kind, a, b per column), the table's id,
+ *             whether it has a key)} of the tables this decoder reads;
+ *   checksum: bytes of the checksum after each event (4 with binlog_checksum=CRC32, else 0);
+ *   staged:   true: rows are messages_of's bytes, one per change; false: text tuples.
+ * kind: 0 write, 1 update (rows as tuples: before, after, ...), 2 delete. None: not a row event of a planned
+ * table, or something this decoder leaves to mysql-replication (not every column in the image, a
+ * value it does not spell): the caller hands the packet on unread. */
+static PyObject *decode_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "decode_event(packet: bytes, plans: dict, checksum: int, staged: bool)");
+        return NULL;
+    }
+    int staged = PyObject_IsTrue(args[3]);
+    if (staged < 0) return NULL;
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    long checksum = PyLong_AsLong(args[2]);
+    if (checksum == -1 && PyErr_Occurred()) return NULL;
+    if (len < HEADER + 8 || data[0] != 0) Py_RETURN_NONE;
+    int type = data[5], kind, v2 = type >= WRITE_V2;
+    switch (type) {
+    case WRITE_V1: case WRITE_V2: kind = 0; break;
+    case UPDATE_V1: case UPDATE_V2: kind = 1; break;
+    case DELETE_V1: case DELETE_V2: kind = 2; break;
+    default: Py_RETURN_NONE;
+    }
+    uint64_t event_size = le(data + 10, 4), log_pos = le(data + 14, 4);
+    if ((uint64_t)(len - 1) != event_size || len < HEADER + 8 + checksum) Py_RETURN_NONE;
+    uint64_t table_id = le(data + HEADER, 6);
+    PyObject *key = PyLong_FromUnsignedLongLong(table_id);
+    if (key == NULL) return NULL;
+    PyObject *plan = PyDict_GetItemWithError(args[1], key);  /* borrowed */
+    Py_DECREF(key);
+    if (plan == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *packed = PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 3 ? PyTuple_GET_ITEM(plan, 0) : NULL;
+    if (packed == NULL || !PyBytes_Check(packed) || PyBytes_GET_SIZE(packed) % sizeof(Spec)) {
+        PyErr_SetString(PyExc_TypeError, "decode_event: a plan is (packed (kind, a, b) int32 triples, id, keyed)");
+        return NULL;
+    }
+    const Spec *specs = (const Spec *)PyBytes_AS_STRING(packed);
+    Py_ssize_t ncols = PyBytes_GET_SIZE(packed) / (Py_ssize_t)sizeof(Spec);
+    const unsigned char *p = data + HEADER + 8, *end = data + len - checksum;
+    if (v2) {  /* extra data, its length counting its own two bytes */
+        if (end - p < 2) Py_RETURN_NONE;
+        uint64_t extra = le(p, 2);
+        if (extra < 2 || (uint64_t)(end - p) < extra) Py_RETURN_NONE;
+        p += extra;
+    }
+    if (p >= end || *p >= 251) Py_RETURN_NONE;  /* the column count: one byte up to 250 columns */
+    if (*p++ != ncols) Py_RETURN_NONE;
+    Py_ssize_t bitmap = (ncols + 7) / 8;
+    int images = kind == 1 ? 2 : 1;
+    if (end - p < bitmap * images) Py_RETURN_NONE;
+    for (int image = 0; image < images; image++, p += bitmap)  /* every column present (row image FULL) */
+        for (Py_ssize_t i = 0; i < ncols; i++)
+            if (!(p[i / 8] & (1 << (i % 8)))) Py_RETURN_NONE;
+    PyObject *rows;
+    if (staged) {
+        uint64_t oid = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(plan, 1));
+        int keyed = PyObject_IsTrue(PyTuple_GET_ITEM(plan, 2));
+        if ((oid == (uint64_t)-1 && PyErr_Occurred()) || keyed < 0) return NULL;
+        rows = messages_of(p, end, kind, specs, ncols, oid, keyed);
+    } else {
+        rows = rows_of(p, end, images, specs, ncols);
+    }
+    if (rows == NULL || rows == Py_None) return rows;
+    return Py_BuildValue("(iKKKN)", kind, (unsigned long long)table_id, (unsigned long long)log_pos,
+                         (unsigned long long)event_size, rows);
 }
 
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS, "Rows of a binlog row event as tuples of text (see the file's comment)."},
+    {"decode_event", (PyCFunction)(void (*)(void))decode_event, METH_FASTCALL,
+     "A whole binlog row event of a planned table: (kind, table_id, log_pos, event_size, rows), or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,8 +1,10 @@
 """Change capture from a MariaDB/MySQL binary log, as the events of ``core.changes``.
 
-``BinlogStream`` reads row events with mysql-replication (as a replica would, with the caller's
+``BinlogStream`` reads the binlog with mysql-replication (as a replica would, with the caller's
 ``server_id``) and hands the capture loop what pgoutput would: per transaction one ``Begin``, a
 ``Relation`` when a table's shape is first seen or changes, the row changes as text, ``Commit``.
+Row events of tables whose column types C spells are read whole in C from the replication packets
+(``row_events.py``, ``rows_native.py``), and with ``staged`` handed over as bytes (``staged.py``).
 
 Positions (``position.to_int``): a transaction's position (``Begin.final_lsn`` =
 ``Commit.commit_lsn``) is where it starts in the binlog (its GTID event); ``Commit.end_lsn`` is
@@ -19,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pymysql
@@ -37,32 +40,31 @@ from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateR
 from headrace.core.changes import (
     Begin,
     Commit,
-    Delete,
     Event,
-    Insert,
     Relation,
     RelationColumn,
     Truncate,
-    Update,
 )
 from headrace.core.errors import SourceError, TransientError
 from headrace.core.schema import TableSchema
 from headrace.core.settings import redacted_dsn
 from headrace.source.mysql import rows_native
+from headrace.source.mysql import staged as staged_changes
 from headrace.source.mysql.catalog import (
     column_defaults,
     fixed_binary_types,
     schema_from_table_map,
     with_fills,
 )
-from headrace.source.mysql.connect import MySqlConnection, connect, parse_dsn
+from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.ddl import parse, truncated_table
 from headrace.source.mysql.gtid import GtidTracker, mysql_gtid
 from headrace.source.mysql.identity import Identities, Known
 from headrace.source.mysql.position import format_position, from_int, to_int
+from headrace.source.mysql.row_events import RowEvents
+from headrace.source.mysql.rows_native import BinlogConnection, NativeEvent, NativeRows
 from headrace.source.mysql.server import gtid_at, server_identity
 from headrace.source.mysql.table_maps import CachedTableMapEvent
-from headrace.source.mysql.types import binlog_converters, python_images
 
 TableFilter = Callable[[str, str], bool]
 Converter = Callable[[Any], str | None]
@@ -73,7 +75,7 @@ _EVENTS = [RotateEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, Cache
            UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent]
 
 
-class BinlogStream:
+class BinlogStream(RowEvents):
     """The binlog from position ``start`` (``position.to_int``), for the tables ``tables`` selects.
 
     ``tables`` is a set of ``(database, table)`` or a callable answering whether one is tracked
@@ -89,12 +91,15 @@ class BinlogStream:
 
     Each ``Commit`` carries the GTID state after it (``Commit.token``, ``gtid.Resume``); ``gtid_start``
     reads from a GTID state instead of ``start``, which is on another server (failover), in ``epoch``.
+
+    ``native=False`` decodes every row in Python (mysql-replication); ``staged=True`` hands over the
+    changes C reads as ``staged`` bytes (what capture stages in C) instead of events.
     """
 
     def __init__(self, dsn: str, server_id: int, start: int,
                  tables: Collection[tuple[str, str]] | TableFilter, heartbeat: float = 0.1,
                  known: Known | Mapping[int, TableSchema] | None = None, tag: str | None = None,
-                 native: bool = True, epoch: int = 0, gtid_start: str | None = None) -> None:
+                 native: bool = True, epoch: int = 0, gtid_start: str | None = None, staged: bool = False) -> None:
         self._dsn = dsn
         if callable(tables):
             self._tracked: TableFilter = tables
@@ -128,10 +133,17 @@ class BinlogStream:
         # From a GTID state: @slave_connect_state (strict mode), MySQL's COM_BINLOG_DUMP_GTID.
         by_gtid = {"auto_position": gtid_start, "is_mariadb": mariadb} if gtid_start is not None else {
             "log_file": file, "log_pos": offset, "is_mariadb": False}
+        self.native = native  # row events decoded in C where the table's types allow (rows_native)
+        # binlog table id -> its C plan (rows_native.plan), for the tables whose row events C reads whole;
+        # with ``staged`` their changes are handed over as ``staged`` bytes (capture stages them in C).
+        self._plans: dict[int, rows_native.Plan] = {}
+        self.staged = staged and native and staged_changes.CODEC is not None
         self._reader = BinLogStreamReader(
             connection_settings=parse_dsn(dsn).settings(), server_id=server_id, resume_stream=True,
             blocking=True, slave_heartbeat=heartbeat, only_events=_EVENTS, enable_logging=False,
-            report_slave=tag, pymysql_wrapper=MySqlConnection, **by_gtid)
+            report_slave=tag, pymysql_wrapper=partial(BinlogConnection, plans=self._plans if native else None,
+                                                                 staged=self.staged),
+            **by_gtid)
         self._from_gtid = gtid_start
         self.position = start  # where a restart would resume if nothing is in flight
         self._schemas: dict[int, TableSchema] = {}  # headrace oid -> shape of its last TABLE_MAP
@@ -149,7 +161,6 @@ class BinlogStream:
         self._fixed: dict[tuple[int, str, str], dict[str, str]] = {}  # (binlog table id, name) -> UUID/INET columns (_declared)
         # oid -> (shape, *types.binlog_converters(its columns)), rebuilt when the shape object changes.
         self._converters: dict[int, tuple[TableSchema, list[str], list[Converter | None], list[Converter]]] = {}
-        self.native = native  # row events decoded in C where the table's types allow (rows_native)
         self._native: dict[int, tuple[TableSchema, list[rows_native.Spec] | None]] = {}  # binlog table id ->
 
     def schema(self, oid: int) -> TableSchema:
@@ -166,6 +177,12 @@ class BinlogStream:
         while len(out) < max_messages and time.monotonic() < deadline:
             try:
                 event = self._reader.fetchone()
+            except NativeRows as native:
+                self._native_rows(*native.decoded, out)
+                continue
+            except NativeEvent as native:
+                self._native_event(native, out)
+                continue
             except pymysql.err.OperationalError as exc:
                 if exc.args and exc.args[0] == _LOG_GONE and self._seeking:
                     raise SourceError(
@@ -200,12 +217,29 @@ class BinlogStream:
         not known (MySQL read by file and offset)."""
         return self._gtid.token
 
-    def _at(self, event: Any) -> tuple[int, int]:
-        """(start, end) positions of ``event`` in the current binlog file."""
+    def _at(self, log_pos: int, size: int) -> tuple[int, int]:
+        """(start, end) positions of the event of ``size`` bytes ending at ``log_pos`` in the current file."""
         if self._base[0] != self._file:  # the file's position 0, once per file (not twice an event)
             self._base = (self._file, to_int(self._file, 0, self._epoch))
-        end = self._base[1] + int(event.packet.log_pos)
-        return end - int(event.packet.event_size), end
+        end = self._base[1] + log_pos
+        return end - size, end
+
+    def _native_event(self, native: NativeEvent, out: list[tuple[int, Event]]) -> None:
+        """An XID or MariaDB GTID event read from its packet (``rows_native.NativeEvent``)."""
+        timestamp, kind, server_id, size, log_pos = native.head
+        self._reader.log_pos = log_pos  # where mysql-replication resumes if it reconnects by itself
+        start, end = self._at(log_pos, size)
+        if native.gtid is None:
+            self._commit(end, out)
+        else:
+            seq, domain, flags = native.gtid
+            self._mariadb_gtid(start, timestamp, seq, domain, server_id, flags)
+
+    def _mariadb_gtid(self, start: int, timestamp: int, seq: int, domain: int, server_id: int, flags: int) -> None:
+        """A MariaDB transaction (or standalone statement) starts at ``start`` with GTID domain-server-seq."""
+        self._seeking = False
+        self._open(start, timestamp, seq, bool(flags & _FL_STANDALONE))
+        self._gtid.begin(domain, server_id, seq)
 
     def _handle(self, event: Any, out: list[tuple[int, Event]]) -> None:
         if isinstance(event, RotateEvent):
@@ -213,16 +247,15 @@ class BinlogStream:
             if self._txn is None and not self._seeking:
                 self.position = to_int(self._file, int(event.position), self._epoch)
             return
-        start, end = self._at(event)
+        start, end = self._at(int(event.packet.log_pos), int(event.packet.event_size))
         if isinstance(event, MariadbGtidEvent):
-            self._seeking = False
-            self._open(start, event, int(event.gtid_seq_no), bool(event.flags & _FL_STANDALONE))
-            self._gtid.begin(int(event.domain_id), int(event.server_id), int(event.gtid_seq_no))
+            self._mariadb_gtid(start, int(event.timestamp), int(event.gtid_seq_no), int(event.domain_id),
+                               int(event.server_id), int(event.flags))
             return
         if isinstance(event, GtidEvent):
             # MySQL: a transaction's GTID is followed by a BEGIN query, a DDL statement's is not.
             self._seeking = False
-            self._open(start, event, int(event.gno), True)
+            self._open(start, int(event.timestamp), int(event.gno), True)
             self._gtid.begin(*mysql_gtid(event))
             return
         if isinstance(event, TableMapEvent):
@@ -239,8 +272,10 @@ class BinlogStream:
                             self._shapes.clear()
                         self._shapes[key] = shape
                 self._schemas[oid] = self.identities.label(oid, shape)
+                self._plan(event.table_id, event.columns, self._schemas[oid])
             else:
                 self._maps.pop(event.table_id, None)
+                self._plans.pop(event.table_id, None)
             return
         if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
             mapped = self._maps.get(event.table_id)
@@ -251,12 +286,12 @@ class BinlogStream:
             query = event.query.strip()
             if query.upper() == "BEGIN":
                 if self._txn is None:  # MySQL without GTIDs (its anonymous GTID event is not decoded)
-                    self._open(start, event, 0, False)
+                    self._open(start, int(event.timestamp), 0, False)
                 self._standalone = False
                 return
             if query.upper() not in ("COMMIT", "ROLLBACK"):
                 if self._txn is None:
-                    self._open(start, event, 0, True)
+                    self._open(start, int(event.timestamp), 0, True)
                 self._statement(event, query, start, out)
                 if not self._standalone:
                     return
@@ -281,9 +316,9 @@ class BinlogStream:
             declared = self._fixed[key] = fixed_binary_types(self._catalog, event.schema, event.table)
         return declared
 
-    def _open(self, start: int, event: Any, xid: int, standalone: bool) -> None:
+    def _open(self, start: int, timestamp: int, xid: int, standalone: bool) -> None:
         """A transaction starts at ``start`` (its GTID event, or its first statement without one)."""
-        self._txn = (start, int(event.timestamp) * 1_000_000, xid)
+        self._txn = (start, timestamp * 1_000_000, xid)
         self._begun = False
         self._standalone = standalone
 
@@ -296,8 +331,12 @@ class BinlogStream:
         return start
 
     def _relation(self, oid: int, start: int, out: list[tuple[int, Event]]) -> None:
-        shape = self._schemas[oid]
-        if self._sent.get(oid) != shape:
+        shape, sent = self._schemas[oid], self._sent.get(oid)
+        if sent is shape:
+            return
+        if sent == shape:  # the shape sent last (a new TABLE_MAP object): keep one object, per-shape plans hold
+            self._schemas[oid] = sent
+        else:
             # What rows older than an added column hold: the TABLE_MAP has no defaults, so the
             # catalog's, read now (as the PostgreSQL source reads attmissingval).
             if self._catalog is None:
@@ -306,49 +345,6 @@ class BinlogStream:
             columns = tuple(RelationColumn(c.name, c.type_oid, c.typmod, c.name in shape.key) for c in shape.columns)
             out.append((start, Relation(oid, shape.schema, shape.name, shape.replica_identity, columns)))
             self._sent[oid] = shape
-
-    def _rows(self, event: Any, oid: int, out: list[tuple[int, Event]]) -> None:
-        start = self._begin(out)
-        self._relation(oid, start, out)
-        shape = self._schemas[oid]
-        planned = self._native.get(event.table_id)
-        if planned is None or planned[0] is not shape:
-            # Each TABLE_MAP gives a new shape object; its columns are mostly the last one's.
-            same = planned is not None and planned[0].columns == shape.columns
-            specs = planned[1] if same and planned is not None else (
-                rows_native.row_specs(event.columns, shape.columns) if self.native else None)
-            planned = self._native[event.table_id] = (shape, specs)
-        specs = planned[1]
-        images = rows_native.decode(event, specs) if specs is not None else None
-        if images is None:
-            images = self._python_images(event, oid, shape)
-        keys = self._keys.get(oid)
-        if keys is None or keys[0] is not shape:  # the key's places, once per shape
-            at = [i for i, name in enumerate(shape.column_names) if name in shape.key]
-            keys = self._keys[oid] = (shape, at, rows_native.key_image(at, len(shape.columns)))
-        _shape, at, key_only = keys
-        keyed = bool(shape.key)
-        if isinstance(event, WriteRowsEvent):
-            out += [(start, Insert(oid, row)) for row in images]
-        elif isinstance(event, DeleteRowsEvent):
-            out += [(start, Delete(oid, key_only(old) if keyed else old, "K" if keyed else "O")) for old in images]
-        else:
-            single = at[0] if len(at) == 1 else None
-            for old, new in zip(images[::2], images[1::2], strict=True):
-                if not keyed:
-                    out.append((start, Update(oid, new, old, "O")))
-                elif (old[single] != new[single]) if single is not None else any(old[i] != new[i] for i in at):
-                    out.append((start, Update(oid, new, key_only(old), "K")))
-                else:
-                    out.append((start, Update(oid, new)))
-
-    def _python_images(self, event: Any, oid: int, shape: TableSchema) -> list[tuple[str | None, ...]]:
-        """The event's row images (an UPDATE: before, after, ...) as text, through mysql-replication."""
-        converters = self._converters.get(oid)
-        if converters is None or converters[0] is not shape:
-            converters = self._converters[oid] = (shape, *binlog_converters(shape.columns))
-        return python_images(event.rows, isinstance(event, UpdateRowsEvent), converters[1:], shape.columns,
-                             event.columns)
 
     def _statement(self, event: Any, query: str, at: int, out: list[tuple[int, Event]]) -> None:
         """TRUNCATE of a tracked table becomes ``Truncate`` (after a Relation, state's shape if no TABLE_MAP came

@@ -40,7 +40,7 @@ from headrace.source.base import (
     Route,
     Source,
 )
-from headrace.source.mysql import catalog, check, copy_locks
+from headrace.source.mysql import catalog, check, copy_locks, staged
 from headrace.source.mysql import copy as chunked
 from headrace.source.mysql.connect import connect, parse_dsn
 from headrace.source.mysql.names import TableNames
@@ -271,6 +271,9 @@ class MySqlSource(Source):
                 " the target can no longer be kept exact. Copy every table again: `headrace reset -c <pipeline"
                 " file> --yes`, then run; keep binlogs longer than headrace may stop (binlog_expire_logs_seconds)")
 
+    def undecoded(self) -> Any:
+        return staged.CODEC  # the changes of the tables whose rows C reads (``staged.py``)
+
     def open_stream(self, start: int, known: Callable[[], dict[int, TableSchema]]) -> ChangeStream:
         from headrace.source.mysql.binlog import BinlogStream
 
@@ -292,7 +295,7 @@ class MySqlSource(Source):
             if begin.position != start:  # state moved since (another process): its start, not ours
                 begin = StreamStart(start, epoch_of(start))
             inner = BinlogStream(self.dsn, self.server_id, start, tracked, known=newest, tag=self.replica_tag,
-                                 epoch=begin.epoch, gtid_start=begin.gtid)
+                                 epoch=begin.epoch, gtid_start=begin.gtid, staged=True)
             if begin.gtid is not None:
                 log.info("reading %s from GTID position %s (the pipeline read another server before)",
                          redacted_dsn(self.dsn), begin.gtid)
