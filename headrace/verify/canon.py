@@ -142,6 +142,8 @@ def raw_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
         return _mysql_raw(col, q)
     pg = dialect == "postgres"
     if kind in _TEXT_KINDS:
+        if pg and (col.type.pg_type == "text" or col.type.pg_type.startswith("character varying")):
+            return q  # its own text (a call per value costs PostgreSQL's one-core sum)
         # format() calls the output function (char(n) keeps its padding) but makes NULL ''.
         return f"CASE WHEN {q} IS NOT NULL THEN format('%s', {q}) END" if pg else _text(q, dialect)
     if kind in _TIMESTAMPS:
