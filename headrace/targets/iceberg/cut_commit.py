@@ -124,16 +124,7 @@ class CutCommits:
         if staged.transactions:
             with self._lock:
                 self._client = self._client or rest_catalog(self.spark, self.settings)
-            try:
-                changed = commit(self.spark, self._client, staged)
-            except Exception:
-                # refused (another commit to a table since: each table's transaction started from the
-                # metadata Spark had cached) or unknown: the cut is applied again from each table as
-                # the catalog has it now, not from the cached metadata, which would be refused again
-                for name in staged.transactions:
-                    java_table(self.spark, name).refresh()
-                raise
-            for name in changed:
+            for name in commit(self.spark, self._client, staged):
                 java_table(self.spark, name).refresh()  # Spark's cached table learns of the commit
 
     def close(self) -> None:
