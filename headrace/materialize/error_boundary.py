@@ -139,8 +139,12 @@ def _from_duckdb(exc: BaseException, table: str) -> HeadraceError:
 
 # -- Spark -----------------------------------------------------------------------------------------
 # Root causes in the JVM, by class name (the exception itself or any superclass name ending so).
+# An Iceberg REST catalog's 5xx (ServiceFailureException, ServiceUnavailableException) is the server's
+# trouble of the moment: a commit it failed (CommitStateUnknownException, caused by one) is applied again.
 _JAVA_TRANSIENT = ("java.net.", "org.apache.iceberg.exceptions.CommitFailedException",
-                   "org.apache.iceberg.exceptions.CommitStateUnknownException", "java.sql.SQLTransient",
+                   "org.apache.iceberg.exceptions.CommitStateUnknownException",
+                   "org.apache.iceberg.exceptions.ServiceFailureException",
+                   "org.apache.iceberg.exceptions.ServiceUnavailableException", "java.sql.SQLTransient",
                    "java.sql.SQLRecoverableException", "java.util.concurrent.TimeoutException",
                    "org.apache.spark.shuffle.FetchFailedException")
 _JAVA_VALUE = ("org.apache.spark.SparkUpgradeException", "org.apache.spark.SparkArithmeticException",

@@ -38,7 +38,7 @@ from headrace.materialize.apply import (
     plan_batch,
 )
 from headrace.materialize.initial_copy import FailHandler
-from headrace.run.cuts import cut_offset
+from headrace.run.cuts import CutRetries, cut_offset
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import RunObserver
 from headrace.run.outage import OutageWatch
@@ -110,6 +110,7 @@ class ApplyPass:
         self._cuts: CutStore | None = None  # Iceberg's consistent cuts (``consistency: transaction``)
         self._at_cut: dict[int, tuple[str, int | None]] = {}  # oid -> (target name, snapshot id) at the last cut
         self._last_cut: set[int] = set()  # the tables of the last cut recorded
+        self._cut_retries = CutRetries(outage)  # a cut that failed together, applied again whole
 
     @property
     def in_flight(self) -> int:
@@ -195,8 +196,8 @@ class ApplyPass:
         streaming ones: none applies on its own meanwhile)."""
         streaming = [r for r in rows if r.state is TableState.STREAMING]
         members = {r.oid for r in streaming}
-        if any(oid in self._in_flight for oid in members):
-            return members  # the last cut is still being applied
+        if any(oid in self._in_flight for oid in members) or not self._cut_retries.due():
+            return members  # the last cut is still being applied, or failed and waits to be applied again
         due = [r for r in streaming if (tail := tails.get(r.oid)) is not None
                and ((cursor := self.cursors.get(target, r)) is None or tail > cursor)]
         if not due or any(self.maintenance.busy(r.oid) for r in due):
@@ -233,6 +234,7 @@ class ApplyPass:
         cut.failed |= applied is None
         if cut.waiting or cut.failed:
             return
+        self._cut_retries.committed()
         self.observer.cut_committed(cut.whole)
         if not target.names_snapshots:
             return
@@ -255,9 +257,9 @@ class ApplyPass:
               commit="one commit" if cut.whole else "table by table")
 
     def harvest(self, state: StateStore, target: Target, wait: bool = False) -> bool:
-        """Finish the batches whose target commit ended (with ``wait``: every batch in flight, once
-        it ends): advance cursors, report, or fail the table; True when a batch was applied. Raises
-        an outage's error after forgetting that table's cursor (the others stay in flight)."""
+        """Finish the batches whose target commit ended (``wait``: every batch in flight): advance cursors,
+        report, fail the table (a cut failed together: ``CutRetries``); True when a batch was applied.
+        Raises an outage's error after forgetting that table's cursor (the others stay in flight)."""
         if wait:
             wait_for([f.future for f in self._in_flight.values()])
         did_work = False
@@ -270,8 +272,11 @@ class ApplyPass:
                 applied = finish_batch(state, target, flight.planned, flight.future.result()[flight.index],
                                        self.cursors)
             except Exception as exc:
-                if flight.cut is not None:
-                    self._cut_harvested(state, target, flight.cut, oid, None)
+                if (cut := flight.cut) is not None:
+                    self._cut_harvested(state, target, cut, oid, None)
+                    if self._cut_retries.retried(target, cut, exc, row.qualified_name, len(cut.changed)):
+                        self.cursors.forget(oid)  # the cut is planned again from what the target holds
+                        continue
                 self._failed(state, row, exc)
                 continue
             if flight.cut is not None:
@@ -282,8 +287,7 @@ class ApplyPass:
         return did_work
 
     def settle(self, state: StateStore, target: Target, oid: int) -> None:
-        """Wait for the table's batch in flight, if any, and harvest it: before something else (a
-        drop, a resync) touches the table."""
+        """Wait for the table's batch in flight, if any, and harvest it (before a drop, a resync)."""
         if (flight := self._in_flight.get(oid)) is not None:
             wait_for([flight.future])
             self.harvest(state, target)
@@ -294,9 +298,8 @@ class ApplyPass:
             self.harvest(state, target, wait=True)
 
     def abandon(self) -> None:
-        """Wait for every batch in flight and drop what they did without advancing (an outage, the
-        run ending on an error): each table's cursor is read again, and a batch the target committed
-        is applied again, changing nothing (positions)."""
+        """Wait for every batch in flight and drop what they did without advancing (an outage, an error
+        ending the run): each cursor is read again; a batch committed is applied again, changing nothing."""
         wait_for([f.future for f in self._in_flight.values()])
         for oid in self._in_flight:
             self.cursors.forget(oid)
@@ -344,11 +347,9 @@ _worker = threading.local()
 
 
 def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], cut: _Cut | None) -> list[Executed]:
-    """``execute_batch`` on an apply worker, whose Spark jobs run in a FAIR pool of its own (one big
-    MERGE shares the cores with small ones). The pool is set once the session runs: a pipeline whose
-    batches are all built on the driver never starts it (``engines.spark.on_demand``). With ``cut``
-    (``consistency: transaction``): on a target that commits across tables, every batch of the cut,
-    committed together when the last is built; on another, one table's batch; snapshot ids noted (Iceberg)."""
+    """``execute_batch`` on an apply worker, its Spark jobs in a FAIR pool of its own (set once the session
+    runs: ``engines.spark.on_demand``). With ``cut`` (``consistency: transaction``): on a target committing
+    across tables, every batch of the cut, committed together; else one table's; snapshot ids noted."""
     if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
         from headrace.engines.spark.session import use_pool
 
@@ -374,8 +375,8 @@ def past_snapshot(row: TableRow, captured_lsn: int) -> bool:
 
 def retry_apply(row: TableRow, now: datetime) -> bool:
     """An ERRORED table whose apply is due for another try."""
-    return (row.state is TableState.ERRORED and row.resume_state is not None
-            and row.resume_state.applies_changes and row.retry_at is not None and row.retry_at <= now)
+    return (row.state is TableState.ERRORED and row.resume_state is not None and row.resume_state.applies_changes
+            and row.retry_at is not None and row.retry_at <= now)
 
 
 def caught_up(state: StateStore, target: Target, captured_lsn: int, start_lsn: int,

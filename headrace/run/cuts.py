@@ -16,12 +16,20 @@ transactions then appear in two steps (the run logs ``apply.cut_split``).
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 
 from headrace.config import ApplyConfig
 from headrace.core.interfaces import Target
+from headrace.logs import event
 from headrace.materialize.apply import CursorCache, current_cursor, next_batch
+from headrace.materialize.error_boundary import classify
+from headrace.run.outage import OutageWatch
+from headrace.state.lifecycle import TABLE_RETRY
 from headrace.state.store import StateStore, TableRow
+
+log = logging.getLogger("headrace.pipeline")
 
 
 def cut_offset(state: StateStore, target: Target, rows: Sequence[TableRow], tails: dict[int, int],
@@ -48,3 +56,46 @@ def cut_offset(state: StateStore, target: Target, rows: Sequence[TableRow], tail
         if point < best:
             best, whole = point, at_flush
     return best, whole
+
+
+class CutRetries:
+    """A cut whose batches failed together (a target committing across tables: the multi-table commit
+    refused, a conflicting commit to one of its tables, the catalog busy or gone for a moment). A
+    transient failure leaves every table of the cut as it was (STREAMING, its cursor read again from
+    the target) and the whole cut is planned and applied again after a backoff, however often: were
+    its tables failed one by one, each would retry on its own and a transaction they share would
+    become visible table by table. Any other failure fails the tables as a table's batch does."""
+
+    def __init__(self, outage: OutageWatch) -> None:
+        self.outage = outage  # an outage's error is the run's to wait out, not the cut's
+        self.failures = 0  # in a row
+        self._not_before = 0.0
+        self._decided: tuple[object, bool] | None = None  # the last failed cut, and whether it is retried
+
+    def due(self) -> bool:
+        """Whether a cut may be dispatched now (a failed one waits out its backoff)."""
+        return time.monotonic() >= self._not_before
+
+    def retried(self, target: Target, cut: object, exc: Exception, table: str, tables: int) -> bool:
+        """``cut`` failed with ``exc`` (seen harvesting ``table``, one of its ``tables``): True when it is
+        applied again whole (the caller then only forgets the table's cursor); asked once per table
+        of the cut, decided at the first."""
+        if self._decided is not None and self._decided[0] is cut:
+            return self._decided[1]
+        failure = classify(exc, table)
+        retried = target.commits_across_tables and failure.kind == "transient" and not self.outage.explains(exc)
+        self._decided = (cut, retried)
+        if retried:
+            self.failures += 1
+            delay = TABLE_RETRY.delay(self.failures)
+            self._not_before = time.monotonic() + delay
+            event(log, "apply.cut_retry", logging.WARNING, tables=tables, attempt=self.failures,
+                  retry_in_seconds=round(delay, 1),
+                  error=f"the cut's commit of {tables} tables failed and is applied again whole in"
+                        f" {delay:.0f} s: {failure.message}")
+        return retried
+
+    def committed(self) -> None:
+        """A cut committed: the next failure backs off from the start."""
+        self.failures = 0
+        self._decided = None

@@ -17,9 +17,15 @@ CHAR)`` in a session with ``MYSQL_SESSION``. The other kinds get a form every en
   MySQL's zero dates as ``-infinity``, as the targets hold them;
 - binary values: lower-case hex; arrays: JSON.
 
-A row's text joins its columns length-prefixed (``N`` for NULL), so no value can forge a boundary.
-Hashes are the first 60 bits of the text's MD5, as a bigint on every side; a range's checksum is
-the count and the sum of its rows' hashes (a multiset's, so duplicates count).
+A row's text is one ``concat`` of its columns, separated by commas: a value of a kind whose text
+has no comma and is never empty (numbers, booleans, dates, timestamps) as it is ('' for NULL), any
+other length-prefixed (``<bytes>:<text>``; ``:`` for NULL), so no value can forge a boundary and
+the text is read back one way only. A row's hash is the first 60 bits of that text's MD5, as a
+bigint on every side: the one MD5 a row costs. A row's identity hash (which range it falls in) is
+the MD5 of its key's text, except for a key of one integer column, whose value is mixed by integer
+arithmetic every engine computes alike (``key_hash``), and for a keyless table, whose identity is
+the whole row (its row hash). A range's checksum is the count and the sum of its rows' hashes (a
+multiset's, so duplicates count).
 """
 
 from __future__ import annotations
@@ -136,6 +142,8 @@ def raw_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
         return _mysql_raw(col, q)
     pg = dialect == "postgres"
     if kind in _TEXT_KINDS:
+        if pg and (col.type.pg_type == "text" or col.type.pg_type.startswith("character varying")):
+            return q  # its own text (a call per value costs PostgreSQL's one-core sum)
         # format() calls the output function (char(n) keeps its padding) but makes NULL ''.
         return f"CASE WHEN {q} IS NOT NULL THEN format('%s', {q}) END" if pg else _text(q, dialect)
     if kind in _TIMESTAMPS:
@@ -150,11 +158,23 @@ def raw_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
     return _text(q, dialect)  # int, long, decimal, boolean, date
 
 
-def middle_parts(col: Column, dialect: Dialect, raw: str) -> list[tuple[str, str]]:
-    """SQL, the second step of ``value_text``, over ``raw`` (the first step's result): (name, SQL) of
-    the values the last step reads: a float's text and its ``float_parts`` (computed once a row, in
-    a query level of their own: no engine here computes a sub-expression used twice only once);
-    every other value as it is."""
+def plain_double(col: Column, dialect: Dialect, expr: str | None = None) -> str | None:
+    """SQL (DuckDB's floats only, else None): the value is one whose DuckDB text is PostgreSQL's but
+    for a trailing ``.0`` (finite, zero or of magnitude from 1e-4 to below 1e15, where both print
+    the shortest digits in fixed notation): a test on the number, computed beside its text in the
+    first step (a test on the text cost DuckDB more than the layout it spares)."""
+    if col.type.kind not in _FLOATS or dialect != "duckdb":
+        return None
+    x = f"CAST({expr or quote_ident(col.name)} AS DOUBLE)"
+    return f"(isfinite({x}) AND (abs({x}) >= 0.0001 OR {x} = 0) AND abs({x}) < 1e15)"
+
+
+def middle_parts(col: Column, dialect: Dialect, raw: str, plain: str | None = None) -> list[tuple[str, str]]:
+    """SQL, the second step of ``value_text``, over ``raw`` (the first step's result) and, for
+    DuckDB's floats, ``plain`` (the first step's ``plain_double``): (name, SQL) of the values the
+    last step reads: a float's text and its ``float_parts`` (computed once a row, in a query level
+    of their own: no engine here computes a sub-expression used twice only once); every other value
+    as it is."""
     if col.type.kind not in _FLOATS or dialect == "postgres":
         return [("m", raw)]
     sig, power = float_parts(raw, dialect)
@@ -162,8 +182,7 @@ def middle_parts(col: Column, dialect: Dialect, raw: str) -> list[tuple[str, str
         return [("m", raw), ("g", sig), ("p", power)]
     # DuckDB prints most doubles as PostgreSQL does but for a trailing ".0": those skip the layout
     # (its CASE computes a branch only for the rows that take it)
-    plain = (f"(strpos({raw}, 'e') = 0 AND lower({raw}) NOT IN ('nan', '-nan', 'inf', '-inf')"
-             f" AND length(split_part(ltrim({raw}, '-'), '.', 1)) <= 15)")
+    assert plain is not None
     return [("m", raw), ("f", plain), ("g", f"CASE WHEN {plain} THEN NULL ELSE {sig} END"),
             ("p", f"CASE WHEN {plain} THEN NULL ELSE {power} END")]
 
@@ -190,15 +209,57 @@ def value_text(col: Column, dialect: Dialect, expr: str | None = None) -> str:
     """SQL giving column ``col``'s value (``expr``, default its quoted name) as the compared text;
     NULL stays NULL (inline: tests; queries over many rows take the steps one query level each,
     ``verify.sides``)."""
-    return final_text(col, dialect, dict(middle_parts(col, dialect, raw_text(col, dialect, expr))))
+    plain = plain_double(col, dialect, expr)
+    return final_text(col, dialect, dict(middle_parts(col, dialect, raw_text(col, dialect, expr), plain)))
 
 
-def joined(texts: Sequence[str], dialect: Dialect) -> str:
-    """SQL joining column texts into one: each ``N`` when NULL, else ``V<bytes>:<text>``."""
-    size = "strlen" if dialect == "duckdb" else "octet_length"
-    parts = [f"CASE WHEN {t} IS NULL THEN 'N' ELSE 'V' || {_text(f'{size}({t})', dialect)} || ':' || {t} END"
-             for t in texts]
-    return " || ".join(parts) if parts else "''"
+# Kinds whose compared text never holds a comma and is never empty: joined without a length prefix.
+_BARE_KINDS = frozenset({TypeKind.INT, TypeKind.LONG, TypeKind.DECIMAL, TypeKind.BOOLEAN, TypeKind.DATE,
+                         *_TIMESTAMPS, *_FLOATS})
+
+
+def joined(columns: Sequence[Column], texts: Sequence[str], dialect: Dialect) -> str:
+    """SQL joining the compared ``texts`` of ``columns`` into one text, each value after a comma:
+    a ``_BARE_KINDS`` value as it is ('' when NULL), any other as ``<bytes>:<text>`` (``:`` when
+    NULL). One ``concat`` call (PostgreSQL and DuckDB skip its NULL arguments), not a chain of
+    ``||``: each of those copies the text so far."""
+    if dialect == "mysql":  # MySQL's CONCAT is NULL when any argument is
+        parts = [f"COALESCE({t}, '')" if c.type.kind in _BARE_KINDS else f"COALESCE(CONCAT(LENGTH({t}), ':', {t}), ':')"
+                 for c, t in zip(columns, texts, strict=True)]
+    else:
+        size = "strlen" if dialect == "duckdb" else "octet_length"
+        parts = [t if c.type.kind in _BARE_KINDS else f"{size}({t}), ':', {t}"
+                 for c, t in zip(columns, texts, strict=True)]
+    if not parts:
+        return "''"
+    separated = ", ',', ".join(parts)
+    return f"{'CONCAT' if dialect == 'mysql' else 'concat'}({separated})"
+
+
+# A key of one integer column is mixed by arithmetic every engine computes alike (no MD5, no text):
+# the key's 30-bit halves (truncating division and remainder, the same in all three engines, and
+# never overflowing a bigint) mixed twice modulo the prime 2^31 - 1, the first mix giving the top
+# bits (the ranges: consecutive keys spread evenly over them), the second the low 29.
+_MIX = 2147483647
+_HALF = 1073741824
+_LOW_BITS = 536870912  # 2^29
+
+
+def has_integer_key(table: TableSchema) -> bool:
+    """Whether ``table``'s identity hash is ``key_hash`` of its one integer key column."""
+    return len(table.key) == 1 and table.column(table.key[0]).type.kind in (TypeKind.INT, TypeKind.LONG)
+
+
+def key_hash(expr: str, dialect: Dialect) -> str:
+    """SQL: a 60-bit non-negative bigint mixing the integer ``expr`` (a key column's value)."""
+    big = f"CAST({expr} AS {'SIGNED' if dialect == 'mysql' else 'BIGINT'})"
+    div = {"postgres": "/", "duckdb": "//", "mysql": "DIV"}[dialect]
+    high, low = f"({big} {div} {_HALF})", f"({big} % {_HALF})"
+
+    def mix(a: int, b: int) -> str:
+        return f"((({high} * {a} + {low} * {b}) % {_MIX} + {_MIX}) % {_MIX})"
+
+    return f"({mix(16807, 48271)} * {_LOW_BITS} + {mix(69621, 39373)} % {_LOW_BITS})"
 
 
 def hash60(text: str, dialect: Dialect) -> str:

@@ -61,20 +61,26 @@ def added(parts: list[Checksums]) -> Checksums:
 
 def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]) -> str:
     """A FROM item of ``source`` (a table with its WHERE) with, per row, ``_v_ident`` (the identity's
-    text), ``_v_kh`` and ``_v_rh`` (identity and row hashes), ``_v_c<i>`` (the compared texts) and
-    ``_v_x<j>`` (``extras``). Each step is its own query level, in PostgreSQL fenced by ``OFFSET 0``
-    so it does not fold them and convert a value once per use."""
+    text), ``_v_kh`` and ``_v_rh`` (identity and row hashes, ``canon``), ``_v_c<i>`` (the compared
+    texts) and ``_v_x<j>`` (``extras``). Each step is its own query level, in PostgreSQL fenced by
+    ``OFFSET 0`` so it does not fold them and convert a value once per use; columns a query does
+    not read are left out of every level by both engines."""
     n = len(table.columns)
+    names = table.column_names
+    if canon.has_integer_key(table):  # the key's value, mixed: no MD5 of it
+        extras = [*extras, canon.key_hash(quote_ident(table.key[0]), dialect)]
     xs = [f"_v_x{j}" for j in range(len(extras))]
     raw = [f"{canon.raw_text(c, dialect)} AS _v_r{i}" for i, c in enumerate(table.columns)]
+    plain = [canon.plain_double(c, dialect) for c in table.columns]
+    raw += [f"{p} AS _v_f{i}" for i, p in enumerate(plain) if p is not None]
     raw += [f"{e} AS {x}" for e, x in zip(extras, xs, strict=True)]
-    parts = [canon.middle_parts(c, dialect, f"_v_r{i}") for i, c in enumerate(table.columns)]
+    parts = [canon.middle_parts(c, dialect, f"_v_r{i}", f"_v_f{i}" if plain[i] else None)
+             for i, c in enumerate(table.columns)]
     middle = [f"{sql} AS _v_{name}{i}" for i, ps in enumerate(parts) for name, sql in ps]
     final = [f"{canon.final_text(c, dialect, {name: f'_v_{name}{i}' for name, _ in ps})} AS _v_c{i}"
              for i, (c, ps) in enumerate(zip(table.columns, parts, strict=True))]
-    names = table.column_names
-    ident = canon.joined([f"_v_c{names.index(c.name)}" for c in canon.identity_columns(table)], dialect)
-    row = canon.joined([f"_v_c{i}" for i in range(n)], dialect)
+    identity = canon.identity_columns(table)
+    ident = canon.joined(identity, [f"_v_c{names.index(c.name)}" for c in identity], dialect)
     cs = [f"_v_c{i}" for i in range(n)]
     fence = " OFFSET 0" if dialect == "postgres" else ""  # DuckDB computes each once anyway, in parallel
     if all(canon.passes_on(ps) for ps in parts):
@@ -85,9 +91,16 @@ def _layers(table: TableSchema, dialect: Dialect, source: str, extras: list[str]
     else:
         columns = (f"(SELECT {', '.join(final + xs)} FROM (SELECT {', '.join(middle + xs)} FROM"
                    f" (SELECT {', '.join(raw)} FROM {source}{fence}) r{fence}) m{fence}) c")
-    return (f"(SELECT _v_ident, {canon.hash60('_v_ident', dialect)} AS _v_kh, {canon.hash60('_v_row', dialect)} AS _v_rh,"
-            f" {', '.join(cs + xs)} FROM"
-            f" (SELECT {ident} AS _v_ident, {row} AS _v_row, {', '.join(cs + xs)} FROM {columns}{fence}) j)")
+    row_hash = canon.hash60(canon.joined(table.columns, cs, dialect), dialect)
+    inner = ", ".join(cs + xs)
+    if canon.has_integer_key(table):
+        ident_hash, xs = xs[-1], xs[:-1]
+    elif not table.key:
+        ident_hash = "_v_rh"  # a keyless row's identity is the whole row: one MD5 for both
+    else:
+        ident_hash = canon.hash60("_v_ident", dialect)
+    return (f"(SELECT _v_ident, {ident_hash} AS _v_kh, _v_rh, {', '.join(cs + xs)} FROM"
+            f" (SELECT {ident} AS _v_ident, {row_hash} AS _v_rh, {inner} FROM {columns}{fence}) j)")
 
 
 def _among(expr: str, values: tuple[int, ...], dialect: Dialect) -> str:

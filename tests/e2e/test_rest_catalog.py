@@ -120,3 +120,57 @@ def test_a_cut_lands_in_one_multi_table_commit_through_the_rest_catalog(
                                    " WHERE pipeline = %s", (config.name,)).fetchone() or (0, 0)
     assert whole == cuts > 1, (whole, cuts)  # every cut in one commit: its batches all on the driver
     assert cuts_counted(pipeline, "one commit") == cuts
+
+
+@pytest.mark.slow  # ~60 s; its lighter relatives: tests/targets/test_iceberg_rest_cut.py, tests/run/test_cuts.py
+def test_a_refused_multi_table_commit_is_applied_again_whole(
+        source_dsn: str, s3_server: MotoServer, s3_bucket: str, rest_catalog: Any, tmp_path: Path, spark: Any,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The catalog fails multi-table commits while money moves (twice 409, a refused requirement as a
+    conflicting commit gives; once 500, state unknown): each failed cut is applied again whole by the
+    run itself, so no table of it is ever visible alone (every sample sums to the total), nothing is
+    lost or applied twice (the tables equal the source), no table goes to ERRORED, and each failure
+    is one warning sentence (``apply.cut_retry``)."""
+    import logging
+
+    import pyarrow.compute as pc
+    from pyiceberg.catalog.rest import RestCatalog
+
+    from headrace.state.store import StateStore
+    from tests.e2e.test_consistency import CONSISTENCY, _bank_run, _open_accounts
+    from tests.restcatalog import TOKEN
+
+    _open_accounts(source_dsn)
+    monkeypatch.setenv("LAKE_TOKEN", TOKEN)
+    namespace = f"bankx{os.getpid()}_{next(_dbs)}"
+    target = {"iceberg": {"warehouse": rest_catalog.warehouse, "catalog_name": f"hrrestx{next(_dbs)}",
+                          "namespace": namespace,
+                          "catalog": {"type": "rest", "uri": rest_catalog.uri, "token_env": "LAKE_TOKEN"}}}
+    config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'], target,
+                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1})
+    pipeline = Pipeline(config, spark=spark)
+    reader = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
+    names = [(namespace, "Checking"), (namespace, "Savings accounts")]
+    armed: list[bool] = []
+
+    def both() -> int | None:
+        tables = [reader.load_table(name) for name in names]
+        if [reader.load_table(name).metadata_location for name in names] != [t.metadata_location for t in tables]:
+            return None  # a commit between the loads: sample again
+        if not armed:
+            rest_catalog.fail_transactions(409, 409, 500)
+            armed.append(True)
+        return sum(int(pc.sum(t.scan().to_arrow()["balance"]).as_py() or 0) for t in tables)
+
+    with caplog.at_level(logging.WARNING, logger="headrace"):
+        _bank_run(pipeline, config, source_dsn, both, 8, 5)
+    retries = [r for r in caplog.records if r.getMessage() == "apply.cut_retry"]
+    assert len(retries) == 3, [r.__dict__.get("error") for r in retries]
+    errors = [str(r.__dict__["error"]) for r in retries]
+    assert all("\n" not in e and e.startswith("the cut's commit of ") for e in errors), errors
+    assert "CommitFailedException" in errors[0] and "ServiceFailureException: Service failed: 500" in errors[2], errors
+    state = StateStore(source_dsn, config.name)
+    try:
+        assert [(r.state.value, r.error_count) for r in state.tables()] == [("STREAMING", 0)] * 2
+    finally:
+        state.close()

@@ -16,6 +16,11 @@
 // tables, so to make the commit atomic for this server's readers it holds a write lock that every table
 // load waits for: a load sees all of a multi-table commit or none of it (what a catalog with a
 // multi-table transaction, Polaris, Nessie, gives by its store).
+//
+// Failures on demand: POST /v1/test/fail-transactions?statuses=S1,S2,... makes the next multi-table
+// commits fail one status each, in order, committing nothing: 409 as a refused requirement
+// (CommitFailedException, what a conflicting commit to one of the tables gives), any other as that
+// HTTP error (500: the client cannot tell whether the commit happened).
 package org.apache.iceberg.rest;
 
 import com.sun.net.httpserver.HttpExchange;
@@ -30,6 +35,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Executors;
+import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.locks.ReadWriteLock;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 import org.apache.hadoop.conf.Configuration;
@@ -66,6 +72,7 @@ public class RestCatalogServer {
   private String token;
   private String client;
   private final ReadWriteLock commits = new ReentrantReadWriteLock(); // see commitTransaction
+  private final ConcurrentLinkedQueue<Integer> failTransactions = new ConcurrentLinkedQueue<>(); // see the header
 
   public static void main(String[] args) throws Exception {
     new RestCatalogServer().start(args);
@@ -142,6 +149,20 @@ public class RestCatalogServer {
       } else {
         respond(ex, 200, CatalogHandlers.createNamespace(catalog, MAPPER.readValue(body, CreateNamespaceRequest.class)));
       }
+      return;
+    }
+    if (p.length == 3 && p[1].equals("test") && p[2].equals("fail-transactions") && method.equals("POST")) {
+      for (String status : query(ex, "statuses").split(",")) failTransactions.add(Integer.parseInt(status));
+      respond(ex, 204, null);
+      return;
+    }
+    Integer failStatus = null;
+    if (p.length == 3 && p[1].equals("transactions") && p[2].equals("commit") && method.equals("POST")
+        && (failStatus = failTransactions.poll()) != null) {
+      if (failStatus == 409) {
+        throw new CommitFailedException("Requirement failed: refused by the test server (a conflicting commit)");
+      }
+      error(ex, failStatus, "ServiceFailureException", "the test server failed this commit (" + failStatus + ")");
       return;
     }
     if (p.length == 3 && p[1].equals("transactions") && p[2].equals("commit") && method.equals("POST")) {

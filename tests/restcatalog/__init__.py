@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -69,6 +70,15 @@ class RestCatalog:
                 raise RuntimeError(f"the REST catalog did not start: {(work / 'rest-catalog.log').read_text()[-2000:]}")
         self.port = int(line.split()[-1])
         self.uri = f"http://127.0.0.1:{self.port}"
+
+    def fail_transactions(self, *statuses: int) -> None:
+        """Make the next multi-table commits fail, one HTTP status each in order, committing nothing: 409
+        as a refused requirement (a conflicting commit), any other as that HTTP error."""
+        query = ",".join(str(s) for s in statuses)
+        request = urllib.request.Request(f"{self.uri}/v1/test/fail-transactions?statuses={query}",
+                                         method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 204
 
     def stop(self) -> None:
         stop_process(self.proc)

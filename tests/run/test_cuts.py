@@ -79,3 +79,39 @@ def test_the_newest_cut_names_each_tables_snapshot(source_dsn: str) -> None:
         cuts.record(20, 200, {"`c`.`public`.`a`": 3, "`c`.`public`.`b`": 2})
         assert (cuts.named("`c`.`public`.`a`"), cuts.named("`c`.`public`.`b`")) == (3, 2)
         assert cuts.named("`c`.`public`.`z`") is None
+
+
+class _Outage:
+    """``OutageWatch.explains``: whether the error is a server gone (here: as told)."""
+
+    def __init__(self, gone: bool) -> None:
+        self.gone = gone
+
+    def explains(self, exc: BaseException) -> bool:
+        return self.gone
+
+
+class _Across:
+    commits_across_tables = True
+
+
+def test_a_cut_that_failed_transiently_is_applied_again_whole_after_a_backoff() -> None:
+    from headrace.core.errors import TerminalError, TransientError
+    from headrace.run.cuts import CutRetries
+
+    retries = CutRetries(_Outage(False))  # type: ignore[arg-type]
+    first, second, third = object(), object(), object()
+    assert retries.due()
+    refused = TransientError("CommitFailedException: Requirement failed: branch main has changed")
+    assert retries.retried(_Across(), first, refused, "public.a", 2)  # type: ignore[arg-type]
+    assert retries.retried(_Across(), first, refused, "public.b", 2)  # type: ignore[arg-type]  # decided once
+    assert (retries.failures, retries.due()) == (1, False)  # waits out its backoff
+    assert not retries.retried(_Across(), second, TerminalError("bad value"), "public.a", 2)  # type: ignore[arg-type]
+    assert retries.failures == 1  # the tables fail as a table's batch does
+    retries.committed()
+    assert retries.failures == 0
+    gone = CutRetries(_Outage(True))  # type: ignore[arg-type]
+    assert not gone.retried(_Across(), third, refused, "public.a", 2)  # type: ignore[arg-type]  # the run waits
+    alone = _Across()
+    alone.commits_across_tables = False  # each table committed on its own: its own retry
+    assert not CutRetries(_Outage(False)).retried(alone, third, refused, "public.a", 2)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import pytest
 from headrace.core.schema import Column, ColumnType, TypeKind
 from headrace.source.postgres.replication import SESSION_OPTIONS
 from headrace.targets.ducklake.types import duck_type
-from headrace.verify.canon import hash60, value_text
+from headrace.verify.canon import hash60, joined, key_hash, value_text
 
 # kind, PostgreSQL type, target type in DuckDB (None: DuckLake's), values as PostgreSQL literals
 CASES: list[tuple[TypeKind, str, str | None, list[str]]] = [
@@ -87,6 +87,43 @@ def test_hash60_is_the_same_on_both_sides(source_dsn: str) -> None:
     duck = [con.execute(f"SELECT {hash60('?', 'duckdb')}", [t]).fetchone()[0] for t in texts]  # type: ignore[index]
     assert pg == duck
     assert all(0 <= h < 2**60 for h in pg)
+
+
+KEYS = [0, 1, -1, 42, 2**31 - 1, -2**31, 2**30, -2**30, 2**30 - 1, 2**63 - 1, -2**63, 1234567890123456789]
+
+
+def test_key_hash_is_the_same_on_both_sides(source_dsn: str) -> None:
+    with psycopg.connect(source_dsn) as conn:
+        pg = [conn.execute(f"SELECT {key_hash(f'({k})::bigint', 'postgres')}").fetchone()[0]  # type: ignore[index]
+              for k in KEYS]
+        small = [conn.execute(f"SELECT {key_hash(f'({k})::integer', 'postgres')}").fetchone()[0]  # type: ignore[index]
+                 for k in KEYS if abs(k) < 2**31 - 1]
+    con = duckdb.connect()
+    duck = [con.execute(f"SELECT {key_hash(f'CAST({k} AS BIGINT)', 'duckdb')}").fetchone()[0] for k in KEYS]  # type: ignore[index]
+    assert pg == duck
+    assert small == [h for k, h in zip(KEYS, pg, strict=True) if abs(k) < 2**31 - 1]
+    assert all(0 <= h < 2**60 for h in pg)
+    assert len(set(pg)) == len(KEYS)
+    # consecutive keys spread evenly over the ranges (the hash's top bits)
+    ranges = [r[0] for r in con.execute(f"SELECT count(*) FROM range(100000) t(k) GROUP BY {key_hash('k', 'duckdb')} >> 54")
+              .fetchall()]
+    assert len(ranges) == 64 and max(ranges) < 2 * min(ranges)
+
+
+def test_a_row_text_is_the_same_on_both_sides_and_read_back_one_way(source_dsn: str) -> None:
+    columns = [Column("a", ColumnType(TypeKind.STRING, "text"), 0), Column("n", ColumnType(TypeKind.LONG, "bigint"), 1),
+               Column("b", ColumnType(TypeKind.STRING, "text"), 2)]
+    rows = [("x,1", None, ""), ("x", 1, ""), ("x", None, ",1"), (None, None, None), ("", None, None), (None, None, ""),
+            ("1:x", 2, "é"), ("", 0, "")]
+    texts = [c.name for c in columns]
+    with psycopg.connect(source_dsn) as conn:
+        pg = [conn.execute(f"SELECT {joined(columns, texts, 'postgres')} FROM (VALUES (%s::text, %s::bigint::text,"
+                           " %s::text)) t(a, n, b)", row).fetchone()[0] for row in rows]  # type: ignore[index]
+    con = duckdb.connect()
+    duck = [con.execute(f"SELECT {joined(columns, texts, 'duckdb')} FROM (SELECT ?::VARCHAR a,"
+                        " CAST(?::BIGINT AS VARCHAR) n, ?::VARCHAR b)", list(row)).fetchone()[0] for row in rows]  # type: ignore[index]
+    assert pg == duck
+    assert len(set(pg)) == len(rows), pg
 
 
 def test_keys_are_reported_as_json_values() -> None:

@@ -10,13 +10,13 @@ from typing import Any
 import duckdb
 import pytest
 
-from headrace.core.schema import TypeKind
+from headrace.core.schema import Column, ColumnType, TypeKind
 from headrace.source.mysql import catalog
 from headrace.source.mysql.connect import connect
 from headrace.source.mysql.throwaway import ThrowawayMariaDB
 from headrace.source.mysql.types import select_expression, to_text
 from headrace.targets.ducklake.types import duck_type
-from headrace.verify.canon import MYSQL_SESSION, hash60, value_text
+from headrace.verify.canon import MYSQL_SESSION, hash60, joined, key_hash, value_text
 from headrace.verify.mysql import key_literal
 
 # column type, values as MariaDB literals
@@ -106,6 +106,29 @@ def test_hash60_is_the_same_in_mariadb_and_duckdb(mariadb_server: ThrowawayMaria
     conn.close()
     con = duckdb.connect()
     assert mysql == [con.execute(f"SELECT {hash60('?', 'duckdb')}", [t]).fetchone()[0] for t in texts]  # type: ignore[index]
+
+
+def test_key_hash_and_row_text_are_the_same_in_mariadb_and_duckdb(mariadb_server: ThrowawayMariaDB) -> None:
+    from tests.verify.test_canon import KEYS
+
+    columns = [Column("a", ColumnType(TypeKind.STRING, "text"), 0), Column("n", ColumnType(TypeKind.LONG, "bigint"), 1)]
+    rows = [("x,1", None), ("x", "1"), (None, None), ("", None), ("é", "2")]
+    conn = connect(mariadb_server.root_dsn)
+    with conn.cursor() as cur:
+        cur.execute(MYSQL_SESSION)
+        mysql = []
+        for k in KEYS:
+            cur.execute(f"SELECT {key_hash(f'CAST({k} AS SIGNED)', 'mysql')}")
+            mysql.append(cur.fetchone()[0])
+        texts = []
+        for row in rows:
+            cur.execute(f"SELECT {joined(columns, ['a', 'n'], 'mysql')} FROM (SELECT %s AS a, %s AS n) t", row)
+            texts.append(cur.fetchone()[0])
+    conn.close()
+    con = duckdb.connect()
+    assert mysql == [con.execute(f"SELECT {key_hash(f'CAST({k} AS BIGINT)', 'duckdb')}").fetchone()[0] for k in KEYS]  # type: ignore[index]
+    assert texts == [con.execute(f"SELECT {joined(columns, ['a', 'n'], 'duckdb')} FROM (SELECT ?::VARCHAR a,"
+                                 " ?::VARCHAR n)", list(row)).fetchone()[0] for row in rows]  # type: ignore[index]
 
 
 @pytest.mark.parametrize(("column_type", "literals"), [c for c in CASES if c[0] in ("int", "bigint unsigned",
