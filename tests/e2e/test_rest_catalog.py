@@ -91,22 +91,11 @@ def test_a_cut_lands_in_one_multi_table_commit_through_the_rest_catalog(
     reader loads both tables twice and keeps a sample only when the second loads found the same
     metadata: two loads are two requests, and a commit may fall between them."""
     import pyarrow.compute as pc
-    from pyiceberg.catalog.rest import RestCatalog
 
-    from tests.e2e.test_consistency import CONSISTENCY, _bank_run, _open_accounts, cuts_counted
-    from tests.restcatalog import TOKEN
+    from tests.e2e.test_consistency import _bank_run, cuts_counted
 
-    _open_accounts(source_dsn)
-    monkeypatch.setenv("LAKE_TOKEN", TOKEN)
-    namespace = f"bank{os.getpid()}_{next(_dbs)}"
-    target = {"iceberg": {"warehouse": rest_catalog.warehouse, "catalog_name": f"hrrest{next(_dbs)}",
-                          "namespace": namespace,
-                          "catalog": {"type": "rest", "uri": rest_catalog.uri, "token_env": "LAKE_TOKEN"}}}
-    config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'], target,
-                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1})
-    pipeline = Pipeline(config, spark=spark)
-    reader = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
-    names = [(namespace, "Checking"), (namespace, "Savings accounts")]
+    config, pipeline, reader, names = _bank_through_rest(source_dsn, rest_catalog, s3_server, tmp_path, spark,
+                                                         monkeypatch, "bank")
 
     def both() -> int | None:
         tables = [reader.load_table(name) for name in names]
@@ -134,23 +123,12 @@ def test_a_refused_multi_table_commit_is_applied_again_whole(
     import logging
 
     import pyarrow.compute as pc
-    from pyiceberg.catalog.rest import RestCatalog
 
     from headrace.state.store import StateStore
-    from tests.e2e.test_consistency import CONSISTENCY, _bank_run, _open_accounts
-    from tests.restcatalog import TOKEN
+    from tests.e2e.test_consistency import _bank_run
 
-    _open_accounts(source_dsn)
-    monkeypatch.setenv("LAKE_TOKEN", TOKEN)
-    namespace = f"bankx{os.getpid()}_{next(_dbs)}"
-    target = {"iceberg": {"warehouse": rest_catalog.warehouse, "catalog_name": f"hrrestx{next(_dbs)}",
-                          "namespace": namespace,
-                          "catalog": {"type": "rest", "uri": rest_catalog.uri, "token_env": "LAKE_TOKEN"}}}
-    config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'], target,
-                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1})
-    pipeline = Pipeline(config, spark=spark)
-    reader = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
-    names = [(namespace, "Checking"), (namespace, "Savings accounts")]
+    config, pipeline, reader, names = _bank_through_rest(source_dsn, rest_catalog, s3_server, tmp_path, spark,
+                                                         monkeypatch, "bankx")
     armed: list[bool] = []
 
     def both() -> int | None:
@@ -174,3 +152,25 @@ def test_a_refused_multi_table_commit_is_applied_again_whole(
         assert [(r.state.value, r.error_count) for r in state.tables()] == [("STREAMING", 0)] * 2
     finally:
         state.close()
+
+
+def _bank_through_rest(source_dsn: str, rest_catalog: Any, s3_server: MotoServer, tmp_path: Path, spark: Any,
+                       monkeypatch: pytest.MonkeyPatch, prefix: str) -> tuple[Any, Pipeline, Any, list[tuple[str, str]]]:
+    """The bank's two tables (``tests/e2e/test_consistency.py``) replicated with ``consistency:
+    transaction`` into a namespace of their own through the REST catalog: the config, its pipeline, a
+    pyiceberg RestCatalog reader (not ours) and the two tables' names."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    from tests.e2e.test_consistency import CONSISTENCY, _open_accounts
+    from tests.restcatalog import TOKEN
+
+    _open_accounts(source_dsn)
+    monkeypatch.setenv("LAKE_TOKEN", TOKEN)
+    namespace = f"{prefix}{os.getpid()}_{next(_dbs)}"
+    target = {"iceberg": {"warehouse": rest_catalog.warehouse, "catalog_name": f"hr{prefix}{next(_dbs)}",
+                          "namespace": namespace,
+                          "catalog": {"type": "rest", "uri": rest_catalog.uri, "token_env": "LAKE_TOKEN"}}}
+    config = make_config(source_dsn, tmp_path, ['public."Checking"', 'public."Savings accounts"'], target,
+                         apply={"consistency": CONSISTENCY}, staging={"flush_seconds": 0.1})
+    reader = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
+    return config, Pipeline(config, spark=spark), reader, [(namespace, "Checking"), (namespace, "Savings accounts")]

@@ -113,15 +113,8 @@ def test_whole_events_in_c_stage_the_rows_of_the_python_decoder(mariadb_server: 
 def test_c_decoder_equals_the_python_decoder(mariadb_server: Any, mysql_db: tuple[str, str]) -> None:
     database, dsn = mysql_db
     with contextlib.closing(connect(mariadb_server.root_dsn + database)) as root, root.cursor() as cur:
-        cur.execute("SET sql_mode = ''")  # zero dates
         cur.execute(f"CREATE TABLE nat ({COLUMNS})")
-        cur.execute("SHOW MASTER STATUS")
-        start = to_int(*cur.fetchone()[:2])
-        for row in ROWS:
-            cur.execute(f"INSERT INTO nat VALUES {row}")
-        cur.execute("UPDATE nat SET vc = 'changed', fl = 2.5, dtm6 = '2020-02-02 02:02:02.020202' WHERE id = 1")
-        cur.execute("UPDATE nat SET id = 40 WHERE id = 4")  # a key change: the old key comes along
-        cur.execute("DELETE FROM nat WHERE id IN (2, 3)")
+        start = _write_rows(cur)
     count = len(ROWS) + 2 + 2
     native, native_stream = _changes(dsn, database, "nat", start, count, native=True)
     python, python_stream = _changes(dsn, database, "nat", start, count, native=False)
