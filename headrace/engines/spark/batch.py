@@ -232,12 +232,13 @@ def last_change_per_key(changes: DataFrame, table: TableSchema, rules: ValueRule
     With ``has_unchanged``, TOAST columns an update left unchanged are filled first (``toast_fill``).
     """
     keys = [cast_text(F.col("_values")[k], table.column(k).type, rules, k) for k in table.key]
+    named = [k.alias(f"_k{i}") for i, k in enumerate(keys)]
     order = F.struct(*[F.col(c) for c in change_order()])
-    # The last position per key over the cast key itself, in the select that names it: every
-    # DataFrame step is one more analysis of the plan on the driver.
-    last = F.max(order).over(Window.partitionBy(*keys))
-    changes = changes.select("*", *[k.alias(f"_k{i}") for i, k in enumerate(keys)], last.alias("_last"))
     whole_key = Window.partitionBy(*[F.col(f"_k{i}") for i in range(len(table.key))])
+    if has_unchanged:  # TOAST's windows partition by the named key too: one shuffle serves them all
+        changes = changes.select("*", *named).withColumn("_last", F.max(order).over(whole_key))
+    else:  # the one window, in the select naming the key: each DataFrame step is an analysis on the driver
+        changes = changes.select("*", *named, F.max(order).over(Window.partitionBy(*keys)).alias("_last"))
 
     filled = _Filled({c.name: F.col("_values")[c.name] for c in table.columns}, [], [])
     if has_unchanged:
