@@ -53,6 +53,7 @@ from harness import (
     pct,
     pyplot,
     target_config,
+    thread_cpu,
     tree_pids,
     wait_for,
     write_config,
@@ -148,8 +149,13 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         staging["path"] = f"{root}/staging"
     config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind, staging=staging, apply=apply,
                           target=target)
-    if args.engine is not None:
-        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "engine": args.engine}))
+    if args.engine is not None or args.spark_conf:
+        settings = yaml.safe_load(config.read_text())
+        if args.engine is not None:
+            settings["engine"] = args.engine
+        spark = settings.setdefault("spark", {})
+        spark["conf"] = {**spark.get("conf", {}), **dict(c.split("=", 1) for c in args.spark_conf)}
+        config.write_text(yaml.safe_dump(settings))
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     try:
@@ -157,11 +163,14 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         time.sleep(5)  # the copy's last Spark work settles
         sampler = Sampler(headrace.pid).start()
         load_started, cpu_before = time.time(), cpu_seconds(tree_pids(headrace.pid))
+        threads_before = thread_cpu(tree_pids(headrace.pid))
         commits = steady_load(server.dsn, args.tables, args.rate, args.txn_changes, args.seconds)
         with psycopg.connect(server.dsn) as conn:
             end = insert_lsn(conn)
         wait_for(lambda: caught_up(config, end), 600, "catch-up after the load", headrace.check_alive)
         cpu = cpu_used(cpu_before, cpu_seconds(tree_pids(headrace.pid)))
+        by_thread = thread_cpu(tree_pids(headrace.pid))
+        by_thread.subtract(threads_before)
         sampler.stop()
         batches = headrace.batches()
         delays = freshness(commits, batches)
@@ -190,6 +199,8 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         "max_s": round(seen[-1], 2) if seen else None, **sampler.summary(),
         "batches": len(loaded), "batch_s_median": round(pct([b.seconds for b in loaded], 50), 3),
         "cpu_s": round(cpu, 1), "cpu_s_per_batch": round(cpu / max(1, len(loaded)), 3),
+        # where it went: process/thread kind -> CPU seconds (the JIT, Spark's tasks, py4j, capture's Python)
+        "cpu_s_by_thread": {k: round(v, 1) for k, v in by_thread.most_common(12)},
         "load_avg": load_average(), "target_equals_source": all(m["equal"] for m in matches.values()),
         "freshness_s": seen, "over_time": series,
     }
@@ -232,6 +243,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
     ap.add_argument("--flush-seconds", type=float, default=None, help="staging.flush_seconds (unset: the default)")
     ap.add_argument("--engine", choices=["auto", "spark", "driver"], help="engine (unset: the default, auto)")
+    ap.add_argument("--spark-conf", action="append", default=[], help="a spark.conf setting k=v (repeatable)")
     ap.add_argument("--consistency", choices=["table", "transaction"], help="apply.consistency (unset: the default)")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")
