@@ -46,11 +46,15 @@ from harness import (
     Sampler,
     caught_up,
     compare_with_source,
+    cpu_seconds,
+    cpu_used,
     insert_lsn,
     load_average,
     pct,
     pyplot,
     target_config,
+    thread_cpu,
+    tree_pids,
     wait_for,
     write_config,
 )
@@ -145,21 +149,31 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         staging["path"] = f"{root}/staging"
     config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind, staging=staging, apply=apply,
                           target=target)
-    if args.engine is not None:
-        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "engine": args.engine}))
+    if args.engine is not None or args.spark_conf:
+        settings = yaml.safe_load(config.read_text())
+        if args.engine is not None:
+            settings["engine"] = args.engine
+        spark = settings.setdefault("spark", {})
+        spark["conf"] = {**spark.get("conf", {}), **dict(c.split("=", 1) for c in args.spark_conf)}
+        config.write_text(yaml.safe_dump(settings))
     headrace = Headrace(config, work / "headrace.log")
     headrace.start()
     try:
         ready = headrace.wait_streaming(server.dsn, name, args.tables + idle)
         time.sleep(5)  # the copy's last Spark work settles
         sampler = Sampler(headrace.pid).start()
-        load_started = time.time()
+        load_started, cpu_before = time.time(), cpu_seconds(tree_pids(headrace.pid))
+        threads_before = thread_cpu(tree_pids(headrace.pid))
         commits = steady_load(server.dsn, args.tables, args.rate, args.txn_changes, args.seconds)
         with psycopg.connect(server.dsn) as conn:
             end = insert_lsn(conn)
         wait_for(lambda: caught_up(config, end), 600, "catch-up after the load", headrace.check_alive)
+        cpu = cpu_used(cpu_before, cpu_seconds(tree_pids(headrace.pid)))
+        by_thread = thread_cpu(tree_pids(headrace.pid))
+        by_thread.subtract(threads_before)
         sampler.stop()
-        delays = freshness(commits, headrace.batches())
+        batches = headrace.batches()
+        delays = freshness(commits, batches)
     finally:
         headrace.stop()
         with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -172,6 +186,9 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     series = [(round(c.at - load_started, 2), round(d, 3)) for c, d in zip(commits, delays, strict=True)
               if d is not None and c.at - load_started >= args.warmup]
     seen = sorted(d for _, d in series)
+    # CPU of the whole process tree (capture, apply, Spark's JVM) from the load's start to catch-up,
+    # per batch applied meanwhile: less sensitive to the machine's load than freshness
+    loaded = [b for b in batches if b.at >= load_started]
     result: dict[str, Any] = {
         "target": kind, "storage": "s3" if store else "local", "busy_tables": args.tables, "idle_tables": idle, "flush_seconds": args.flush_seconds or "default",
         "consistency": args.consistency or "default", "engine": args.engine or "auto",
@@ -180,6 +197,10 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         "samples": len(seen), "not_applied": len(measured) - len(seen),
         **{f"p{p}_s": round(pct(seen, p), 2) for p in (50, 90, 99)},
         "max_s": round(seen[-1], 2) if seen else None, **sampler.summary(),
+        "batches": len(loaded), "batch_s_median": round(pct([b.seconds for b in loaded], 50), 3),
+        "cpu_s": round(cpu, 1), "cpu_s_per_batch": round(cpu / max(1, len(loaded)), 3),
+        # where it went: process/thread kind -> CPU seconds (the JIT, Spark's tasks, py4j, capture's Python)
+        "cpu_s_by_thread": {k: round(v, 1) for k, v in by_thread.most_common(12)},
         "load_avg": load_average(), "target_equals_source": all(m["equal"] for m in matches.values()),
         "freshness_s": seen, "over_time": series,
     }
@@ -222,6 +243,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=10, help="leave out transactions of the first seconds")
     ap.add_argument("--flush-seconds", type=float, default=None, help="staging.flush_seconds (unset: the default)")
     ap.add_argument("--engine", choices=["auto", "spark", "driver"], help="engine (unset: the default, auto)")
+    ap.add_argument("--spark-conf", action="append", default=[], help="a spark.conf setting k=v (repeatable)")
     ap.add_argument("--consistency", choices=["table", "transaction"], help="apply.consistency (unset: the default)")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")

@@ -5,8 +5,10 @@ it costs (CPU and memory of the driver and Spark's JVM, read from /proc), plus t
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +61,26 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
             out[p] = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15 of stat)
         except (OSError, IndexError):
             continue
+    return out
+
+
+def thread_cpu(pids: list[int]) -> collections.Counter[str]:
+    """CPU seconds so far of every thread of ``pids``, by kind: the process's name and the thread's,
+    digits folded (``java/C# CompilerThre``: the JIT; ``java/Executor task l``: Spark's tasks)."""
+    out: collections.Counter[str] = collections.Counter()
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            process = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue  # the process ended
+        for task in tasks:
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # the thread ended
+            out[f"{process}/{re.sub(r'[0-9]+', '#', name)}"] += (int(fields[11]) + int(fields[12])) / TICK
     return out
 
 

@@ -18,7 +18,6 @@ import argparse
 import collections
 import os
 import random
-import re
 import statistics
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import driver_batch
 from driver_batch import TABLE, stage
+from harness import thread_cpu
 
 from headrace.core.position import Position
 from headrace.core.spark_types import ValueRules
@@ -42,15 +42,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def threads(pid: int) -> collections.Counter[str]:
     """CPU seconds so far of each thread of ``pid``, by name (digits folded: one line per kind)."""
-    out: collections.Counter[str] = collections.Counter()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the thread ended
-        out[re.sub(r"[0-9]+", "#", name)] += (int(fields[11]) + int(fields[12])) / TICK
-    return out
+    return collections.Counter({k.split("/", 1)[1]: v for k, v in thread_cpu([pid]).items()})
 
 
 def process_cpu(pid: int) -> tuple[float, float]:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import SparkSession
 
 from headrace.core.changes import UNCHANGED, Value
 from headrace.core.position import Position
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.engines.spark import batch as spark_batch
 from headrace.engines.spark.batch import read_change_batch
 from headrace.log.codec import StagingBuffer, encode_row, write_staging_file
+from headrace.log.facts import FileFacts
 
 INT = ColumnType(TypeKind.INT, "integer")
 TEXT = ColumnType(TypeKind.STRING, "text")
@@ -197,3 +201,52 @@ def test_key_change_leaving_toast_unchanged_takes_the_old_keys_value(spark: Spar
         (8, None, None, "D", None, None),
         (9, "z", "sent3", "U", None, None),
     ]
+
+
+def _spark_work(spark: SparkSession, group: str) -> tuple[int, int, int]:
+    """(jobs, stages, tasks) Spark ran under job group ``group``, once the listener bus has them all."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 10
+    while True:
+        jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+        if jobs and all(j is not None and j.status == "SUCCEEDED" for j in jobs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    stages = [tracker.getStageInfo(s) for j in jobs if j is not None for s in j.stageIds]
+    return len(jobs), len(stages), sum(s.numTasks for s in stages if s is not None)
+
+
+def test_small_batch_is_built_by_one_job_of_one_task(spark: SparkSession, tmp_path: Path) -> None:
+    files = [_stage(tmp_path / f"{n}.parquet", [("I", n, 1, row(n, "a"), None), ("U", n, 2, row(1, f"v{n}"), None)])
+             for n in range(1, 4)]
+    facts = [FileFacts(inserts=1, updates=1, update_without_old=True)] * 3  # as capture registers them: no scan job
+    sc = spark.sparkContext
+    sc.setJobGroup("small-batch", "one small batch")
+    try:
+        changes = read_change_batch(spark, files, TABLE, None, facts=facts).changes.collect()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert sorted((r.id, r.name) for r in changes) == [(1, "v3"), (2, "a"), (3, "a")]
+    assert _spark_work(spark, "small-batch") == (1, 1, 1)  # no shuffle, no second plan
+
+
+@pytest.mark.parametrize("case", ["toast", "key-toast"])
+def test_one_partition_or_shuffled_the_batch_is_the_same(spark: SparkSession, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    changes = [
+        ("U", 10, 1, row(1, "a", "big"), None),
+        ("U", 11, 1, row(1, "b", UNCHANGED), None),
+        ("I", 11, 2, row(2, "c"), None),
+        ("D", 12, 1, ("2", None, None), None),
+        ("U", 13, 1, row(3, "x", UNCHANGED), None),
+    ]
+    if case == "key-toast":
+        changes.append(("U", 14, 1, ("4", "y", UNCHANGED), json.dumps({"id": "1"})))
+    files = [_stage(tmp_path / "1.parquet", changes[:3]), _stage(tmp_path / "2.parquet", changes[3:])]
+
+    def built() -> list[tuple[Any, ...]]:
+        return sorted(tuple(r) for r in read_change_batch(spark, files, TABLE, Position(10, 1)).changes.collect())
+
+    one_task = built()
+    monkeypatch.setattr(spark_batch, "ONE_TASK_ROWS", 0)
+    assert built() == one_task

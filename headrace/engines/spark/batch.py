@@ -33,6 +33,11 @@ from headrace.log.facts import FileFacts, total
 
 _MAP = "map<string,string>"
 
+# A batch of at most this many staged rows is read as one partition (``coalesce(1)``): the window per
+# key then needs no shuffle, and the build is one Spark job of one stage and one task instead of a
+# scan stage, a shuffle and AQE's second plan (docs/benchmarks.md, the Spark lane).
+ONE_TASK_ROWS = 50_000
+
 
 # The change rules, each one function under the same name in ``engines.driver.batch`` (compared by
 # ``tests/engines/test_rules.py``): ``change_order``, ``after_position``, ``key_changes``,
@@ -70,7 +75,6 @@ def read_change_batch(
         staged = spark.createDataFrame([], STAGING_SPARK_DDL)
     op = F.col("_op")
     after_skip = F.lit(True) if skip_through is None else after_position(skip_through)
-    kept = staged if skip_through is None else staged.where(after_skip)
 
     # Every Column built here is a few round trips to the JVM, a fixed cost per batch: the counts'
     # expressions are only built when there is something to count (``changed_value_counts`` has
@@ -94,9 +98,10 @@ def read_change_batch(
             f"ALTER TABLE {table.qualified_name} REPLICA IDENTITY FULL (or add a primary key), then resync it"
         )
 
-    changes = kept.where(op != "T")
-    if truncate_before is not None:
-        changes = changes.where(after_position(truncate_before))
+    # One filter, one coalesce: every DataFrame step is an analysis of the plan so far on the driver.
+    kept = staged.coalesce(1) if stats.rows_in <= ONE_TASK_ROWS else staged
+    keep = after_skip & (op != "T")
+    changes = kept.where(keep if truncate_before is None else keep & after_position(truncate_before))
     if not table.key:
         return ChangeBatch(changes=row_images(changes, table, rules), truncate_before=truncate_before,
                            rows_in=stats.rows_in, values_changed=stats.values_changed)
@@ -226,14 +231,14 @@ def last_change_per_key(changes: DataFrame, table: TableSchema, rules: ValueRule
 
     With ``has_unchanged``, TOAST columns an update left unchanged are filled first (``toast_fill``).
     """
-    key_cols = [
-        cast_text(F.col("_values")[k], table.column(k).type, rules, k).alias(f"_k{i}")
-        for i, k in enumerate(table.key)
-    ]
-    changes = changes.select("*", *key_cols)
-    whole_key = Window.partitionBy(*[F.col(f"_k{i}") for i in range(len(table.key))])
+    keys = [cast_text(F.col("_values")[k], table.column(k).type, rules, k) for k in table.key]
+    named = [k.alias(f"_k{i}") for i, k in enumerate(keys)]
     order = F.struct(*[F.col(c) for c in change_order()])
-    changes = changes.withColumn("_last", F.max(order).over(whole_key))
+    whole_key = Window.partitionBy(*[F.col(f"_k{i}") for i in range(len(table.key))])
+    if has_unchanged:  # TOAST's windows partition by the named key too: one shuffle serves them all
+        changes = changes.select("*", *named).withColumn("_last", F.max(order).over(whole_key))
+    else:  # the one window, in the select naming the key: each DataFrame step is an analysis on the driver
+        changes = changes.select("*", *named, F.max(order).over(Window.partitionBy(*keys)).alias("_last"))
 
     filled = _Filled({c.name: F.col("_values")[c.name] for c in table.columns}, [], [])
     if has_unchanged:
