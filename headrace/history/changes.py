@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from headrace.core.errors import TerminalError
 from headrace.core.names import quote_ident
@@ -132,31 +133,39 @@ SELECT * FROM (
 
 
 def soft_delete_arrow(changelog: pa.Table, table: TableSchema) -> tuple[pa.Table, pa.Table] | None:
-    """``build.soft_delete_batch`` for a batch whose changelog (``changelog_arrow``) holds no TRUNCATE, by
-    one DuckDB query: per key touched, the row after its last change (a deleted one with the values
-    of its last change before the delete), and the keys whose last change deleted a row the batch
-    never held (marked deleted in place). None when the batch holds a TRUNCATE."""
-    if "T" in changelog.column("_hr_op").to_pylist():
+    """``build.soft_delete_batch`` for a batch whose changelog (``changelog_arrow``) holds no TRUNCATE: per
+    key touched, the row after its last change (a deleted one with the values of its last change before
+    the delete), and the keys whose last change deleted a row the batch never held (marked deleted in
+    place). One DuckDB aggregation over the positions picks each key's last change and last change that
+    is not a delete; the rows are taken from the changelog by their index (the values are not sorted).
+    None when the batch holds a TRUNCATE."""
+    ops = changelog.column("_hr_op")
+    if pc.any(pc.equal(ops, "T")).as_py():
         return None
     key = ", ".join(quote_ident(k) for k in table.key)
-    cols = ", ".join(f"l.{quote_ident(c)}" for c in table.column_names)
-    on = " AND ".join(f"l.{quote_ident(k)} = f.{quote_ident(k)}" for k in table.key)
-    keys = ", ".join(f"f.{quote_ident(k)}" for k in table.key)
-    ranked = f"row_number() OVER (PARTITION BY {key} ORDER BY _hr_lsn DESC, _hr_seq DESC)"
+    at = "(_hr_lsn, _hr_seq)"
     con = _connection()
     try:
-        con.register("hr_changelog", changelog)
-        con.execute(f"CREATE TEMP TABLE hr_final AS SELECT * FROM (SELECT *, {ranked} AS r FROM hr_changelog) WHERE r = 1")
-        con.execute(f"CREATE TEMP TABLE hr_live AS SELECT * FROM (SELECT *, {ranked} AS r FROM hr_changelog"
-                    " WHERE _hr_op <> 'D') WHERE r = 1")
-        rows = _read_all(con.execute(
-            f"SELECT {cols}, CASE WHEN f._hr_op = 'D' THEN f._hr_commit_ts END AS _hr_deleted_at, f._hr_commit_ts,"
-            f" f._hr_lsn, f._hr_seq FROM hr_final f JOIN hr_live l ON {on}").arrow())
-        deletes = _read_all(con.execute(
-            f"SELECT {keys}, f._hr_lsn, f._hr_seq, f._hr_commit_ts FROM hr_final f WHERE f._hr_op = 'D'"
-            f" AND NOT EXISTS (SELECT 1 FROM hr_live l WHERE {on})").arrow())
+        con.register("hr_changelog", pa.table({**{k: changelog.column(k) for k in table.key},
+                                                "_hr_op": ops, "_hr_lsn": changelog.column("_hr_lsn"),
+                                                "_hr_seq": changelog.column("_hr_seq"),
+                                                "hr_i": pa.array(range(changelog.num_rows), pa.int64())}))
+        picked = _read_all(con.execute(
+            f"SELECT arg_max(hr_i, {at}) AS hr_last, arg_max(hr_i, {at}) FILTER (WHERE _hr_op <> 'D') AS hr_live"
+            f" FROM hr_changelog GROUP BY {key}").arrow())
     finally:
         con.close()
+    live = picked.column("hr_live")
+    held = pc.is_valid(live)
+    final = changelog.take(pc.filter(picked.column("hr_last"), held))
+    values = changelog.take(pc.drop_null(live))
+    rows = pa.table({**{c: values.column(c) for c in table.column_names},
+                     "_hr_deleted_at": pc.if_else(pc.equal(final.column("_hr_op"), "D"), final.column("_hr_commit_ts"),
+                                              pa.nulls(final.num_rows, final.column("_hr_commit_ts").type)),
+                     "_hr_commit_ts": final.column("_hr_commit_ts"), "_hr_lsn": final.column("_hr_lsn"), "_hr_seq": final.column("_hr_seq")})
+    gone = changelog.take(pc.filter(picked.column("hr_last"), pc.invert(held)))
+    deletes = pa.table({**{k: gone.column(k) for k in table.key}, "_hr_lsn": gone.column("_hr_lsn"),
+                        "_hr_seq": gone.column("_hr_seq"), "_hr_commit_ts": gone.column("_hr_commit_ts")})
     return rows, deletes
 
 

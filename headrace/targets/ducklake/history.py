@@ -263,28 +263,55 @@ class DuckLakeHistory(HistoryWriter):
 
     def _soft_delete(self, table: TableSchema, name: str, batch: b.SoftDeleteBatch) -> None:
         mark = f"{b.DELETED_AT} = {{ts}}, {b.COMMIT_TS} = {{ts}}, {b.LSN} = {{lsn}}, {b.SEQ} = {{seq}}"
-        if len(batch.deletes):
-            deletes = batch.deletes if isinstance(batch.deletes, pa.Table) else self._events(table, batch.deletes)
-            self._with("hr_deletes", deletes,
-                       f"UPDATE {name} AS v SET {mark.format(ts='c.' + b.COMMIT_TS, lsn='c.' + b.LSN, seq='c.' + b.SEQ)}"
-                       f" FROM hr_deletes c WHERE v.{b.DELETED_AT} IS NULL AND {self._on_key(table, 'v', 'c')}"
-                       f" AND {written_before('v', 'c')}")
-        if len(batch.rows):
-            rows = batch.rows if isinstance(batch.rows, pa.Table) else to_arrow(table, "soft_delete",
-                                                                                  list(batch.rows.values()))
-            self._with("hr_rows", rows, f"DELETE FROM {name} AS v USING hr_rows c WHERE "
-                                        f"{self._on_key(table, 'v', 'c')} AND {written_before('v', 'c')}")
-            keep = f"NOT EXISTS (SELECT 1 FROM {name} v WHERE {self._on_key(table, 'v', 'hr_rows')})"
-            cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA["soft_delete"]]
-            values = [cast_in(quote_ident(c.name), c.type) for c in table.columns]
-            values += [n for n, _, _, _ in EXTRA["soft_delete"]]
-            self._with("hr_rows", rows, f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} "
-                                        f"FROM hr_rows WHERE {keep}")
+        deletes = None if not len(batch.deletes) else (
+            batch.deletes if isinstance(batch.deletes, pa.Table) else self._events(table, batch.deletes))
+        rows = None if not len(batch.rows) else (
+            batch.rows if isinstance(batch.rows, pa.Table) else to_arrow(table, "soft_delete", list(batch.rows.values())))
+        if deletes is not None or rows is not None:
+            self._soft_delete_keys(table, name, deletes, rows)
         if (t := batch.truncate) is not None:
             self.con.execute(
                 f"UPDATE {name} SET {mark.format(ts='?', lsn=t.lsn, seq=t.seq)} WHERE {b.DELETED_AT} IS NULL AND "
                 f"({b.LSN} < {t.lsn} OR ({b.LSN} = {t.lsn} AND {b.SEQ} < {t.seq}))", [t.ts, t.ts])
 
+    def _soft_delete_keys(self, table: TableSchema, name: str, deletes: pa.Table | None, rows: pa.Table | None) -> None:
+        """The batch's keys in one read of the table (``hr_found``: each key's row with the change it meets
+        and whether it was written before it), then by ``rowid``: a deleted key's live row written before
+        its delete is marked deleted (rewritten with the delete's time and position), a written key's row
+        written before its change is replaced by the batch's row; a row written after the change (the
+        batch replayed) stays, and the batch's row for that key is not inserted."""
+        keys = ", ".join(quote_ident(k) for k in table.key)
+        meets = " UNION ALL ".join(
+            f"SELECT {keys}, {b.LSN}, {b.SEQ}, {b.COMMIT_TS}, {gone} AS hr_gone FROM {relation}"
+            for relation, gone, found in (("hr_deletes", "true", deletes), ("hr_rows", "false", rows)) if found is not None)
+        for relation, found in (("hr_deletes", deletes), ("hr_rows", rows)):
+            if found is not None:
+                self.con.register(relation, found)
+        try:
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE hr_found AS SELECT v.*, v.rowid AS hr_rowid, c.hr_gone,"
+                f" c.{b.LSN} AS hr_c_lsn, c.{b.SEQ} AS hr_c_seq, c.{b.COMMIT_TS} AS hr_c_ts,"
+                f" {written_before('v', 'c')} AS hr_older FROM {name} v JOIN ({meets}) c ON {self._on_key(table, 'v', 'c')}")
+            marked = f"hr_gone AND hr_older AND {b.DELETED_AT} IS NULL"
+            self.con.execute(f"DELETE FROM {name} WHERE rowid IN (SELECT hr_rowid FROM hr_found WHERE"
+                             f" ({marked}) OR (NOT hr_gone AND hr_older))")
+            self.con.execute(
+                f"INSERT INTO {name} SELECT * EXCLUDE (hr_rowid, hr_gone, hr_c_lsn, hr_c_seq, hr_c_ts, hr_older)"
+                f" REPLACE (hr_c_ts AS {b.DELETED_AT}, hr_c_ts AS {b.COMMIT_TS}, hr_c_lsn AS {b.LSN},"
+                f" hr_c_seq AS {b.SEQ}) FROM hr_found WHERE {marked}")
+            if rows is not None:
+                newer = (f"NOT EXISTS (SELECT 1 FROM hr_found f WHERE NOT f.hr_gone AND NOT f.hr_older"
+                         f" AND {self._on_key(table, 'f', 'hr_rows')})")
+                cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA["soft_delete"]]
+                values = [cast_in(quote_ident(c.name), c.type) for c in table.columns]
+                values += [n for n, _, _, _ in EXTRA["soft_delete"]]
+                self.con.execute(f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} FROM hr_rows"
+                                 f" WHERE {newer}")
+        finally:
+            self.con.execute("DROP TABLE IF EXISTS hr_found")
+            for relation, found in (("hr_deletes", deletes), ("hr_rows", rows)):
+                if found is not None:
+                    self.con.unregister(relation)
 
 def writer(target: Any) -> DuckLakeHistory:
     """The target's history writer (one per target, kept on it)."""
