@@ -225,17 +225,15 @@ def _count_ops(entries: list[LogEntry], snapshot_lsn: int | None) -> tuple[dict[
     last: datetime | None = None
     for entry in entries:
         facts = entry.facts
-        whole = facts is not None and (snapshot_lsn is None or entry.min_lsn > snapshot_lsn)
-        footer: tuple[datetime | None] | None = None
-        if whole and facts is not None and facts.last_commit_us is not None:
-            footer = (datetime.fromtimestamp(facts.last_commit_us / 1e6, timezone.utc),)
-        elif whole:
-            footer = _footer_last_ts(entry.path)
-        if facts is not None and footer is not None:
+        latest: tuple[datetime | None] | None = None  # the file's latest commit time, when known without its rows
+        if facts is not None and (snapshot_lsn is None or entry.min_lsn > snapshot_lsn):
+            latest = (_footer_last_ts(entry.path) if facts.last_commit_us is None
+                      else (datetime.fromtimestamp(facts.last_commit_us / 1e6, timezone.utc),))
+        if facts is not None and latest is not None:
             for op, n in (("I", facts.inserts), ("U", facts.updates), ("D", facts.deletes), ("T", facts.truncates)):
                 if n:
                     ops[OPS[op]] = ops.get(OPS[op], 0) + n
-            ts: datetime | None = footer[0]
+            ts: datetime | None = latest[0]
         else:
             read = _read_ops(entry.path, snapshot_lsn)
             if read is None:

@@ -53,8 +53,7 @@ class FileFacts:
             unchanged=self.unchanged or other.unchanged,
             update_without_old=self.update_without_old or other.update_without_old,
             key_toast=self.key_toast or other.key_toast,
-            last_commit_us=max(times) if (times := [t for t in (self.last_commit_us, other.last_commit_us)
-                                                    if t is not None]) else None,
+            last_commit_us=max((t for t in (self.last_commit_us, other.last_commit_us) if t is not None), default=None),
         )
 
     def to_json(self) -> dict[str, Any]:

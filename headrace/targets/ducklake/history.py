@@ -224,10 +224,14 @@ class DuckLakeHistory(HistoryWriter):
     def _insert(self, table: TableSchema, mode: Mode, name: str, rows: list[b.Row] | pa.Table) -> None:
         if not len(rows):
             return
+        self._with("hr_rows", rows if isinstance(rows, pa.Table) else to_arrow(table, mode, rows),
+                   self._insert_sql(table, mode, name))
+
+    def _insert_sql(self, table: TableSchema, mode: Mode, name: str, where: str = "") -> str:
+        """SQL: the rows of ``hr_rows`` (``tables.arrow_schema``'s columns) into the ``mode`` table ``name``."""
         cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA[mode]]
         values = [cast_in(quote_ident(c.name), c.type) for c in table.columns] + [n for n, _, _, _ in EXTRA[mode]]
-        self._with("hr_rows", rows if isinstance(rows, pa.Table) else to_arrow(table, mode, rows),
-                   f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} FROM hr_rows")
+        return f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} FROM hr_rows{where and ' WHERE ' + where}"
 
     def _with(self, relation: str, rows: pa.Table, sql: str) -> None:
         self.con.register(relation, rows)
@@ -302,11 +306,7 @@ class DuckLakeHistory(HistoryWriter):
             if rows is not None:
                 newer = (f"NOT EXISTS (SELECT 1 FROM hr_found f WHERE NOT f.hr_gone AND NOT f.hr_older"
                          f" AND {self._on_key(table, 'f', 'hr_rows')})")
-                cols = [quote_ident(c.name) for c in table.columns] + [n for n, _, _, _ in EXTRA["soft_delete"]]
-                values = [cast_in(quote_ident(c.name), c.type) for c in table.columns]
-                values += [n for n, _, _, _ in EXTRA["soft_delete"]]
-                self.con.execute(f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(values)} FROM hr_rows"
-                                 f" WHERE {newer}")
+                self.con.execute(self._insert_sql(table, "soft_delete", name, newer))
         finally:
             self.con.execute("DROP TABLE IF EXISTS hr_found")
             for relation, found in (("hr_deletes", deletes), ("hr_rows", rows)):
