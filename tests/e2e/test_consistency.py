@@ -122,9 +122,11 @@ def _iceberg_sum(warehouse: Path, cut: dict[str, int]) -> int:
     for table in ("Checking", "Savings accounts"):
         snapshot = next(sid for name, sid in cut.items() if name.endswith(f"`{table}`"))
         metadata = warehouse / "public" / table / "metadata"
-        for _attempt in range(5):  # a metadata file beyond the newest 20 is deleted after a commit
-            hint = (metadata / "version-hint.text").read_text().strip()
+        # A metadata file beyond the newest 20 is deleted after a commit, and Hadoop's catalog replaces the
+        # version hint by a delete then a rename: for a moment there is none. Either is read again.
+        for _attempt in range(5):
             try:
+                hint = (metadata / "version-hint.text").read_text().strip()
                 scan = StaticTable.from_metadata(str(metadata / f"v{hint}.metadata.json")).scan(snapshot_id=snapshot)
                 total += int(pc.sum(scan.to_arrow()["balance"]).as_py() or 0)
                 break
