@@ -108,6 +108,38 @@ def write_backlog(dsn: str, tables: int, seeded: int, changes: int, txn_changes:
     return done
 
 
+STATEMENT_KINDS = "iiuiuiiuid"  # 60% inserts, 30% updates, 10% deletes, as issue 37 measured them
+
+
+def write_statements(dsn: str, tables: int, seeded: int, changes: int, rows: int) -> int:
+    """``changes`` changes as transactions of one set-based statement of ``rows`` rows each (the batch
+    jobs' shape: 60% inserts, 30% updates, 10% deletes by statement), round robin over the tables;
+    returns the exact count."""
+    low, high = [1] * tables, [seeded + 1] * tables
+    cursor = [1] * tables
+    done = k = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while done < changes:
+            i, kind = k % tables, STATEMENT_KINDS[(k // tables) % len(STATEMENT_KINDS)]
+            k += 1
+            if kind == "i":
+                done += conn.execute(f"INSERT INTO backlog.t{i} (id, v, note) SELECT g, 1, md5(g::text)"
+                                     " FROM generate_series(%s::bigint, %s) g", (high[i], high[i] + rows - 1)).rowcount
+                high[i] += rows
+            elif kind == "u":
+                if cursor[i] + rows > high[i]:
+                    cursor[i] = low[i]
+                done += conn.execute(f"UPDATE backlog.t{i} SET v = v + 1, note = md5(random()::text)"
+                                     " WHERE id >= %s AND id < %s", (cursor[i], cursor[i] + rows)).rowcount
+                cursor[i] += rows
+            else:
+                done += conn.execute(f"DELETE FROM backlog.t{i} WHERE id >= %s AND id < %s",
+                                     (low[i], low[i] + rows)).rowcount
+                low[i] += rows
+                cursor[i] = max(cursor[i], low[i])
+    return done
+
+
 def drain(headrace: Headrace) -> tuple[float, float, float]:
     """`headrace run --until-caught-up`: seconds from process start to its exit; of those, the
     start-up until its ``run.start`` event (imports, state checks; Spark's JVM starts after it, so the
@@ -169,6 +201,9 @@ def main() -> int:
     ap.add_argument("--tables", type=int, default=4)
     ap.add_argument("--seed-rows", type=int, default=100_000, help="rows per table before the backlog")
     ap.add_argument("--txn-changes", type=int, default=1000)
+    ap.add_argument("--statement-rows", type=int, default=0,
+                    help="the batch-job shape instead: transactions of one statement of this many rows"
+                         " (60%% inserts, 30%% updates, 10%% deletes); 5000 is issue 37's")
     ap.add_argument("--targets", default="iceberg,ducklake")
     ap.add_argument("--batch-files", default="200", help="apply.max_batch_files values, comma list")
     ap.add_argument("--dlt-python", help="a Python with dlt[duckdb,parquet], sqlalchemy and psycopg2-binary")
@@ -190,7 +225,8 @@ def main() -> int:
         codes.append(("before", Path(args.compare_root).resolve()))
     pipelines = [(kind, int(files), code, root) for kind in args.targets.split(",")
                  for files in args.batch_files.split(",") for code, root in codes]
-    results: dict[str, Any] = {"tables": args.tables, "txn_changes": args.txn_changes}
+    results: dict[str, Any] = {"tables": args.tables, "txn_changes": args.txn_changes,
+                               "statement_rows": args.statement_rows}
     with ThrowawayPostgres() as server:
         seed(server.dsn, args.tables, args.seed_rows)
         runners = []
@@ -214,7 +250,9 @@ def main() -> int:
         dlt = (dlt_prepare(args.dlt_python, args.dlt_sources, server.dsn, work, args.tables, variants)
                if args.dlt_python else None)
         started = time.monotonic()
-        changes = write_backlog(server.dsn, args.tables, args.seed_rows, args.changes, args.txn_changes)
+        changes = (write_statements(server.dsn, args.tables, args.seed_rows, args.changes, args.statement_rows)
+                   if args.statement_rows else
+                   write_backlog(server.dsn, args.tables, args.seed_rows, args.changes, args.txn_changes))
         with psycopg.connect(server.dsn) as conn:
             end_lsn = insert_lsn(conn)
         results.update(changes=changes, write_s=round(time.monotonic() - started, 1))

@@ -50,6 +50,8 @@ from harness import (
     cpu_used,
     insert_lsn,
     load_average,
+    parse_lsn,
+    parse_ts,
     pct,
     pyplot,
     target_config,
@@ -130,6 +132,32 @@ def freshness(commits: list[Commit], batches: list[BatchEvent]) -> list[float | 
     return out
 
 
+def stages(commits: list[Commit], flushes: list[tuple[float, int]], batches: list[BatchEvent],
+           since: float) -> dict[str, float]:
+    """Where each commit's freshness went (p50/p99 of each part, commits from ``since`` on): until
+    capture registered the staged file holding it (``capture.flush``), then until the apply batch
+    holding it started, then that batch's own seconds."""
+    flushes = sorted(flushes, key=lambda f: f[1])
+    lsns = [lsn for _, lsn in flushes]
+    per_table: dict[str, list[BatchEvent]] = {}
+    for b in batches:
+        per_table.setdefault(b.table, []).append(b)
+    parts: dict[str, list[float]] = {"staged": [], "waited": [], "applied": []}
+    for c in commits:
+        if c.at < since:
+            continue
+        i = bisect.bisect_right(lsns, c.lsn_before)
+        bs = per_table.get(c.table, [])
+        j = bisect.bisect_left([b.applied_lsn for b in bs], c.lsn_before)
+        if i >= len(flushes) or j >= len(bs):
+            continue
+        staged_at, batch = flushes[i][0], bs[j]
+        parts["staged"].append(staged_at - c.at)
+        parts["waited"].append(batch.at - batch.seconds - staged_at)
+        parts["applied"].append(batch.seconds)
+    return {f"{name}_p{p}_s": round(pct(sorted(v), p), 3) for name, v in parts.items() for p in (50, 99) if v}
+
+
 def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Namespace,
             store: ObjectStore | None = None) -> dict[str, Any]:
     """One pipeline (target ``kind``, ``idle`` quiet tables) under the steady load; with ``store``, its
@@ -138,6 +166,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     work = Path(tempfile.mkdtemp(prefix=f"headrace-{name}-"))
     create_tables(server.dsn, args.tables, idle)
     apply: dict[str, Any] = {} if args.driver_batch_rows is None else {"driver_batch_rows": args.driver_batch_rows}
+    apply.update(json.loads(args.apply))
     if args.consistency is not None:
         apply["consistency"] = args.consistency
     root = store.new_root(name) if store else None
@@ -174,6 +203,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         sampler.stop()
         batches = headrace.batches()
         delays = freshness(commits, batches)
+        flushes = [(parse_ts(e["ts"]), parse_lsn(e["captured_lsn"])) for e in headrace.events("capture.flush")]
     finally:
         headrace.stop()
         with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -197,6 +227,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         "samples": len(seen), "not_applied": len(measured) - len(seen),
         **{f"p{p}_s": round(pct(seen, p), 2) for p in (50, 90, 99)},
         "max_s": round(seen[-1], 2) if seen else None, **sampler.summary(),
+        **stages(commits, flushes, batches, load_started + args.warmup),
         "batches": len(loaded), "batch_s_median": round(pct([b.seconds for b in loaded], 50), 3),
         "cpu_s": round(cpu, 1), "cpu_s_per_batch": round(cpu / max(1, len(loaded)), 3),
         # where it went: process/thread kind -> CPU seconds (the JIT, Spark's tasks, py4j, capture's Python)
@@ -245,6 +276,7 @@ def main() -> int:
     ap.add_argument("--engine", choices=["auto", "spark", "driver"], help="engine (unset: the default, auto)")
     ap.add_argument("--spark-conf", action="append", default=[], help="a spark.conf setting k=v (repeatable)")
     ap.add_argument("--consistency", choices=["table", "transaction"], help="apply.consistency (unset: the default)")
+    ap.add_argument("--apply", default="{}", help="more apply settings, JSON (e.g. '{\"concurrency\": 8}')")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")
     ap.add_argument("--iceberg-cow-below", type=int, help="target.iceberg.copy_on_write_below_rows (0: every"
