@@ -177,7 +177,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
     if root:
         staging["path"] = f"{root}/staging"
     config = write_config(work, name, server.dsn, {"schemas": ["fresh"]}, kind, staging=staging, apply=apply,
-                          target=target)
+                          target=target, maintenance=json.loads(args.maintenance))
     if args.engine is not None or args.spark_conf:
         settings = yaml.safe_load(config.read_text())
         if args.engine is not None:
@@ -276,6 +276,7 @@ def main() -> int:
     ap.add_argument("--engine", choices=["auto", "spark", "driver"], help="engine (unset: the default, auto)")
     ap.add_argument("--spark-conf", action="append", default=[], help="a spark.conf setting k=v (repeatable)")
     ap.add_argument("--consistency", choices=["table", "transaction"], help="apply.consistency (unset: the default)")
+    ap.add_argument("--maintenance", default="{}", help="maintenance settings, JSON")
     ap.add_argument("--apply", default="{}", help="more apply settings, JSON (e.g. '{\"concurrency\": 8}')")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import psycopg
 import pytest
 import yaml
@@ -68,16 +69,21 @@ def _create(dsn: str) -> None:
 
 
 # Iceberg through its JDBC catalog here (the production catalog; the Hadoop catalog is maintained by
-# the run's schedule in the test below), DuckLake on its DuckDB-file catalog.
-@pytest.mark.parametrize("target_kind", ["iceberg-jdbc", "ducklake"])
+# the run's schedule in the test below), DuckLake on its DuckDB-file catalog: with data inlining off
+# (every small batch its own files, as batches over ``inline_rows`` are) and at the default (the small
+# batches' rows in the catalog, written out by the pass).
+@pytest.mark.parametrize("target_kind", ["iceberg-jdbc", "ducklake", "ducklake-inlined"])
 def test_maintain_command_after_small_batches_compacts_and_expires(
         source_dsn: str, tmp_path: Path, target_kind: str, spark: Any, capsys: pytest.CaptureFixture[str],
         pg_server: ThrowawayPostgres) -> None:
     _create(source_dsn)
-    target: Target = jdbc_target(pg_server, tmp_path) if target_kind == "iceberg-jdbc" else target_kind
+    target: Target = jdbc_target(pg_server, tmp_path) if target_kind == "iceberg-jdbc" else "ducklake"
     if isinstance(target, dict):  # merge-on-read (as a large table is): the delete files a pass applies away
         target["iceberg"]["copy_on_write_below_rows"] = 0
     raw = _raw(source_dsn, tmp_path, target, enabled=False)
+    inlined = target_kind == "ducklake-inlined"
+    if target_kind == "ducklake":
+        raw["target"]["ducklake"]["inline_rows"] = 0
     config = parse_config(raw)
     run_caught_up(Pipeline(config))
     updates = [f"UPDATE churn SET v = v + 1 WHERE id % 30 = {i}; DELETE FROM churn WHERE id = {i + 1};"
@@ -89,7 +95,10 @@ def test_maintain_command_after_small_batches_compacts_and_expires(
     target = open_target(config.target.kind, spark, config.target.settings, config.name)
     before = target.table_files(row.schema)
     target.close()
-    assert before is not None and before.snapshots > KEEP_LAST and before.delete_files > 0
+    assert before is not None and before.snapshots > KEEP_LAST
+    # inlined: the copy and every batch are rows in the catalog, no Parquet file yet
+    assert (before.data_files, before.delete_files) == (0, 0) if inlined else before.delete_files > 0
+    assert _inlined_rows(tmp_path, "churn") > 0 if inlined else True
     config_file = tmp_path / "pipeline.yaml"
     # The same Spark catalog name as the pipeline's: the command runs in this process, and Spark caches
     # Iceberg tables per catalog; another name would leave the pipeline's catalog reading a snapshot
@@ -103,10 +112,26 @@ def test_maintain_command_after_small_batches_compacts_and_expires(
     assert shown["last_run_at"] and shown["last_error"] is None
     assert shown["delete_files"] == 0
     assert shown["data_files"] < before.data_files or shown["data_files"] == 1, (before, shown)
+    if inlined:  # the pass wrote the inlined rows out: no row left in the catalog's inlined tables
+        assert _inlined_rows(tmp_path, "churn") == 0
     assert shown["snapshots"] <= KEEP_LAST, (before, shown)
     assert "maintained=20" in format_status(pipeline_status(config))
     assert_same(pipeline, source_dsn, "public.churn")
     pipeline.target.close()
+
+
+def _inlined_rows(tmp: Path, table: str) -> int:
+    """Live rows of ``table`` in the lake's inlined data tables (its DuckDB-file catalog, read directly)."""
+    con = duckdb.connect(str(tmp / "lake" / "meta.ducklake"), read_only=True)
+    try:
+        (table_id,) = con.execute("SELECT table_id FROM ducklake_table WHERE table_name = ? AND end_snapshot IS NULL",
+                                  [table]).fetchone() or (None,)
+        names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE regexp_matches(table_name,"
+                                           " ?)", [f"^ducklake_inlined_data_{table_id}_[0-9]+$"]).fetchall()]
+        return sum(int(con.execute(f'SELECT count(*) FROM "{n}" WHERE end_snapshot IS NULL').fetchone()[0])  # type: ignore[index]
+                   for n in names)
+    finally:
+        con.close()
 
 
 @pytest.mark.parametrize("target", TARGETS)

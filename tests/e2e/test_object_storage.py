@@ -62,7 +62,7 @@ def make_orders(dsn: str, rows: int) -> None:
 def change_orders(dsn: str, alter: bool = True) -> None:
     """Inserts, updates, deletes; with ``alter`` a new column and its values."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders SELECT g, 'new ' || g, 1, 1.5, now() FROM generate_series(1001, 1100) g")
+        conn.execute("INSERT INTO orders SELECT g, 'new ' || g, 1, 1.5, now() FROM generate_series(10001, 10100) g")
         conn.execute("UPDATE orders SET qty = qty + 10 WHERE id % 5 = 0")
         conn.execute("DELETE FROM orders WHERE id % 9 = 0")
         if not alter:
@@ -82,7 +82,7 @@ def test_ducklake_on_s3_with_a_postgres_catalog_copies_streams_evolves_and_trunc
         spark: Any, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     """Also: the secret key is in no log line, status page, /metrics, status API or OpenLineage event,
     and ``drop --targets`` leaves nothing of the pipeline in the bucket."""
-    make_orders(source_dsn, 1000)
+    make_orders(source_dsn, 1500)  # over target.ducklake.inline_rows: the copy is a Parquet file on the store
     catalog_db = new_database(pg_server, "lakecat")
     catalog = f"postgres:dbname={catalog_db} host=127.0.0.1 port={pg_server.port} user=postgres"
     api = f"127.0.0.1:{free_port()}"

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
+from headrace.core.errors import SchemaChangeError
 from headrace.core.names import quote_ident
 from headrace.core.rows import POSITION_COLUMNS
 from headrace.core.schema import SchemaChange, TableSchema, rename_collision
@@ -61,10 +62,17 @@ def shape_matches(con: duckdb.DuckDBPyConnection, name: str, table: TableSchema)
     return row is not None and have == list(zip(names, row, strict=True))
 
 
-def rename_table(con: duckdb.DuckDBPyConnection, lake: str, schema: str, old: str, new: str) -> None:
-    """Rename table ``old`` of ``schema`` to ``new``, unless done already."""
+def rename_table(con: duckdb.DuckDBPyConnection, lake: str, schema: str, old: TableSchema, new: TableSchema,
+                 new_schema: str) -> None:
+    """Rename the target table of ``old`` in ``schema`` to follow the source (``new``, whose target
+    schema is ``new_schema``), unless done already."""
+    if schema != new_schema:
+        raise SchemaChangeError(
+            f"{old.qualified_name} moved to {new.qualified_name}: DuckLake renames tables only within a"
+            " schema; set schema_changes.rename_table: keep and restart, or set target.ducklake.schema"
+        )
     exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?"
-                         " AND table_name = ?", [lake, schema, old]).fetchone()
+                         " AND table_name = ?", [lake, schema, old.target_table]).fetchone()
     if exists and exists[0]:
-        con.execute(f"ALTER TABLE {quote_ident(lake)}.{quote_ident(schema)}.{quote_ident(old)} RENAME TO"
-                    f" {quote_ident(new)}")
+        con.execute(f"ALTER TABLE {quote_ident(lake)}.{quote_ident(schema)}.{quote_ident(old.target_table)} RENAME TO"
+                    f" {quote_ident(new.target_table)}")

@@ -124,7 +124,7 @@ def connect(settings: DuckLakeConfig, alias: str = LAKE_ALIAS) -> duckdb.DuckDBP
         elif catalog.kind == "sqlite":
             load_extension(con, "sqlite_scanner", what)
         storage.attach_duckdb(con, settings.data_path)
-        attach(con, catalog, settings.data_path, alias)
+        attach(con, catalog, settings.data_path, alias, settings.inline_rows)
     except BaseException:
         con.close()
         raise
@@ -147,15 +147,17 @@ def fetch_arrow(result: duckdb.DuckDBPyConnection) -> pa.Table:
     return out
 
 
-def attach(con: duckdb.DuckDBPyConnection, catalog: Catalog, data_path: str, alias: str) -> None:
-    """ATTACH the lake; errors name the catalog and what to check."""
+def attach(con: duckdb.DuckDBPyConnection, catalog: Catalog, data_path: str, alias: str, inline_rows: int = 0) -> None:
+    """ATTACH the lake (``inline_rows``: DuckLake's data inlining limit for this connection's writes,
+    ``inlining``); errors name the catalog and what to check."""
     if catalog.kind == "duckdb":
         Path(catalog.location).expanduser().parent.mkdir(parents=True, exist_ok=True)
     elif catalog.kind == "sqlite":
         Path(catalog.location.removeprefix("sqlite:")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     if "://" not in data_path:
         Path(data_path).mkdir(parents=True, exist_ok=True)
-    sql = f"ATTACH 'ducklake:{_quote(catalog.location)}' AS {alias} (DATA_PATH '{_quote(data_path)}')"
+    sql = (f"ATTACH 'ducklake:{_quote(catalog.location)}' AS {alias} (DATA_PATH '{_quote(data_path)}',"
+           f" DATA_INLINING_ROW_LIMIT {int(inline_rows)})")
     try:
         con.execute(sql)
     except duckdb.Error as exc:

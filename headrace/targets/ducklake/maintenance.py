@@ -22,6 +22,7 @@ import duckdb
 
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.logs import event
+from headrace.targets.ducklake import inlining
 from headrace.targets.ducklake.extension import fetch_arrow
 
 log = logging.getLogger("headrace.targets.ducklake.maintenance")
@@ -72,6 +73,7 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
 
 def _pass(con: duckdb.DuckDBPyConnection, lake: str, schema: str, table: str, policy: MaintenancePolicy) -> None:
     args = f"{_literal(lake)}, {_literal(table)}, schema => {_literal(schema)}"
+    inlining.flush(con, lake, schema, table)  # the rows small batches left in the catalog, first
     rewritten = _count(con, f"ducklake_rewrite_data_files({args}, delete_threshold => 0)")
     merged = _count(con, f"ducklake_merge_adjacent_files({args})")
     # Keep the newest keep_last snapshots whatever their age: expire only before the oldest of them.

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa
 
-from headrace.core.errors import SchemaChangeError
 from headrace.core.filesink import FileSink, WrittenFile, open_folder
 from headrace.core.interfaces import CutCommit, Target
 from headrace.core.lanes import Lane, LaneChoice
@@ -35,6 +34,7 @@ from headrace.targets.ducklake.config import DuckLakeConfig
 from headrace.targets.ducklake.copies import CopyWrite
 from headrace.targets.ducklake.evolve import evolve_columns, rename_table, shape_matches
 from headrace.targets.ducklake.group import GroupQueue, write_through
+from headrace.targets.ducklake.inlining import Inlined
 from headrace.targets.ducklake.kept_keys import KeptKeys, StaleKeys
 from headrace.targets.ducklake.types import cast_out, registers_directly
 
@@ -77,6 +77,7 @@ class DuckLakeTarget(Target):
         self._copies: GroupQueue[CopyWrite, int] = GroupQueue()  # copies written on the driver, waiting for a commit
         self._batches: GroupQueue[ChangeWrite, None] = GroupQueue()  # change batches waiting for a commit
         self._keys = KeptKeys(L, settings.driver_key_rows)  # large tables' keys between batches
+        self._inlined = Inlined(settings.inline_rows)  # small batches' rows in the catalog, flushed in bulk
         self._cut = threading.local()  # .writes: the batches of this thread's open cut (``cut``)
         self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}._headrace")
         self._con.execute(
@@ -291,6 +292,9 @@ class DuckLakeTarget(Target):
             batches.write_cursors(self._con, CURSOR_TABLE, self.pipeline, group)
         for target, found, applied in followed:
             self._keys.follow(self._con, target, found, applied.replaced, applied.inserted, applied.lowest_lsn)
+        for write in group:
+            self._inlined.applied(self._schema(write.table), write.table.target_table, write.changes.num_rows)
+        self._inlined.flush_due(self._con, L)
         return [None] * len(group)
 
     @contextmanager
@@ -325,18 +329,9 @@ class DuckLakeTarget(Target):
         with self._lock, self._transaction(new):
             name = self._qualified(old)
             if any(c.kind == "rename_table" and c.apply for c in changes):
-                name = self._rename_table(old, new)
+                rename_table(self._con, L, self._schema(old), old, new, self._schema(new))
+                name = self._qualified(new)
             evolve_columns(self._con, name, new, changes, fills)
-
-    def _rename_table(self, old: TableSchema, new: TableSchema) -> str:
-        """Rename the target table to follow the source (unless done already); return its name."""
-        if self._schema(old) != self._schema(new):
-            raise SchemaChangeError(
-                f"{old.qualified_name} moved to {new.qualified_name}: DuckLake renames tables only within a"
-                " schema; set schema_changes.rename_table: keep and restart, or set target.ducklake.schema"
-            )
-        rename_table(self._con, L, self._schema(old), old.target_table, new.target_table)
-        return self._qualified(new)
 
     def history(self) -> HistoryWriter:
         """History tables beside the mirror, in the same lake (``ducklake.history``)."""
@@ -376,6 +371,7 @@ class DuckLakeTarget(Target):
         the lock, so apply batches wait for it rather than conflict with it."""
         with self._lock:
             maintenance.maintain(self._con, L, self._schema(table), table.target_table, policy)
+            self._inlined.flushed(self._schema(table), table.target_table)
 
     def table_files(self, table: TableSchema) -> TableFiles | None:
         """File counts from the lake's catalog."""
