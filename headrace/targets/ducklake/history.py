@@ -205,16 +205,22 @@ class DuckLakeHistory(HistoryWriter):
         name = self.name(table, mode, own)
         shape = (table.oid, name, tuple((c.name, duck_type(c.type)) for c in table.columns))
         try:
-            with self.target._lock, self.target._transaction(table):
-                if shape not in self._followed:
-                    self._follow_columns(table, name)
-                if isinstance(built, (list, pa.Table)):
-                    self._insert(table, mode, name, built)
-                elif isinstance(built, b.Scd2Batch):
-                    self._scd2(table, name, built)
-                else:
-                    self._soft_delete(table, name, built)
-                self._set_offset(table, mode, log_offset, own)
+            with self.target._lock:
+                with self.target._transaction(table):
+                    if shape not in self._followed:
+                        self._follow_columns(table, name)
+                    if isinstance(built, (list, pa.Table)):
+                        self._insert(table, mode, name, built)
+                    elif isinstance(built, b.Scd2Batch):
+                        self._scd2(table, name, built)
+                    else:
+                        self._soft_delete(table, name, built)
+                    self._set_offset(table, mode, log_offset, own)
+                # its small writes went into the catalog as the mirror's do (``inlining``)
+                inlined = self.target._inlined
+                unquoted = table.target_table if own else history_table(table.target_table, mode)
+                inlined.applied(self.target._schema(table), unquoted, _written(built))
+                inlined.flush_due(self.con, L)
         except BaseException:
             self._forget(table)
             raise
@@ -312,6 +318,13 @@ class DuckLakeHistory(HistoryWriter):
             for relation, found in (("hr_deletes", deletes), ("hr_rows", rows)):
                 if found is not None:
                     self.con.unregister(relation)
+
+def _written(built: Built) -> int:
+    """About how many rows a history batch writes (its inserts; an update in place counts once)."""
+    parts = [built] if isinstance(built, (list, pa.Table)) else \
+        [built.closes, built.versions] if isinstance(built, b.Scd2Batch) else [built.rows, built.deletes]
+    return sum(p.num_rows if isinstance(p, pa.Table) else len(p) for p in parts)
+
 
 def writer(target: Any) -> DuckLakeHistory:
     """The target's history writer (one per target, kept on it)."""
