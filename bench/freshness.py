@@ -171,6 +171,8 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         apply["consistency"] = args.consistency
     root = store.new_root(name) if store else None
     target = target_config(kind, work, root)
+    if kind == "ducklake" and args.ducklake_inline_rows is not None:
+        target["ducklake"]["inline_rows"] = args.ducklake_inline_rows
     if kind == "iceberg" and args.iceberg_cow_below is not None:
         target["iceberg"]["copy_on_write_below_rows"] = args.iceberg_cow_below
     staging: dict[str, Any] = {} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}
@@ -277,6 +279,7 @@ def main() -> int:
     ap.add_argument("--spark-conf", action="append", default=[], help="a spark.conf setting k=v (repeatable)")
     ap.add_argument("--consistency", choices=["table", "transaction"], help="apply.consistency (unset: the default)")
     ap.add_argument("--maintenance", default="{}", help="maintenance settings, JSON")
+    ap.add_argument("--ducklake-inline-rows", type=int, help="target.ducklake.inline_rows (unset: the default)")
     ap.add_argument("--apply", default="{}", help="more apply settings, JSON (e.g. '{\"concurrency\": 8}')")
     ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (0: every batch"
                     " through Spark); default: headrace's")
