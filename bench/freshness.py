@@ -118,18 +118,23 @@ def steady_load(dsn: str, busy: int, rate: int, txn_changes: int, seconds: float
     return commits
 
 
-def freshness(commits: list[Commit], batches: list[BatchEvent]) -> list[float | None]:
-    """Per commit, seconds until the target committed the batch holding it (None: not applied)."""
+def holding(commits: list[Commit], batches: list[BatchEvent]) -> list[BatchEvent | None]:
+    """Per commit, the first batch of its table whose applied LSN reaches it (None: not applied)."""
     per_table: dict[str, list[BatchEvent]] = {}
     for b in batches:
         per_table.setdefault(b.table, []).append(b)
     keys = {t: [b.applied_lsn for b in bs] for t, bs in per_table.items()}
-    out: list[float | None] = []
+    out: list[BatchEvent | None] = []
     for c in commits:
         bs = per_table.get(c.table, [])
         i = bisect.bisect_left(keys.get(c.table, []), c.lsn_before)
-        out.append(bs[i].at - c.at if i < len(bs) else None)
+        out.append(bs[i] if i < len(bs) else None)
     return out
+
+
+def freshness(commits: list[Commit], batches: list[BatchEvent]) -> list[float | None]:
+    """Per commit, seconds until the target committed the batch holding it (None: not applied)."""
+    return [None if b is None else b.at - c.at for c, b in zip(commits, holding(commits, batches), strict=True)]
 
 
 def stages(commits: list[Commit], flushes: list[tuple[float, int]], batches: list[BatchEvent],
@@ -139,19 +144,12 @@ def stages(commits: list[Commit], flushes: list[tuple[float, int]], batches: lis
     holding it started, then that batch's own seconds."""
     flushes = sorted(flushes, key=lambda f: f[1])
     lsns = [lsn for _, lsn in flushes]
-    per_table: dict[str, list[BatchEvent]] = {}
-    for b in batches:
-        per_table.setdefault(b.table, []).append(b)
     parts: dict[str, list[float]] = {"staged": [], "waited": [], "applied": []}
-    for c in commits:
-        if c.at < since:
-            continue
+    for c, batch in zip(commits, holding(commits, batches), strict=True):
         i = bisect.bisect_right(lsns, c.lsn_before)
-        bs = per_table.get(c.table, [])
-        j = bisect.bisect_left([b.applied_lsn for b in bs], c.lsn_before)
-        if i >= len(flushes) or j >= len(bs):
+        if c.at < since or i >= len(flushes) or batch is None:
             continue
-        staged_at, batch = flushes[i][0], bs[j]
+        staged_at = flushes[i][0]
         parts["staged"].append(staged_at - c.at)
         parts["waited"].append(batch.at - batch.seconds - staged_at)
         parts["applied"].append(batch.seconds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 
 from headrace.targets.ducklake import inlining
@@ -56,4 +57,19 @@ def test_inline_rows_zero_writes_a_file_a_batch(spark: Any, tmp_path: Path) -> N
     target.write_snapshot_arrow(table, _rows(10))
     target.apply_arrow_batch(table, _changes([1, 2], "U", 200), None, 1)
     assert _files(target, "filed")[0] == 2
+    target.close()
+
+
+def test_a_failed_flush_is_not_the_committed_batchs_error(spark: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object) -> None:
+        raise duckdb.IOException("the catalog went away")
+
+    monkeypatch.setattr(inlining, "FLUSH_ROWS", 3)
+    monkeypatch.setattr(inlining, "flush", broken)
+    target = DuckLakeTarget(spark, settings_for("duckdb", tmp_path), "p1")
+    table = _table("kept", 13)
+    target.write_snapshot_arrow(table, _rows(10))
+    target.apply_arrow_batch(table, _changes([1, 2, 3, 4], "U", 200), None, 1)  # past FLUSH_ROWS: the flush fails
+    assert target.read_cursor(table) == 1  # committed, and the apply did not raise
     target.close()

@@ -62,8 +62,7 @@ class DuckLakeHistory(HistoryWriter):
             f"{L}.{quote_ident(self.target._schema(table))}.{quote_ident(history_table(table.target_table, mode))}")
 
     def _key(self, table: TableSchema, mode: Mode, own: bool = False) -> list[str]:
-        name = table.target_table if own else history_table(table.target_table, mode)
-        return [self.target.pipeline, f"{self.target._schema(table)}.{name}"]
+        return [self.target.pipeline, f"{self.target._schema(table)}.{_table_name(table, mode, own)}"]
 
     def applied_offset(self, table: TableSchema, mode: Mode, own: bool = False) -> int | None:
         """Read once, then kept as this writer commits (a batch's two catalog queries fewer). A table in
@@ -217,10 +216,8 @@ class DuckLakeHistory(HistoryWriter):
                         self._soft_delete(table, name, built)
                     self._set_offset(table, mode, log_offset, own)
                 # its small writes went into the catalog as the mirror's do (``inlining``)
-                inlined = self.target._inlined
-                unquoted = table.target_table if own else history_table(table.target_table, mode)
-                inlined.applied(self.target._schema(table), unquoted, _written(built))
-                inlined.flush_due(self.con, L)
+                self.target._inlined.committed(
+                    self.con, L, [(self.target._schema(table), _table_name(table, mode, own), _written(built))])
         except BaseException:
             self._forget(table)
             raise
@@ -318,6 +315,11 @@ class DuckLakeHistory(HistoryWriter):
             for relation, found in (("hr_deletes", deletes), ("hr_rows", rows)):
                 if found is not None:
                     self.con.unregister(relation)
+
+def _table_name(table: TableSchema, mode: Mode, own: bool) -> str:
+    """The history table's name in its schema, unquoted (``own``: the table's own name)."""
+    return table.target_table if own else history_table(table.target_table, mode)
+
 
 def _written(built: Built) -> int:
     """About how many rows a history batch writes (its inserts; an update in place counts once)."""

@@ -18,7 +18,14 @@ does the same first (``maintenance._pass``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
 import duckdb
+
+from headrace.logs import event
+
+log = logging.getLogger("headrace.targets.ducklake.inlining")
 
 FLUSH_ROWS = 50_000  # a table's rows inlined since its last flush, past which the next commit flushes them
 
@@ -30,18 +37,23 @@ class Inlined:
         self.limit = limit
         self._rows: dict[tuple[str, str], int] = {}
 
-    def applied(self, schema: str, table: str, rows: int) -> None:
-        """A batch of ``rows`` changes committed into ``schema.table``: inlined when at most the limit."""
-        if 0 < rows <= self.limit:
-            key = (schema, table)
-            self._rows[key] = self._rows.get(key, 0) + rows
+    def committed(self, con: duckdb.DuckDBPyConnection, lake: str, writes: Iterable[tuple[str, str, int]]) -> None:
+        """After a commit of ``writes`` (schema, table, rows written; inlined when at most the limit):
+        write out the inlined rows of every table past ``FLUSH_ROWS``, each in its own commit.
 
-    def flush_due(self, con: duckdb.DuckDBPyConnection, lake: str) -> None:
-        """Write out the inlined rows of every table past ``FLUSH_ROWS`` (each in its own commit)."""
+        The batches are committed by then: a flush that fails is logged and left to a later one (or
+        the next maintenance pass), never made their error."""
+        for schema, table, rows in writes:
+            if 0 < rows <= self.limit:
+                self._rows[(schema, table)] = self._rows.get((schema, table), 0) + rows
         for (schema, table), rows in list(self._rows.items()):
             if rows >= FLUSH_ROWS:
-                flush(con, lake, schema, table)
-                del self._rows[(schema, table)]
+                del self._rows[(schema, table)]  # counted again from nothing, flushed or not
+                try:
+                    flush(con, lake, schema, table)
+                except duckdb.Error as exc:
+                    event(log, "ducklake.inline_flush_failed", logging.WARNING, table=f"{schema}.{table}",
+                          error=str(exc).splitlines()[0][:300])
 
     def flushed(self, schema: str, table: str) -> None:
         """The table's inlined rows were written out elsewhere (a maintenance pass)."""

@@ -292,9 +292,8 @@ class DuckLakeTarget(Target):
             batches.write_cursors(self._con, CURSOR_TABLE, self.pipeline, group)
         for target, found, applied in followed:
             self._keys.follow(self._con, target, found, applied.replaced, applied.inserted, applied.lowest_lsn)
-        for write in group:
-            self._inlined.applied(self._schema(write.table), write.table.target_table, write.changes.num_rows)
-        self._inlined.flush_due(self._con, L)
+        self._inlined.committed(self._con, L, [(self._schema(w.table), w.table.target_table, w.changes.num_rows)
+                                               for w in group])
         return [None] * len(group)
 
     @contextmanager
