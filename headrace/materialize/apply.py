@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -156,6 +157,7 @@ class PlannedBatch:
     history: tuple[Mode, ...] = ()  # history tables written before the mirror (headrace.history)
     mirrored: bool = True  # False: the table is its one history mode under its own name, no mirror
     driver_rows: int = DRIVER_BATCH_ROWS  # apply.driver_batch_rows (``collected``)
+    read_ahead: bool = False  # built while the table's previous batch committed (``run.read_ahead``)
 
 
 def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
@@ -176,23 +178,47 @@ def plan_batch(state: StateStore, target: Target, row: TableRow, max_files: int,
     if not entries:
         return None
     started = time.monotonic()
-    last = entries[-1]
-    # Changes committed before the snapshot's LSN are in the copy. A transaction committing exactly
-    # at it is not (the slot decodes it), so keep ordinals >= 1 there; were it in the copy, applying
-    # it again would change nothing (positions).
-    skip = Position(row.snapshot_lsn, 0) if row.snapshot_lsn is not None else None
     schema, ddl = row.schema, list[str]()
-    if entries[0].schema != row.schema and (row.snapshot_lsn is None or last.max_lsn >= row.snapshot_lsn):
+    if entries[0].schema != row.schema and (row.snapshot_lsn is None or entries[-1].max_lsn >= row.snapshot_lsn):
         # The table changed shape between the last batch and this one: the target follows first.
         # (Batches wholly before the copy are skipped; the copy already has the newer shape.)
         schema, ddl = evolve_table(state, target, row.schema, entries[0].schema, policy or SchemaChangesConfig(),
                                    entries[0].min_lsn)
         target.ensure_table(schema)
+    return _planned(target, row, cursor, tail, entries, schema, tuple(ddl), values, driver_rows, engine, history,
+                    started)
+
+
+def plan_following(state: StateStore, target: Target, row: TableRow, in_flight: PlannedBatch, tail: int,
+                   max_files: int, values: ValuesConfig | None = None, driver_rows: int = DRIVER_BATCH_ROWS,
+                   max_rows: int | None = None, engine: Engine = "auto") -> PlannedBatch | None:
+    """The batch after ``in_flight`` (the table's batch a worker is committing), planned now: only
+    when it is full (``tail``, the table's last staged offset, lies beyond it: planned later, it would
+    hold the same entries), in the table's shape as it stands (no schema change to run first) and
+    built on the driver without history tables; else None. Touches nothing but the log index."""
+    if not row.schema.key or in_flight.history or not in_flight.mirrored or in_flight.build.lane is not Lane.DRIVER:
+        return None
+    cursor = in_flight.entries[-1].offset
+    entries = next_batch(state, row, cursor, max_files, max_rows)
+    if not entries or entries[-1].offset >= tail or entries[0].schema != row.schema:
+        return None
+    planned = _planned(target, row, cursor, tail, entries, row.schema, (), values, driver_rows, engine, None,
+                       time.monotonic())
+    return planned if planned.build.lane is Lane.DRIVER else None
+
+
+def _planned(target: Target, row: TableRow, cursor: int, tail: int, entries: list[LogEntry], schema: TableSchema,
+             ddl: tuple[str, ...], values: ValuesConfig | None, driver_rows: int, engine: Engine,
+             history: HistoryConfig | None, started: float) -> PlannedBatch:
+    # Changes committed before the snapshot's LSN are in the copy. A transaction committing exactly
+    # at it is not (the slot decodes it), so keep ordinals >= 1 there; were it in the copy, applying
+    # it again would change nothing (positions).
+    skip = Position(row.snapshot_lsn, 0) if row.snapshot_lsn is not None else None
     rules = value_rules(row.qualified_name, target, (values or ValuesConfig()).infinity)
     build = batch_build_lane(engine, target.applies_arrow, schema, [e.facts for e in entries], driver_rows)
     modes = history.history_modes(row.schema.table_name) if history is not None else ()
     mirrored = history is None or history.mirrored(row.schema.table_name)
-    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, tuple(ddl), started, build, modes, mirrored,
+    return PlannedBatch(row, cursor, tail, entries, schema, skip, rules, ddl, started, build, modes, mirrored,
                         driver_rows)
 
 
@@ -205,14 +231,16 @@ class Executed:
     apply: LaneChoice
 
 
-def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) -> Executed:
+def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch,
+                  built: Future[ChangeBatch] | None = None) -> Executed:
     """Read, cast and deduplicate the planned files and commit them to the target; the batch, where it
     was built and where it was applied. Touches neither the state store nor the cursor cache: safe
     on a worker thread, one batch per table.
 
     A batch the plan gave the driver (``lanes.batch_build_lane``) is built by DuckDB there
     (``headrace.engines.driver.batch``, no Spark job) unless a value needs Spark's casts; every
-    other batch by Spark.
+    other batch by Spark. ``built``: that driver build, started while the table's previous batch
+    committed (``run.read_ahead``).
     """
     schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries
     paths, facts = [e.path for e in entries], [e.facts for e in entries]
@@ -224,7 +252,7 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch) ->
     batch, build = None, planned.build
     if build.lane is Lane.DRIVER:
         try:
-            batch = read_driver_batch(paths, schema, skip, rules, facts)
+            batch = built.result() if built is not None else read_driver_batch(paths, schema, skip, rules, facts)
         except NotOnLane as exc:
             build = LaneChoice(Lane.SPARK, "values", str(exc))
             event(log, "apply.driver_fallback", table=planned.row.qualified_name, reason=str(exc))
@@ -286,7 +314,8 @@ def finish_batch(state: StateStore, target: Target, planned: PlannedBatch,
     event(log, "apply.batch", table=applied.table, files=applied.entries, rows=applied.rows_in,
           log_offset=applied.log_offset, applied_lsn=format_lsn(applied.applied_lsn),
           seconds=round(applied.seconds, 3), build_lane=build.lane.value, build_reason=build.detail or build.reason,
-          apply_lane=apply.lane.value, apply_reason=apply.detail or apply.reason)
+          apply_lane=apply.lane.value, apply_reason=apply.detail or apply.reason,
+          **({"read_ahead": True} if planned.read_ahead else {}))
     return applied
 
 

@@ -5,7 +5,9 @@ tables run at the same time (``apply.concurrency``), at most one per table: the 
 plans a batch (cursor, files, schema change DDL: everything that touches the state store, whose one
 connection is not for several threads) and a worker thread runs its Spark jobs and the target's
 commit; the loop harvests finished batches at its next pass (a finished batch wakes it) and
-advances their cursors. A slow table holds back no other: the pass never waits for a batch.
+advances their cursors. A slow table holds back no other: the pass never waits for a batch. While a
+table's batch commits, the batch after it is built on the driver when it is full already
+(``run.read_ahead``).
 
 A table that fails goes to ERRORED and the others go on; an error that comes from an outage (a
 server went away) is not the table's: it is raised, and the run waits for the server (``run.outage``).
@@ -23,6 +25,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from headrace.config import PipelineConfig
+from headrace.core.batch import ChangeBatch
 from headrace.core.errors import TerminalError
 from headrace.core.interfaces import Target
 from headrace.lineage.emitter import Lineage
@@ -36,12 +39,14 @@ from headrace.materialize.apply import (
     execute_batch,
     finish_batch,
     plan_batch,
+    plan_following,
 )
 from headrace.materialize.initial_copy import FailHandler
 from headrace.run.cuts import CutRetries, cut_offset
 from headrace.run.maintenance import MaintenanceSchedule
 from headrace.run.observer import RunObserver
 from headrace.run.outage import OutageWatch
+from headrace.run.read_ahead import ReadAhead
 from headrace.state.cuts import CutStore
 from headrace.state.lifecycle import RETRY_BUDGET, TableState
 from headrace.state.store import StateStore, TableRow
@@ -107,6 +112,7 @@ class ApplyPass:
         self._passes = 0
         self._lanes: dict[int, tuple[object, ...]] = {}  # each table's last recorded lanes (record_lanes)
         self._pool: ThreadPoolExecutor | None = None
+        self._ahead = ReadAhead()  # each table's next batch, built while its batch in flight commits
         self._cuts: CutStore | None = None  # Iceberg's consistent cuts (``consistency: transaction``)
         self._at_cut: dict[int, tuple[str, int | None]] = {}  # oid -> (target name, snapshot id) at the last cut
         self._last_cut: set[int] = set()  # the tables of the last cut recorded
@@ -141,7 +147,8 @@ class ApplyPass:
             cut = self._dispatch_cut(spark, state, target, rows, tails, captured_lsn)
         for row in sorted(rows, key=lambda r: self._dispatched.get(r.oid, 0)):
             if row.oid in self._in_flight or row.oid in cut:
-                continue  # one batch per table: the next is planned once this one is harvested
+                self._read_ahead(state, target, row, tails.get(row.oid))
+                continue  # one batch per table: the next is dispatched once this one is harvested
             retry = retry_apply(row, now)
             if not (row.state.applies_changes or retry):
                 self.cursors.forget(row.oid)  # a copy or a failure may move it before the table applies again
@@ -149,7 +156,7 @@ class ApplyPass:
             if self.maintenance.busy(row.oid):
                 continue  # compacted right now (run.maintenance): applied when the pass ends
             cursor = None if retry else self.cursors.get(target, row)
-            planned = None
+            planned, built = None, None
             tail = tails.get(row.oid)
             # Nothing ever staged (a table just copied, quiet since): no batch, whatever the cursor,
             # so it is not read (on DuckLake, a query of the lake per table).
@@ -157,14 +164,14 @@ class ApplyPass:
                 if len(self._in_flight) >= limit:
                     continue  # every worker busy: a finished batch wakes the loop for this one
                 try:
-                    planned = self._plan(state, target, row)
+                    planned, built = self._ahead.take(row, cursor) or (self._plan(state, target, row), None)
                 except Exception as exc:
                     self._failed(state, row, exc)
                     continue
             if planned is None:
                 self._transition(state, row, None, captured_lsn)  # nothing staged above the cursor
                 continue
-            self._dispatch(spark, target, planned, captured_lsn)
+            self._submit(spark, target, [planned], captured_lsn, built=built)
             if limit == 1:
                 did_work |= self.harvest(state, target, wait=True)  # one table after another
         return did_work
@@ -176,14 +183,23 @@ class ApplyPass:
                           self.cursors, apply.driver_batch_rows, apply.batch_rows(target.caps_batches),
                           config.engine, through, config.history)
 
-    def _dispatch(self, spark: SparkSession, target: Target, planned: PlannedBatch, captured_lsn: int) -> None:
-        self._submit(spark, target, [planned], captured_lsn)
+    def _read_ahead(self, state: StateStore, target: Target, row: TableRow, tail: int | None) -> None:
+        """Plan and start building the batch after the table's batch in flight, if full (``run.read_ahead``)."""
+        flight = self._in_flight.get(row.oid)
+        if flight is None or flight.cut is not None or tail is None or self._ahead.has(row.oid) \
+                or not row.state.applies_changes:
+            return
+        config, apply = self.config, self.config.apply
+        planned = plan_following(state, target, row, flight.planned, tail, apply.max_batch_files, config.values,
+                                 apply.driver_batch_rows, apply.batch_rows(target.caps_batches), config.engine)
+        if planned is not None:
+            self._ahead.start(planned)
 
     def _submit(self, spark: SparkSession, target: Target, batches: list[PlannedBatch], captured_lsn: int,
-                cut: _Cut | None = None) -> None:
+                cut: _Cut | None = None, built: Future[ChangeBatch] | None = None) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.config.apply.concurrency, "headrace-apply")
-        future = self._pool.submit(_execute, spark, target, batches, cut)
+        future = self._pool.submit(_execute, spark, target, batches, cut, built)
         for index, planned in enumerate(batches):
             self._dispatched[planned.row.oid] = self._passes
             self._in_flight[planned.row.oid] = _InFlight(planned, future, captured_lsn, index, cut)
@@ -288,6 +304,7 @@ class ApplyPass:
 
     def settle(self, state: StateStore, target: Target, oid: int) -> None:
         """Wait for the table's batch in flight, if any, and harvest it (before a drop, a resync)."""
+        self._ahead.drop(oid)
         if (flight := self._in_flight.get(oid)) is not None:
             wait_for([flight.future])
             self.harvest(state, target)
@@ -304,10 +321,12 @@ class ApplyPass:
         for oid in self._in_flight:
             self.cursors.forget(oid)
         self._in_flight.clear()
+        self._ahead.drop()
 
     def close(self) -> None:
         """The run ends: no batch in flight any more (``abandon`` what is left), workers stopped."""
         self.abandon()
+        self._ahead.close()
         if self._cuts is not None:
             self._cuts.close()
             self._cuts = None
@@ -317,6 +336,7 @@ class ApplyPass:
 
     def _failed(self, state: StateStore, row: TableRow, exc: Exception) -> None:
         self.cursors.forget(row.oid)  # the target may have committed the batch, or not
+        self._ahead.drop(row.oid)
         if not isinstance(exc, TerminalError) and self.outage.explains(exc):
             raise exc  # a server went away: the run waits for it; the table did nothing wrong
         self.fail(state, row, exc, row.resume_state or row.state)
@@ -346,17 +366,19 @@ class ApplyPass:
 _worker = threading.local()
 
 
-def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], cut: _Cut | None) -> list[Executed]:
+def _execute(spark: SparkSession, target: Target, batches: list[PlannedBatch], cut: _Cut | None,
+             built: Future[ChangeBatch] | None = None) -> list[Executed]:
     """``execute_batch`` on an apply worker, its Spark jobs in a FAIR pool of its own (set once the session
     runs: ``engines.spark.on_demand``). With ``cut`` (``consistency: transaction``): on a target committing
-    across tables, every batch of the cut, committed together; else one table's; snapshot ids noted."""
+    across tables, every batch of the cut, committed together; else one table's; snapshot ids noted.
+    ``built``: the one batch's driver build, read ahead (``run.read_ahead``)."""
     if not getattr(_worker, "pool_set", False) and getattr(spark, "started", True):
         from headrace.engines.spark.session import use_pool
 
         use_pool(spark, threading.current_thread().name)
         _worker.pool_set = True
     if cut is None:
-        return [execute_batch(spark, target, planned) for planned in batches]
+        return [execute_batch(spark, target, planned, built) for planned in batches]
     if target.commits_across_tables:
         with target.cut([r.schema for r in cut.members], cut.changed) as commit:
             executed = [execute_batch(spark, target, planned) for planned in batches]

@@ -1,6 +1,7 @@
 """End to end on DuckLake: a backlog drains as driver batches of at most ``apply.max_batch_rows``
-staged rows (not one Spark batch of everything staged), the apply pass starts no Spark session for
-them (``engines.spark.on_demand``), and the target equals the source."""
+staged rows (not one Spark batch of everything staged), each full one built while the one before it
+commits (``run.read_ahead``), the apply pass starts no Spark session for them
+(``engines.spark.on_demand``), and the target equals the source."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def test_a_backlog_drains_as_capped_driver_batches(source_dsn: str, tmp_path: Pa
     assert all(n <= CAP or files == 1 for n, files in zip(rows, [r.__dict__["files"] for r in batches],
                                                            strict=True)), rows
     assert {r.__dict__["build_lane"] for r in batches} == {"driver"}
+    assert any(r.__dict__.get("read_ahead") for r in batches), "no batch was read ahead"
     assert {r.__dict__["build_reason"].split(" staged rows")[1] for r in batches} == {" <= apply.driver_batch_rows 200000"}
     (table,) = pipeline_status(config)["tables"]  # status from state: what another process's status reads
     assert (table["lanes"]["build"], table["lanes"]["apply"]) == ("driver", "driver")

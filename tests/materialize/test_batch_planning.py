@@ -12,9 +12,13 @@ from dataclasses import replace
 import pytest
 
 from headrace.config import ApplyConfig
+from headrace.core.lanes import Lane, LaneChoice
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
-from headrace.log.index import StagedFile
-from headrace.materialize.apply import next_batch
+from headrace.core.spark_types import ValueRules
+from headrace.log.facts import FileFacts
+from headrace.log.index import LogEntry, StagedFile
+from headrace.materialize.apply import PlannedBatch, next_batch, plan_following
+from headrace.run.read_ahead import ReadAhead
 from headrace.state.store import StateStore, TableRow
 from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.target import IcebergTarget
@@ -63,3 +67,52 @@ def test_the_row_cap_and_the_driver_bound_by_target() -> None:
     assert ApplyConfig(driver_batch_rows=0).batch_rows(duck) is None  # driver batches off: no cap
     set_ = ApplyConfig(driver_batch_rows=5, max_batch_rows=1000)
     assert set_.batch_rows(ice) == 1000
+
+
+def _facts_staged(state: StateStore, rows: list[int], schema: TableSchema = KEYED) -> TableRow:
+    first = state.log_index.last_offset(KEYED.oid) or 0
+    files = [StagedFile(schema.oid, f"/staging/{first + i}.parquet", n, n * 100, (first + i) * 10 + 1,
+                        (first + i) * 10 + 5, schema, FileFacts(inserts=n)) for i, n in enumerate(rows)]
+    state.log_index.register(files, captured_lsn=(first + len(rows)) * 10 + 10)
+    row = state.table(KEYED.oid)
+    assert row is not None
+    return row
+
+
+def _in_flight(row: TableRow, entries: list[LogEntry], cursor: int = 0) -> PlannedBatch:
+    return PlannedBatch(row, cursor, entries[-1].offset, entries, row.schema, None, ValueRules(), (), 0.0,
+                        LaneChoice(Lane.DRIVER, "fits", "staged rows <= apply.driver_batch_rows"))
+
+
+def test_the_batch_after_one_in_flight_is_planned_only_when_full(state: StateStore) -> None:
+    """``plan_following`` (``run.read_ahead``): the next batch, planned while the one before commits,
+    only when more is staged beyond it (planned later it would hold the same files) and in the table's
+    shape as it stands; never for a batch built by Spark."""
+    target = DuckLakeTarget.__new__(DuckLakeTarget)  # its class's answers only (applies_arrow)
+    row = _facts_staged(state, [50, 50, 50, 50, 50])
+    tail = state.log_index.last_offset(KEYED.oid)
+    first = _in_flight(row, next_batch(state, row, 0, 200, max_rows=100))
+    second = plan_following(state, target, row, first, tail, 200, max_rows=100)
+    assert second is not None and [e.rows for e in second.entries] == [50, 50]
+    assert second.cursor == first.entries[-1].offset and second.build.lane is Lane.DRIVER and second.skip is None
+    assert plan_following(state, target, row, second, tail, 200, max_rows=100) is None  # the last, not full
+    assert plan_following(state, target, row, first, tail, 200, max_rows=200) is None  # takes the rest: not full
+    spark_built = replace(first, build=LaneChoice(Lane.SPARK, "size", "too big"))
+    assert plan_following(state, target, row, spark_built, tail, 200, max_rows=100) is None
+    wider = replace(KEYED, columns=(*KEYED.columns, Column("v", ColumnType(TypeKind.INT, "integer"), 23)))
+    assert plan_following(state, target, replace(row, schema=wider), first, tail, 200, max_rows=100) is None
+
+
+def test_a_batch_read_ahead_is_taken_only_at_the_cursor_and_shape_it_was_planned_at(state: StateStore) -> None:
+    row = _facts_staged(state, [10, 10])
+    entries = next_batch(state, row, 0, 200)
+    ahead = ReadAhead()
+    try:
+        for cursor, taken_row, taken in ((0, row, True), (1, row, False), (0, replace(row, snapshot_lsn=7), False)):
+            ahead.start(_in_flight(row, entries))
+            got = ahead.take(taken_row, cursor)
+            assert (got is not None) is taken, (cursor, taken_row)
+            assert got is None or got[0].read_ahead
+            assert not ahead.has(row.oid)  # taken or dropped, never twice
+    finally:
+        ahead.close()

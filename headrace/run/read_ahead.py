@@ -1,0 +1,74 @@
+"""A table's next batch read while its current one commits.
+
+A backlog drains as a row of batches of one table: each is read, deduplicated and cast by DuckDB on
+the driver (``engines.driver.batch``), then committed by the target, and without this the next one's
+build waits for that commit. When the batch that follows the one in flight is already full (more is
+staged beyond it, so planned later it would hold the same files) and in the table's current shape
+(``materialize.apply.plan_following``), it is planned at once and built on a thread of its own; the
+table's next dispatch takes it built. On two cores, a 1M-change MySQL backlog into DuckLake
+(``bench/mysql.py``): batches of 200K changes built in ~0.5 s and committed in ~0.9 s, one after the
+other, before.
+
+What a build reads is the staged files above the cursor it was planned at, which nothing removes, and
+what it makes depends on them, the table's shape and its copy position only: a build is taken when the
+table's cursor, shape and copy position are still those it was planned with, and dropped otherwise
+(a failed batch, a resync, an outage). At most one per table waits, of at most ``apply.driver_batch_rows``
+staged rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from headrace.core.batch import ChangeBatch
+from headrace.engines.driver.batch import read_driver_batch
+from headrace.materialize.apply import PlannedBatch
+from headrace.state.store import TableRow
+
+
+class ReadAhead:
+    """Each table's next batch, planned and being built (loop thread only, but for the builds)."""
+
+    def __init__(self) -> None:
+        self._ahead: dict[int, tuple[PlannedBatch, Future[ChangeBatch]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def has(self, oid: int) -> bool:
+        """The table has a batch read ahead."""
+        return oid in self._ahead
+
+    def start(self, planned: PlannedBatch) -> None:
+        """Build ``planned`` (``plan_following``'s) on the read-ahead thread."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, "headrace-read-ahead")
+        p = planned
+        future = self._pool.submit(read_driver_batch, [e.path for e in p.entries], p.schema, p.skip, p.rules,
+                                   [e.facts for e in p.entries])
+        self._ahead[p.row.oid] = (planned, future)
+
+    def take(self, row: TableRow, cursor: int | None) -> tuple[PlannedBatch, Future[ChangeBatch]] | None:
+        """The table's batch read ahead, if it still follows its cursor in its shape and copy, timed from
+        now (it is dispatched); None, and the build dropped, otherwise."""
+        ahead = self._ahead.pop(row.oid, None)
+        if ahead is None:
+            return None
+        planned, built = ahead
+        if cursor != planned.cursor or row.schema != planned.row.schema or row.snapshot_lsn != planned.row.snapshot_lsn:
+            return None
+        return dataclasses.replace(planned, started=time.monotonic(), read_ahead=True), built
+
+    def drop(self, oid: int | None = None) -> None:
+        """Forget the table's batch read ahead (``oid`` None: every table's)."""
+        if oid is None:
+            self._ahead.clear()
+        else:
+            self._ahead.pop(oid, None)
+
+    def close(self) -> None:
+        """The run ends: nothing read ahead, the thread stopped."""
+        self._ahead.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
