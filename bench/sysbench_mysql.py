@@ -1,4 +1,4 @@
-"""sysbench ``oltp_read_write --delete_inserts`` against MariaDB beside a running pipeline into DuckLake.
+"""sysbench ``oltp_read_write --delete_inserts`` against MariaDB beside a running pipeline into DuckLake or Iceberg.
 
 A real client no one here wrote: Debian's sysbench (``apt-get install sysbench``) prepares ``--tables``
 tables of ``--table-size`` rows, headrace copies them and streams, then sysbench runs for ``--time``
@@ -6,9 +6,11 @@ seconds at full speed (``--threads`` clients: point and range reads, index and n
 DELETE and an INSERT of the same id per transaction). Measured: sysbench's TPS, and the time from
 sysbench's end until the pipeline is caught up with the binlog's end then (every change committed
 before it applied: ``run.apply_pass.caught_up``). Then the pipeline stops and each target table is
-read by a plain DuckDB (no headrace) and compared with the source row for row.
+read by a plain DuckDB (no headrace; Iceberg: ``iceberg_scan`` of the table's current metadata file)
+and compared with the source row for row.
 
     .venv/bin/python bench/sysbench_mysql.py [--tables 4] [--table-size 50000] [--time 60] [--threads 4]
+        [--target ducklake|iceberg]
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness import target_config  # noqa: E402
+
 from headrace.config import parse_config  # noqa: E402
 from headrace.pipeline import Pipeline  # noqa: E402
+from headrace.readers import duckdb_with, iceberg_metadata_location  # noqa: E402
+from headrace.readers import ducklake as attach_ducklake  # noqa: E402
 from headrace.run.apply_pass import caught_up  # noqa: E402
 from headrace.source.mysql.connect import connect  # noqa: E402
 from headrace.source.mysql.position import to_int  # noqa: E402
@@ -39,7 +45,6 @@ from headrace.source.mysql.throwaway import ThrowawayMariaDB  # noqa: E402
 from headrace.source.postgres.throwaway import ThrowawayPostgres  # noqa: E402
 from headrace.state.lifecycle import TableState  # noqa: E402
 from headrace.state.store import StateStore  # noqa: E402
-from headrace.targets.ducklake import extension  # noqa: E402
 
 DATABASE = "sbtest"
 
@@ -62,12 +67,12 @@ def binlog_end(server: ThrowawayMariaDB) -> int:
     return to_int(str(file), int(pos))
 
 
-def config_for(server: ThrowawayMariaDB, state_dsn: str, work: Path, tables: int) -> Any:
+def config_for(server: ThrowawayMariaDB, state_dsn: str, work: Path, tables: int, target: str) -> Any:
     return parse_config({
         "name": "sysbench",
         "source": {"dsn": server.dsn_for(DATABASE), "state_dsn": state_dsn,
                    "tables": [f"{DATABASE}.sbtest{i}" for i in range(1, tables + 1)]},
-        "target": {"ducklake": {"catalog": str(work / "meta.ducklake"), "data_path": str(work / "data")}},
+        "target": target_config(target, work),
         "staging": {"path": str(work / "staging")},
         "spark": {"master": "local[2]"},
         "api": {"listen": "127.0.0.1:0"},
@@ -100,20 +105,16 @@ def wait_caught_up(pipeline: Pipeline, state_dsn: str, end: int, limit: float) -
 
 def compare(config: Any, server: ThrowawayMariaDB, tables: int) -> dict[str, int]:
     """Each table read by a plain DuckDB against the source, row for row; rows per table."""
-    import duckdb
-
-    settings = config.target.settings
-    con = duckdb.connect()
-    for ext in ("ducklake", "sqlite_scanner"):
-        con.execute(f"LOAD '{extension.extension_path(ext)}'")
-    con.execute(f"ATTACH 'ducklake:{settings.catalog}' AS lake (DATA_PATH '{settings.data_path}', READ_ONLY)")
+    settings, iceberg = config.target.settings, config.target.kind == "iceberg"
+    con = duckdb_with("avro", "iceberg") if iceberg else attach_ducklake(settings)
     counts = {}
     with contextlib.closing(connect(server.root_dsn + DATABASE)) as conn, conn.cursor() as cur:
         for i in range(1, tables + 1):
             cur.execute(f"SELECT id, k, c, pad FROM sbtest{i} ORDER BY id")
             source = [tuple(r) for r in cur.fetchall()]
-            target = [tuple(r) for r in con.execute(f"SELECT id, k, c, pad FROM lake.{DATABASE}.sbtest{i} ORDER BY id")
-                      .fetchall()]
+            relation = (f"iceberg_scan('{iceberg_metadata_location(settings, DATABASE, f'sbtest{i}')}')" if iceberg
+                        else f"lake.{DATABASE}.sbtest{i}")
+            target = [tuple(r) for r in con.execute(f"SELECT id, k, c, pad FROM {relation} ORDER BY id").fetchall()]
             if source != target:
                 missing = [r for r in source if r not in set(target)][:2]
                 raise AssertionError(f"sbtest{i}: {len(source)} source rows, {len(target)} target rows; missing {missing}")
@@ -128,6 +129,7 @@ def main() -> int:
     parser.add_argument("--table-size", type=int, default=50_000)
     parser.add_argument("--time", type=int, default=60, help="seconds of sysbench run")
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--target", choices=("ducklake", "iceberg"), default="ducklake")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="headrace-sysbench-"))
     results: dict[str, Any] = {"load_avg_start": round(os.getloadavg()[0], 1), **vars(args)}
@@ -135,7 +137,7 @@ def main() -> int:
         server.create_database(DATABASE)
         sizes = [f"--tables={args.tables}", f"--table_size={args.table_size}"]
         sysbench(server, "prepare", *sizes)
-        config = config_for(server, pg.dsn, work, args.tables)
+        config = config_for(server, pg.dsn, work, args.tables, args.target)
         pipeline = Pipeline(config)
         stop, outcome = threading.Event(), {}
 
@@ -170,7 +172,7 @@ def main() -> int:
         results["equal"] = True
         results["load_avg_end"] = round(os.getloadavg()[0], 1)
     print(f"\nsysbench oltp_read_write --delete_inserts=1, {args.tables} x {args.table_size:,} rows, {args.threads}"
-          f" threads, {args.time} s: {results['tps']} TPS beside headrace into DuckLake; caught up"
+          f" threads, {args.time} s: {results['tps']} TPS beside headrace into {args.target}; caught up"
           f" {results['caught_up_s']} s after sysbench stopped; every table equal to the source (plain DuckDB)."
           f" Load average {results['load_avg_start']} -> {results['load_avg_end']}.")
     print(json.dumps(results, indent=2))
