@@ -73,3 +73,23 @@ def test_a_failed_flush_is_not_the_committed_batchs_error(spark: Any, tmp_path: 
     target.apply_arrow_batch(table, _changes([1, 2, 3, 4], "U", 200), None, 1)  # past FLUSH_ROWS: the flush fails
     assert target.read_cursor(table) == 1  # committed, and the apply did not raise
     target.close()
+
+
+def test_a_small_copy_writes_a_file_and_the_batches_after_it_are_inlined(spark: Any, tmp_path: Path) -> None:
+    """A copy never inlines (a table's first inlined write creates its inlined-data table in the
+    catalog, which made each small table's copy commit 3.5x dearer): a copy of fewer rows than
+    ``inline_rows`` is a Parquet file, and the small batches after it still go into the catalog."""
+    target = DuckLakeTarget(spark, settings_for("duckdb", tmp_path), "p1")
+    table = _table("tiny", 13)
+    target.write_snapshot_arrow(table, _rows(10))  # 10 rows, under inline_rows (1,000)
+    assert _files(target, "tiny")[0] == 1
+    target.apply_arrow_batch(table, _changes([1, 2], "U", 200), None, 1)
+    assert _files(target, "tiny")[0] == 1  # the batch's rows are in the catalog
+    assert target.read_cursor(table) == 1
+    target.close()
+    con = plain_duckdb(settings_for("duckdb", tmp_path))
+    try:
+        assert con.execute("SELECT count(*), count(*) FILTER (WHERE name LIKE 'new%') FROM lake.public.tiny"
+                           ).fetchone() == (10, 2)
+    finally:
+        con.close()

@@ -149,16 +149,18 @@ def fetch_arrow(result: duckdb.DuckDBPyConnection) -> pa.Table:
 
 def attach(con: duckdb.DuckDBPyConnection, catalog: Catalog, data_path: str, alias: str,
            inline_rows: int | None = None) -> None:
-    """ATTACH the lake (``inline_rows``: DuckLake's data inlining limit for this connection's writes,
-    ``inlining``; None: DuckLake's own default); errors name the catalog and what to check."""
+    """ATTACH the lake (``inline_rows``: DuckLake's data inlining limit for this connection's writes, set
+    as the connection's default so that a write can change it, ``inlining``; None: DuckLake's own
+    default); errors name the catalog and what to check."""
     if catalog.kind == "duckdb":
         Path(catalog.location).expanduser().parent.mkdir(parents=True, exist_ok=True)
     elif catalog.kind == "sqlite":
         Path(catalog.location.removeprefix("sqlite:")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     if "://" not in data_path:
         Path(data_path).mkdir(parents=True, exist_ok=True)
-    inlining = "" if inline_rows is None else f", DATA_INLINING_ROW_LIMIT {int(inline_rows)}"
-    sql = f"ATTACH 'ducklake:{_quote(catalog.location)}' AS {alias} (DATA_PATH '{_quote(data_path)}'{inlining})"
+    if inline_rows is not None:
+        con.execute(f"SET ducklake_default_data_inlining_row_limit = {int(inline_rows)}")
+    sql = f"ATTACH 'ducklake:{_quote(catalog.location)}' AS {alias} (DATA_PATH '{_quote(data_path)}')"
     try:
         con.execute(sql)
     except duckdb.Error as exc:

@@ -6,9 +6,14 @@ every ``maintenance.max_batches`` batches). A busy table taking a batch or two a
 for each batch the longer it runs: 10 tables of 2,000 rows taking batches of 40 updates (a micro bench
 of ``apply_arrow_batch`` alone, idle machine) went from a 13.7 ms plan and 9.9 ms delete to 31.8 ms and
 24.5 ms within 150 batches a table; with ``target.ducklake.inline_rows`` at 1,000 they stayed at 12.7-15.0
-ms and 8.1-9.8 ms. The lake is attached with that limit (``extension.attach``), so DuckLake writes an
-insert of at most that many rows, and a delete of at most that many rows of one data file, into the
-catalog's inlined tables; readers see them as any other rows.
+ms and 8.1-9.8 ms. The connection's DuckLake default is set to that limit (``extension.attach``), so
+DuckLake writes an insert of at most that many rows, and a delete of at most that many rows of one data
+file, into the catalog's inlined tables; readers see them as any other rows.
+
+A copy never inlines (``Inlined.allow``): a table's first inlined write creates its inlined-data table
+in the catalog, which made the commit of a 1,000-row copy of a new table 3.5x dearer (22 -> 77 ms, a
+DuckDB catalog, idle machine), and copies commit one after another under the target's lock: 200 tables of
+1,000 rows took 28.4 s to STREAMING instead of 12.4 s (``bench/initial_copy.py --small-tables 200``).
 
 Inlined rows are read by every scan of the table (from a PostgreSQL catalog, over the wire), so they
 are not left to grow: once about ``FLUSH_ROWS`` rows of a table went in by small batches, the commit
@@ -36,6 +41,15 @@ class Inlined:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._rows: dict[tuple[str, str], int] = {}
+        self._set: int | None = None  # the connection's limit as last set here
+
+    def allow(self, con: duckdb.DuckDBPyConnection, inline: bool) -> None:
+        """The limit for the connection's next writes: ``limit`` (``inline``), else 0 (a copy). The lake is
+        attached without one of its own, so DuckLake reads the connection's default at each write."""
+        want = self.limit if inline else 0
+        if want != self._set:
+            con.execute(f"SET ducklake_default_data_inlining_row_limit = {int(want)}")
+            self._set = want
 
     def committed(self, con: duckdb.DuckDBPyConnection, lake: str, writes: Iterable[tuple[str, str, int]]) -> None:
         """After a commit of ``writes`` (schema, table, rows written; inlined when at most the limit):

@@ -138,7 +138,7 @@ class DuckLakeTarget(Target):
         ``ducklake_add_data_files`` (no rewrite), or for tables with UUID/JSON/TIME columns (text in the
         row shape) copied by DuckDB with ``INSERT ... SELECT`` casts, the files or folders ``discard`` then deleted."""
         direct = all(registers_directly(c.type) for c in table.columns)
-        with self._lock, self._transaction(table):
+        with self._lock, self._transaction(table, inline=False):
             self._clear_for_copy(table, replace)
             if written and direct:
                 self._con.execute(
@@ -172,7 +172,7 @@ class DuckLakeTarget(Target):
         # Before the transaction: on a SQLite catalog, a read of it inside would lock out the commit.
         exists = [naming.refuse_table_twin(self._con, L, self._schema(w.table), w.table) for w in group]
         counts = []
-        with self._transaction(group[0].table):
+        with self._transaction(group[0].table, inline=False):
             for i, write in enumerate(group):
                 table, target, relation = write.table, self._qualified(write.table), f"{SNAPSHOT_ROWS}_{i}"
                 if exists[i]:
@@ -297,8 +297,10 @@ class DuckLakeTarget(Target):
         return [None] * len(group)
 
     @contextmanager
-    def _transaction(self, table: TableSchema) -> Iterator[None]:
-        """One DuckDB transaction: committed when the block ends, rolled back on any error."""
+    def _transaction(self, table: TableSchema, inline: bool = True) -> Iterator[None]:
+        """One DuckDB transaction: committed when the block ends, rolled back on any error. ``inline``:
+        its small writes may go into the catalog (``inlining``); a copy's never do."""
+        self._inlined.allow(self._con, inline)
         self._con.execute("BEGIN")
         try:
             yield
