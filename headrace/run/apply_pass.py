@@ -186,8 +186,8 @@ class ApplyPass:
     def _read_ahead(self, state: StateStore, target: Target, row: TableRow, tail: int | None) -> None:
         """Plan and start building the batch after the table's batch in flight, if full (``run.read_ahead``)."""
         flight = self._in_flight.get(row.oid)
-        if flight is None or flight.cut is not None or tail is None or self._ahead.has(row.oid) \
-                or not row.state.applies_changes:
+        if flight is None or flight.cut is not None or tail is None or tail <= flight.planned.entries[-1].offset \
+                or not row.state.applies_changes or not self._ahead.worth_planning(row.oid, tail):
             return
         config, apply = self.config, self.config.apply
         planned = plan_following(state, target, row, flight.planned, tail, apply.max_batch_files, config.values,

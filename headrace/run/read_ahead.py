@@ -33,11 +33,20 @@ class ReadAhead:
 
     def __init__(self) -> None:
         self._ahead: dict[int, tuple[PlannedBatch, Future[ChangeBatch]]] = {}
+        self._tried: dict[int, int] = {}  # oid -> the table's last staged offset when last planned ahead
         self._pool: ThreadPoolExecutor | None = None
 
     def has(self, oid: int) -> bool:
         """The table has a batch read ahead."""
         return oid in self._ahead
+
+    def worth_planning(self, oid: int, tail: int) -> bool:
+        """No batch read ahead for the table, and more staged since the last try (a pass comes at every
+        flush and finished batch: the log index is read once for each new tail, not at every pass)."""
+        if oid in self._ahead or self._tried.get(oid) == tail:
+            return False
+        self._tried[oid] = tail
+        return True
 
     def start(self, planned: PlannedBatch) -> None:
         """Build ``planned`` (``plan_following``'s) on the read-ahead thread."""
@@ -51,6 +60,7 @@ class ReadAhead:
     def take(self, row: TableRow, cursor: int | None) -> tuple[PlannedBatch, Future[ChangeBatch]] | None:
         """The table's batch read ahead, if it still follows its cursor in its shape and copy, timed from
         now (it is dispatched); None, and the build dropped, otherwise."""
+        self._tried.pop(row.oid, None)
         ahead = self._ahead.pop(row.oid, None)
         if ahead is None:
             return None
@@ -63,12 +73,14 @@ class ReadAhead:
         """Forget the table's batch read ahead (``oid`` None: every table's)."""
         if oid is None:
             self._ahead.clear()
+            self._tried.clear()
         else:
             self._ahead.pop(oid, None)
+            self._tried.pop(oid, None)
 
     def close(self) -> None:
         """The run ends: nothing read ahead, the thread stopped."""
-        self._ahead.clear()
+        self.drop()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -116,3 +116,12 @@ def test_a_batch_read_ahead_is_taken_only_at_the_cursor_and_shape_it_was_planned
             assert not ahead.has(row.oid)  # taken or dropped, never twice
     finally:
         ahead.close()
+
+
+def test_the_log_is_read_ahead_once_for_each_new_tail() -> None:
+    ahead = ReadAhead()
+    assert ahead.worth_planning(7, 10) and not ahead.worth_planning(7, 10)  # nothing staged since
+    assert ahead.worth_planning(7, 11)  # a flush since
+    ahead.drop(7)
+    assert ahead.worth_planning(7, 11)  # forgotten with the table
+    ahead.close()
