@@ -6,8 +6,8 @@ build waits for that commit. When the batch that follows the one in flight is al
 staged beyond it, so planned later it would hold the same files) and in the table's current shape
 (``materialize.apply.plan_following``), it is planned at once and built on a thread of its own; the
 table's next dispatch takes it built. On two cores, a 1M-change MySQL backlog into DuckLake
-(``bench/mysql.py``): batches of 200K changes built in ~0.5 s and committed in ~0.9 s, one after the
-other, before.
+(``bench/mysql.py``'s set-up), whose batches of 200K changes took ~0.5 s to build and ~0.9 s to commit
+one after the other: drained in 9.6-11.7 s with it, 10.4-12.8 s without.
 
 What a build reads is the staged files above the cursor it was planned at, which nothing removes, and
 what it makes depends on them, the table's shape and its copy position only: a build is taken when the
