@@ -243,7 +243,6 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch,
     committed (``run.read_ahead``).
     """
     schema, skip, rules, entries = planned.schema, planned.skip, planned.rules, planned.entries
-    paths, facts = [e.path for e in entries], [e.facts for e in entries]
     if planned.history:
         write_history(target, planned)
     if not planned.mirrored:  # the history table committed the batch and the cursor: no mirror to apply
@@ -252,18 +251,25 @@ def execute_batch(spark: SparkSession, target: Target, planned: PlannedBatch,
     batch, build = None, planned.build
     if build.lane is Lane.DRIVER:
         try:
-            batch = built.result() if built is not None else read_driver_batch(paths, schema, skip, rules, facts)
+            batch = built.result() if built is not None else driver_build(planned)
         except NotOnLane as exc:
             build = LaneChoice(Lane.SPARK, "values", str(exc))
             event(log, "apply.driver_fallback", table=planned.row.qualified_name, reason=str(exc))
     if batch is None:
-        batch = collected(read_change_batch(spark, paths, schema, skip, rules, facts=facts), schema, target,
-                          planned.driver_rows)
+        batch = collected(read_change_batch(spark, [e.path for e in entries], schema, skip, rules,
+                                            facts=[e.facts for e in entries]), schema, target, planned.driver_rows)
     if isinstance(batch.changes, pa.Table):
         applied = target.apply_arrow_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     else:
         applied = target.apply_batch(schema, batch.changes, batch.truncate_before, entries[-1].offset)
     return Executed(batch, build, applied)
+
+
+def driver_build(planned: PlannedBatch) -> ChangeBatch:
+    """The planned batch read, deduplicated and cast by DuckDB on the driver (``read_driver_batch``)."""
+    entries = planned.entries
+    return read_driver_batch([e.path for e in entries], planned.schema, planned.skip, planned.rules,
+                             [e.facts for e in entries])
 
 
 def collected(batch: ChangeBatch, table: TableSchema, target: Target, driver_rows: int) -> ChangeBatch:

@@ -23,8 +23,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from headrace.core.batch import ChangeBatch
-from headrace.engines.driver.batch import read_driver_batch
-from headrace.materialize.apply import PlannedBatch
+from headrace.materialize.apply import PlannedBatch, driver_build
 from headrace.state.store import TableRow
 
 
@@ -35,10 +34,6 @@ class ReadAhead:
         self._ahead: dict[int, tuple[PlannedBatch, Future[ChangeBatch]]] = {}
         self._tried: dict[int, int] = {}  # oid -> the table's last staged offset when last planned ahead
         self._pool: ThreadPoolExecutor | None = None
-
-    def has(self, oid: int) -> bool:
-        """The table has a batch read ahead."""
-        return oid in self._ahead
 
     def worth_planning(self, oid: int, tail: int) -> bool:
         """No batch read ahead for the table, and more staged since the last try (a pass comes at every
@@ -52,10 +47,7 @@ class ReadAhead:
         """Build ``planned`` (``plan_following``'s) on the read-ahead thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, "headrace-read-ahead")
-        p = planned
-        future = self._pool.submit(read_driver_batch, [e.path for e in p.entries], p.schema, p.skip, p.rules,
-                                   [e.facts for e in p.entries])
-        self._ahead[p.row.oid] = (planned, future)
+        self._ahead[planned.row.oid] = (planned, self._pool.submit(driver_build, planned))
 
     def take(self, row: TableRow, cursor: int | None) -> tuple[PlannedBatch, Future[ChangeBatch]] | None:
         """The table's batch read ahead, if it still follows its cursor in its shape and copy, timed from
