@@ -41,9 +41,22 @@ class _Formatter(logging.Formatter):
         return line
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is at each event, not as it was at set-up: whoever
+    swaps it later (a test runner capturing each test's output) gets the events, and a stream closed
+    since is never written to."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+
 def setup_logging(level: str = "INFO") -> None:
     """Send headrace's events to stderr; quieten chatty libraries."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(_Formatter(os.environ.get("HEADRACE_LOG_FORMAT", "").lower() == "json"))
     root = logging.getLogger("headrace")
     root.handlers[:] = [handler]

@@ -47,15 +47,23 @@ def leaf_partitions(conn: Conn, oids: list[int]) -> dict[int, dict[int, bool]]:
     A partition made by ``CREATE TABLE ... PARTITION OF`` gets its row type (``pg_type``) and its
     ``pg_inherits`` link in one transaction (same xmin) and starts empty, so all its rows reach the
     stream. One made by ``ATTACH PARTITION`` was created earlier (another xmin; ``pg_class`` itself
-    is rewritten by the attach, ``pg_type`` is not) and may hold rows that never did. A table
-    created, filled and attached in one transaction looks created, and is missed.
+    is rewritten by the attach, ``pg_type`` is not) and may hold rows that never did; so may every
+    leaf under an attached partitioned table. A table created, filled and attached in one
+    transaction looks created, and is missed.
+
+    The tree is walked in ``pg_inherits`` under the transaction's snapshot, not with
+    ``pg_partition_tree``: that reads the latest catalog, so a partition attached after the
+    snapshot was taken would be listed, its link not visible, and it would look created.
     """
     out: dict[int, dict[int, bool]] = {}
     for root, leaf, attached in conn.execute(
-        "SELECT r.oid::int8, t.relid::oid::int8, (SELECT i.xmin::text <> ty.xmin::text FROM pg_inherits i"
-        " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_type ty ON ty.oid = c.reltype WHERE i.inhrelid = t.relid)"
-        " FROM pg_class r, LATERAL pg_partition_tree(r.oid) t"
-        " WHERE r.oid = ANY(%s::oid[]) AND r.relkind = 'p' AND t.isleaf",
+        "WITH RECURSIVE tree(root, relid, relkind, attached) AS ("
+        " SELECT r.oid, r.oid, r.relkind, false FROM pg_class r WHERE r.oid = ANY(%s::oid[]) AND r.relkind = 'p'"
+        " UNION ALL"
+        " SELECT t.root, i.inhrelid, c.relkind, t.attached OR i.xmin::text <> ty.xmin::text"
+        " FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid JOIN pg_class c ON c.oid = i.inhrelid"
+        " JOIN pg_type ty ON ty.oid = c.reltype WHERE t.relkind = 'p')"
+        " SELECT root::int8, relid::int8, attached FROM tree WHERE relkind <> 'p'",
         (oids,),
     ).fetchall():
         out.setdefault(int(root), {})[int(leaf)] = bool(attached)
