@@ -181,6 +181,31 @@ def java_table(spark: SparkSession, name: str) -> Any:
     return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, name)
 
 
+class JavaFiles:
+    """The Java classes a data file's commit calls (``files.data_file``), looked up once per JVM
+    (``java_files``): through py4j each step of a dotted name is a round trip of its own."""
+
+    def __init__(self, jvm: Any) -> None:
+        api = jvm.org.apache.iceberg
+        self.data_files = api.DataFiles
+        self.parquet_util = api.parquet.ParquetUtil
+        self.metrics_config = api.MetricsConfig
+        self.footers = api.shaded.org.apache.parquet.hadoop.ParquetFileReader
+        self.path = jvm.org.apache.hadoop.fs.Path
+        self.streams = jvm.java.util.stream.Stream
+
+
+_java_files: dict[int, tuple[Any, JavaFiles]] = {}  # id(JVM view) -> (the view, its classes)
+
+
+def java_files(jvm: Any) -> JavaFiles:
+    """``JavaFiles`` of the JVM ``jvm`` (``spark.sparkContext._jvm``), looked up on first use."""
+    held = _java_files.get(id(jvm))
+    if held is None or held[0] is not jvm:
+        held = _java_files[id(jvm)] = (jvm, JavaFiles(jvm))
+    return held[1]
+
+
 class JavaCatalog:
     """The Iceberg catalog inside Spark's catalog ``catalog_name``, and the Java classes a small table's
     copy calls (``files.create_with_rows``), looked up once: through py4j each lookup of a package, a
@@ -201,9 +226,7 @@ class JavaCatalog:
         self.namespace = api.catalog.Namespace
         self.schema_util = api.spark.SparkSchemaUtil
         self.data_type = jvm.org.apache.spark.sql.types.DataType
-        self.data_files = api.DataFiles
-        self.parquet_util = api.parquet.ParquetUtil
-        self.metrics_config = api.MetricsConfig
+        self.files = java_files(jvm)
         self.hash_map = jvm.java.util.HashMap
         self._namespaces: set[str] = set()  # made or found by ``ensure_namespace``
         self._namespaces_lock = threading.Lock()

@@ -310,8 +310,8 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], writte
     for data in data_files:
         overwrite.deleteFile(data)
     if written is not None:
-        overwrite.addFile(files.data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg,
-                                          api.MetricsConfig.forTable(iceberg), written))
+        java = files.java_files(jvm)
+        overwrite.addFile(files.data_file(java, iceberg, java.metrics_config.forTable(iceberg), written))
     if snapshot is not None:
         overwrite.validateFromSnapshot(snapshot.snapshotId())
     overwrite.conflictDetectionFilter(api.expressions.Expressions.alwaysTrue())

@@ -299,8 +299,8 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
     delta = (iceberg if into is None else into).newRowDelta()
     location = None
     if written is not None:
-        added = files.data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg, api.MetricsConfig.forTable(iceberg),
-                                written)
+        java = files.java_files(jvm)
+        added = files.data_file(java, iceberg, java.metrics_config.forTable(iceberg), written)
         location = str(added.location())
         delta.addRows(added)
     if deletes is not None:

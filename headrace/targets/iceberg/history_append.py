@@ -48,10 +48,9 @@ def append_on_driver(spark: SparkSession, name: str, rows: pa.Table, properties:
     if sink is None:
         return False
     written = sink.write(pa.Table.from_arrays(columns, names=list(ids)), f"{uuid.uuid4().hex}-history")
-    api = jvm.org.apache.iceberg
+    java = files.java_files(jvm)
     append = iceberg.newAppend()
-    append.appendFile(files.data_file(api.DataFiles, api.parquet.ParquetUtil, iceberg,
-                                      api.MetricsConfig.forTable(iceberg), written))
+    append.appendFile(files.data_file(java, iceberg, java.metrics_config.forTable(iceberg), written))
     for key, value in {**properties, SUMMARY_PROPERTY: "driver"}.items():
         append.set(key, value)
     append.commit()
