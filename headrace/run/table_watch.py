@@ -259,10 +259,15 @@ class TableWatch:
         Detaching or dropping a partition removes its rows from the table, and attaching a table
         with rows adds them, with no DELETE or INSERT in the WAL; new partitions made with
         ``CREATE TABLE ... PARTITION OF`` need nothing (their rows arrive as the table's changes).
-        The first poll of a run only records the partitions.
+        The leaves are compared with those of the last poll, or at a run's first poll with those the
+        state store kept from the run before (a partition attached while headrace was stopped); a
+        table never polled before only has its leaves recorded.
         """
         known = self._leaves.get(row.oid)
-        if known is not None and not self._copying(row):
+        if known is None and row.partitions is not None:
+            known = set(row.partitions)
+        copying = self._copying(row)
+        if known is not None and not copying:
             removed = known - set(leaves)
             attached = {leaf for leaf, linked_later in leaves.items() if linked_later and leaf not in known}
             if removed or attached:
@@ -274,8 +279,10 @@ class TableWatch:
                 self.observer.ddl_applied("resync_partitions")
                 event(log, "table.partitions_changed", logging.WARNING, table=row.qualified_name,
                       removed=len(removed), attached=len(attached))
-        if known is None or not self._copying(row):
+        if known is None or not copying:
             self._leaves[row.oid] = set(leaves)
+            if row.partitions is None or set(row.partitions) != set(leaves):
+                state.record_partitions(row.oid, list(leaves))
 
     # -- finishing drops ----------------------------------------------------------------------------
     def _finish_drops(self, state: StateStore) -> bool:

@@ -64,4 +64,7 @@ ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_kind text;
 ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS error_fix text;
 -- The lanes of the table's last applied batch, when they changed (build, apply, and why): status.
 ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS lanes jsonb;
+-- A partitioned table's leaf partitions (oids) at the catalog watch's last look: a partition attached
+-- or detached while headrace was stopped is told from them at the next start.
+ALTER TABLE _headrace.tables ADD COLUMN IF NOT EXISTS partitions jsonb;
 """

@@ -26,7 +26,7 @@ from headrace.state.lifecycle import TableState
 _NO_ERROR = {"error": None, "error_kind": None, "error_fix": None}
 # A table row's columns, its schema as the jsonb's text: parsed only when new (``StateStore._table_row``).
 _ROW_COLUMNS = ("table_oid, state, resume_state, snapshot_lsn, applied_lsn, rows_copied, rows_applied, error,"
-                " error_count, retry_at, error_kind, error_fix, lanes, table_schema::text AS table_schema")
+                " error_count, retry_at, error_kind, error_fix, lanes, partitions, table_schema::text AS table_schema")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class TableRow:
     error_kind: str | None = None  # transient, terminal or unknown (headrace.materialize.error_boundary)
     error_fix: str | None = None  # the command or change that fixes a terminal error
     lanes: dict[str, str] | None = None  # the last applied batch's lanes and reasons (``record_lanes``)
+    partitions: list[int] | None = None  # a partitioned table's leaves, last seen (``record_partitions``)
 
     @property
     def qualified_name(self) -> str:
@@ -185,6 +186,11 @@ class StateStore:
         self.conn.execute("UPDATE _headrace.tables SET lanes = %s WHERE pipeline = %s AND table_oid = %s",
                           (json.dumps(lanes), self.pipeline, oid))
 
+    def record_partitions(self, oid: int, leaves: list[int]) -> None:
+        """A partitioned table's leaf partitions as the catalog watch last saw them; written when they change."""
+        self.conn.execute("UPDATE _headrace.tables SET partitions = %s WHERE pipeline = %s AND table_oid = %s",
+                          (json.dumps(sorted(leaves)), self.pipeline, oid))
+
     def copy_finished(self, oid: int, rows_copied: int) -> None:
         """CATCHUP: copied; the changes staged since the copy's position are applied next."""
         self._move(oid, TableState.CATCHUP, rows_copied=rows_copied, error_count=0, retry_at=None)
@@ -304,4 +310,5 @@ def _table_row(r: dict[str, Any], schema: TableSchema) -> TableRow:
         error_kind=r.get("error_kind"),
         error_fix=r.get("error_fix"),
         lanes=r.get("lanes"),
+        partitions=r.get("partitions"),
     )

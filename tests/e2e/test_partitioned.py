@@ -90,3 +90,34 @@ def test_range_partitioned_table(source_dsn: str, tmp_path: Path, spark: Any, ta
         expected = conn.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
     assert expected > 1000 and assert_same(pipeline, source_dsn, "public.events") == expected
     pipeline.target.close()
+
+
+def test_a_partition_attached_while_headrace_was_stopped_is_copied_at_the_next_start(
+        source_dsn: str, tmp_path: Path, spark: Any) -> None:
+    """The catalog watch compares a run's first look at the leaves with those the state store kept
+    from the run before: rows attached (or detached) in between reach the target, copied again."""
+    def sql(statement: str) -> None:
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            conn.execute(statement)
+
+    sql("""
+        CREATE TABLE "Events" (id int, day date, payload text, PRIMARY KEY (id, day)) PARTITION BY RANGE (day);
+        CREATE TABLE events_jan PARTITION OF "Events" FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+        INSERT INTO "Events" SELECT g, '2026-01-01'::date + (g % 31), 'jan' FROM generate_series(1, 200) g;
+    """)
+    config = make_config(source_dsn, tmp_path, ['public."Events"'], "ducklake")
+    assert Pipeline(config, spark=spark).run(until_caught_up=True) == 0
+    sql("CREATE TABLE events_apr (id int NOT NULL, day date NOT NULL, payload text);"
+        "INSERT INTO events_apr SELECT g, '2026-04-01'::date + (g % 30), 'april' FROM generate_series(1001, 1040) g")
+    sql("""ALTER TABLE "Events" ATTACH PARTITION events_apr FOR VALUES FROM ('2026-04-01') TO ('2026-05-01')""")
+    pipeline = Pipeline(config, spark=spark)
+    assert pipeline.run(until_caught_up=True) == 0
+    assert pipeline_status(config)["ddl"]["counts"] == {"resync_partitions": 1}
+    assert assert_same(pipeline, source_dsn, 'public."Events"') == 240
+    pipeline.target.close()  # one DuckLake attach per process: the next run's
+    sql('ALTER TABLE "Events" DETACH PARTITION events_jan')
+    pipeline = Pipeline(config, spark=spark)
+    assert pipeline.run(until_caught_up=True) == 0
+    assert pipeline_status(config)["ddl"]["counts"] == {"resync_partitions": 2}
+    assert assert_same(pipeline, source_dsn, 'public."Events"') == 40
+    pipeline.target.close()
