@@ -262,6 +262,13 @@ class MaintenanceConfig(_Frozen):
         " rate the defaults' freshness gives (about one a second per busy table), a day kept would make each"
         " commit write ~84 MiB")
     keep_last: int = Field(5, ge=1, description="but always keep this many newest snapshots")
+    max_snapshots: int = Field(
+        40, ge=2, description="Iceberg: once a table has more snapshots than this, whatever their age, the"
+        " oldest are expired down to half of it, in a step of its own (no Spark job; the table waits"
+        " ~0.1-0.3 s). Every snapshot is ~1 KiB of the metadata file each commit writes and each reader"
+        " parses: at the commit rate the defaults' freshness gives (about one a second per busy table), an"
+        " hour of them made a DuckDB scan of a small table 5-9x slower than the table compacted. Time"
+        " travel reaches back the lesser of retention_hours and this many commits")
     orphan_age_hours: float = Field(
         72.0, ge=24, description="remove unreferenced files older than this (at least 24: a running write's "
         "files are unreferenced until it commits)")
@@ -269,7 +276,7 @@ class MaintenanceConfig(_Frozen):
     def policy(self) -> MaintenancePolicy:
         """The per-pass part the targets follow."""
         return MaintenancePolicy(retention_seconds=self.retention_hours * 3600, keep_last=self.keep_last,
-                                 orphan_age_seconds=self.orphan_age_hours * 3600)
+                                 orphan_age_seconds=self.orphan_age_hours * 3600, max_snapshots=self.max_snapshots)
 
 
 class PipelineConfig(_Frozen):

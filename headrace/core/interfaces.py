@@ -173,6 +173,12 @@ class Target(ABC):
         files of ``table`` (``headrace.maintenance``). Must leave the rows as they are; a commit
         conflict with a concurrent apply is the maintenance's to retry. The default does nothing."""
 
+    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int | None:
+        """Expire ``table``'s oldest snapshots beyond ``policy.max_snapshots`` (down to half of it;
+        never the one ``keep_from_snapshot`` names or a later one), cheaply, between two of its apply
+        batches; the number expired. None: the target keeps no per-table snapshots to cap (the default)."""
+        return None
+
     def table_files(self, table: TableSchema) -> TableFiles | None:
         """The table's file counts from its metadata (cheap); None when the target cannot tell."""
         return None

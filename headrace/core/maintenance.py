@@ -15,6 +15,8 @@ class MaintenancePolicy:
     # The snapshot the newest consistent cut names for the table (``apply.consistency: transaction`` on a
     # target that commits one table at a time): neither it nor a later one is expired, however old.
     keep_from_snapshot: int | None = None
+    # At most this many snapshots a table (the newest; ``expire_snapshots``), whatever their age; None: no cap.
+    max_snapshots: int | None = None
 
 
 @dataclass(frozen=True)

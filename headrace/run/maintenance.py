@@ -4,7 +4,9 @@ The run loop calls ``MaintenanceSchedule.step`` between apply passes; it starts 
 one due table (``every_minutes`` since its last pass and ``after_batches`` apply batches since, or
 ``max_batches`` batches since whenever the last pass was) in
 its own thread, so the loop goes on applying the other tables meanwhile (an Iceberg pass takes tens
-of seconds). The table under maintenance is not applied until its pass ends (``busy``): its apply
+of seconds). Between full passes, a table that had ``max_snapshots / 2`` batches since its snapshots
+were last capped gets a cheap expiry step instead (``Target.expire_snapshots``, the same thread; on
+targets without per-table snapshots the first step says so and there are no more). The table under maintenance is not applied until its pass ends (``busy``): its apply
 would race the compaction's commit. DuckLake passes also take the target's lock (a few seconds);
 the targets retry a conflict with another process.
 A failed pass is logged and recorded (``status`` shows it) and never fails the table: the rows
@@ -104,6 +106,8 @@ class MaintenanceSchedule:
         self.state_dsn = state_dsn
         self.pipeline = config.name
         self.batches: dict[int, int] = {}  # apply batches since the table's last pass
+        self.uncapped: dict[int, int] = {}  # apply batches since its snapshots were last capped
+        self._caps = True  # the target caps snapshots (``Target.expire_snapshots`` answered so far)
         self.last_pass: dict[int, float] = {}  # monotonic time of the last pass
         self._started = time.monotonic()  # a run does not start with a pass of every table
         self._store: MaintenanceStore | None = None
@@ -116,6 +120,7 @@ class MaintenanceSchedule:
     def batch_applied(self, oid: int) -> None:
         """Count an apply batch towards the table's next pass."""
         self.batches[oid] = self.batches.get(oid, 0) + 1
+        self.uncapped[oid] = self.uncapped.get(oid, 0) + 1
 
     def _due(self, row: TableRow, now: float) -> bool:
         last = self.last_pass.get(row.oid, self._started)
@@ -137,14 +142,46 @@ class MaintenanceSchedule:
         no work (the pass goes on beside it)."""
         if not self.settings.enabled or self.running:
             return False
-        if not any(n >= self.settings.after_batches for n in self.batches.values()):
+        cap = max(1, self.settings.max_snapshots // 2)
+        full = any(n >= self.settings.after_batches for n in self.batches.values())
+        if not full and not (self._caps and any(n >= cap for n in self.uncapped.values())):
             return False  # no table can be due: no query (a quiet pipeline costs nothing)
         now = time.monotonic()
-        for row in state.tables():
-            if row.state.applies_changes and self._due(row, now) and not self.applying(row.oid):
-                self._start(target, row)
-                break
+        rows = [r for r in state.tables() if r.state.applies_changes and not self.applying(r.oid)]
+        due = next((r for r in rows if self._due(r, now)), None) if full else None
+        if due is not None:
+            self._start(target, due)
+        elif self._caps and (capped := next((r for r in rows if self.uncapped.get(r.oid, 0) >= cap), None)):
+            self._start_cap(target, capped)
         return False
+
+    def _start_cap(self, target: Target, row: TableRow) -> None:
+        """Cap the snapshots of ``row``'s table and its history tables (``Target.expire_snapshots``)."""
+        if self._cuts is None:
+            self._cuts = cut_store(self.config, target, self.state_dsn)
+        policy, cuts, modes = self.settings.policy(), self._cuts, self.history.extra_modes(row.schema.table_name)
+        self.uncapped[row.oid] = 0
+        self._table = row.oid
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                expired = target.expire_snapshots(row.schema, cut_policy(target, cuts, row, policy))
+                if expired is None:
+                    self._caps = False  # the target has no per-table snapshots to cap
+                    return
+                for table in history_tables(target, row.schema, modes):
+                    expired += target.expire_snapshots(table, policy) or 0
+                event(log, "maintenance.snapshots_capped", table=row.qualified_name, expired=expired,
+                      seconds=round(time.monotonic() - started, 3))
+            except Exception as exc:  # never fails the table: the next cap or pass tries again
+                text = str(translate(exc, row.qualified_name))[:1000]
+                event(log, "maintenance.cap_failed", logging.WARNING, table=row.qualified_name, error=text)
+            finally:
+                self.on_done()
+
+        self._thread = threading.Thread(target=run, name="maintenance", daemon=True)
+        self._thread.start()
 
     def _start(self, target: Target, row: TableRow) -> None:
         if self._store is None:
@@ -152,7 +189,7 @@ class MaintenanceSchedule:
         if self._cuts is None:
             self._cuts = cut_store(self.config, target, self.state_dsn)
         store, policy, cuts = self._store, self.settings.policy(), self._cuts
-        self.batches[row.oid] = 0
+        self.batches[row.oid] = self.uncapped[row.oid] = 0  # the pass caps the snapshots too
         self._table = row.oid
 
         def run() -> None:

@@ -25,3 +25,39 @@ def test_a_busy_table_is_due_after_max_batches_however_recent_its_last_pass(tmp_
     assert schedule._due(row, now + 3601)  # the hour passed, and more than after_batches
     schedule.batch_applied(7)
     assert schedule._due(row, now)  # 20 batches: due at once
+
+
+def test_snapshots_are_capped_every_half_max_snapshots_batches_on_a_target_that_caps_them(tmp_path: Path) -> None:
+    """Between full passes, a table's snapshots are capped after ``max_snapshots / 2`` batches (a cheap
+    step, in the maintenance thread); a target with no per-table snapshots (None) is not asked again."""
+    config = make_config("postgresql://127.0.0.1:1/x", tmp_path, ["public.t"], "ducklake",
+                         maintenance={"after_batches": 1000, "max_batches": 1000, "max_snapshots": 10})
+    schedule = MaintenanceSchedule(config, "postgresql://127.0.0.1:1/x")
+    row: Any = SimpleNamespace(oid=7, state=SimpleNamespace(applies_changes=True),
+                               schema=SimpleNamespace(table_name="t"), qualified_name="public.t")
+    state: Any = SimpleNamespace(tables=lambda: [row])
+    asked: list[int | None] = []
+    answer: list[int | None] = [3]
+
+    def expire_snapshots(table: Any, policy: Any) -> int | None:
+        asked.append(policy.max_snapshots)
+        return answer[0]
+
+    target: Any = SimpleNamespace(expire_snapshots=expire_snapshots, history=lambda: None)
+
+    def batches(n: int) -> None:
+        for _ in range(n):
+            schedule.batch_applied(7)
+            schedule.step(state, target)
+            if schedule._thread is not None:
+                schedule._thread.join()
+
+    batches(4)
+    assert asked == []
+    batches(1)  # 5 = 10 / 2
+    assert asked == [10] and not schedule.busy(7)
+    answer[0] = None  # a target without per-table snapshots
+    batches(5)
+    assert asked == [10, 10]
+    batches(20)
+    assert asked == [10, 10]

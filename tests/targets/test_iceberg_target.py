@@ -157,6 +157,39 @@ def test_expiry_keeps_the_snapshot_a_consistent_cut_names_and_every_later_one(
     assert at_named.num_rows == 300
 
 
+def test_the_snapshot_cap_expires_the_oldest_down_to_half_and_keeps_what_a_cut_names(
+    spark: SparkSession, target: IcebergTarget
+) -> None:
+    """``expire_snapshots`` (``maintenance.max_snapshots``): under the cap nothing; over it, the oldest
+    go, whatever their age, down to half the cap, never the one a consistent cut names nor a later one;
+    the rows stay, and the files only expired snapshots referenced are deleted."""
+    target.ensure_table(TABLE)
+    name = target.table_name(TABLE)
+    three_data_files(spark, target)
+    for lsn in range(200, 1100, 100):
+        target.apply_batch(TABLE, batch_df(spark, TABLE, [("U", lsn, 0, None, 10, f"v{lsn}", None, None, "y")]),
+                           None, lsn)
+
+    def snapshots() -> list[int]:
+        return [r[0] for r in spark.sql(f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at").collect()]
+
+    every, rows = snapshots(), rows_of(target, TABLE)
+    assert len(every) >= 10
+    files_before = len(list((Path(target.settings.warehouse) / "public" / "orders" / "data").glob("*.parquet")))
+    policy = MaintenancePolicy(retention_seconds=3600, keep_last=2, orphan_age_seconds=3 * 86400)
+    assert target.expire_snapshots(TABLE, replace(policy, max_snapshots=len(every))) == 0
+    named = every[2]
+    assert target.expire_snapshots(TABLE, replace(policy, max_snapshots=4, keep_from_snapshot=named)) == 2
+    assert snapshots() == every[2:]
+    assert target.expire_snapshots(TABLE, replace(policy, max_snapshots=4)) == len(every) - 4
+    assert snapshots() == every[-2:] and rows_of(target, TABLE) == rows
+    files = {r[0].removeprefix("file:") for r in spark.sql(f"SELECT file_path FROM {name}.all_data_files").collect()}
+    on_disk = {str(p) for p in (Path(target.settings.warehouse) / "public" / "orders" / "data").glob("*.parquet")}
+    # Left: the kept snapshots' files, and the one the oldest kept snapshot replaced (Iceberg deletes a
+    # file when the snapshot that removed it is expired).
+    assert files <= on_disk and len(on_disk - files) <= 1 < files_before - len(on_disk)
+
+
 @pytest.mark.parametrize("mode", ["copy_on_write", "merge_on_read"])
 def test_a_batch_built_on_the_driver_writes_what_the_spark_batch_writes(
     spark: SparkSession, request: pytest.FixtureRequest, mode: str

@@ -21,7 +21,7 @@ from headrace.targets.registry import TargetSection
 
 # The Target methods a fault can fail (headrace.core.interfaces.Target).
 Call = Literal["ensure_table", "write_snapshot", "apply_batch", "evolve", "drop_table", "read_table",
-               "read_cursor", "maintain", "table_files"]
+               "read_cursor", "maintain", "expire_snapshots", "table_files"]
 ErrorKind = Literal["transient", "terminal", "unknown", "crash", "hold"]
 
 

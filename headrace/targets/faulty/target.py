@@ -160,6 +160,11 @@ class FaultyTarget(Target):
         self._maybe_fail("maintain", table)
         self.inner.maintain(table, policy)
 
+    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int | None:
+        """The inner target's, unless a fault fails it."""
+        self._maybe_fail("expire_snapshots", table)
+        return self.inner.expire_snapshots(table, policy)
+
     def table_files(self, table: TableSchema) -> TableFiles | None:
         """The inner target's, unless a fault fails it."""
         self._maybe_fail("table_files", table)

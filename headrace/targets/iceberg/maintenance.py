@@ -8,7 +8,12 @@ files dropped);
 snapshots past the retention (keeping the newest few, and any a consistent cut still names) and the
 files only they referenced;
 ``remove_orphan_files`` deletes files no snapshot references (crashed writes), once old enough
-that no running write can still be about to commit them.
+that no running write can still be about to commit them; it lists every file of the table, so a
+target runs it at most once a day a table (``orphans``: a crash is rare, and an orphan must be
+``orphan_age_hours`` old, at least a day, before it may go).
+
+``expire_by_count`` caps the snapshots (``maintenance.max_snapshots``) through Iceberg's Java API,
+no Spark job: the run loop calls it between a table's batches, far more often than the full pass.
 
 Iceberg commits optimistically: a rewrite whose files an apply changed meanwhile fails its
 validation and is not committed (apply wins). ``partial-progress`` commits file groups one by one,
@@ -20,15 +25,18 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.logs import event
+from headrace.targets.iceberg.catalog import java_table
 
 log = logging.getLogger("headrace.targets.iceberg.maintenance")
 
 ATTEMPTS = 3  # a pass that lost every attempt to concurrent applies runs again at the next schedule
+ORPHANS_EVERY_S = 86_400.0  # a target lists a table's files for orphans at most this often
 REWRITE_OPTIONS = {
     "min-input-files": "2",  # two small files are worth one
     "delete-file-threshold": "1",  # any data file with a delete is rewritten, deletes applied
@@ -58,14 +66,15 @@ def table_files(spark: SparkSession, name: str) -> TableFiles:
 
 
 def maintain(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy,
-             key: tuple[str, ...] = ()) -> None:
-    """One maintenance pass over ``catalog``.``identifier`` (``identifier``: quoted namespace.table).
+             key: tuple[str, ...] = (), orphans: bool = True) -> None:
+    """One maintenance pass over ``catalog``.``identifier`` (``identifier``: quoted namespace.table);
+    ``orphans``: with ``remove_orphan_files``.
 
     Retried up to ``ATTEMPTS`` times on a commit conflict; the rows never change.
     """
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            _pass(spark, catalog, identifier, policy, key)
+            _pass(spark, catalog, identifier, policy, key, orphans)
             return
         except Exception as exc:
             if attempt == ATTEMPTS or not _conflict(exc):
@@ -107,7 +116,33 @@ def _expire_before(spark: SparkSession, name: str, policy: MaintenancePolicy, no
     return min(moment, datetime.fromtimestamp(int(named[0]) / 1000, timezone.utc))
 
 
-def _pass(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy, key: tuple[str, ...]) -> None:
+def expire_by_count(spark: SparkSession, name: str, policy: MaintenancePolicy) -> int:
+    """Expire the oldest snapshots of table ``name`` (Spark's name for it) beyond ``policy.max_snapshots``,
+    down to half of it (at least ``keep_last``), whatever their age; never the one ``keep_from_snapshot``
+    names, nor a later one. Through Iceberg's Java API on the table Spark's catalog caches: one metadata
+    commit, and the files only the expired snapshots referenced deleted; no Spark job. Returns the
+    number expired (0: the table is under its cap)."""
+    if policy.max_snapshots is None:
+        return 0
+    iceberg = java_table(spark, name)
+    iceberg.refresh()
+    jvm: Any = spark.sparkContext._jvm
+    count = int(jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(iceberg.snapshots()))
+    keep = max(policy.max_snapshots // 2, policy.keep_last)
+    if count <= policy.max_snapshots:
+        return 0
+    before = int(time.time() * 1000)  # every snapshot but the newest ``keep`` ...
+    if policy.keep_from_snapshot is not None:  # ... and those from the one a consistent cut names
+        named = iceberg.snapshot(int(policy.keep_from_snapshot))
+        if named is not None:
+            before = min(before, int(named.timestampMillis()))
+    iceberg.expireSnapshots().expireOlderThan(before).retainLast(keep).commit()
+    iceberg.refresh()
+    return count - int(jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(iceberg.snapshots()))
+
+
+def _pass(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy, key: tuple[str, ...],
+          orphans: bool) -> None:
     call = f"CALL `{catalog.replace('`', '``')}`.system"
     table = f"table => {_literal(identifier)}"
     options = ", ".join(f"{_literal(k)}, {_literal(v)}" for k, v in REWRITE_OPTIONS.items())
@@ -127,10 +162,12 @@ def _pass(spark: SparkSession, catalog: str, identifier: str, policy: Maintenanc
         f"older_than => {_timestamp(_expire_before(spark, name, policy, now))}, "
         f"retain_last => {policy.keep_last})"
     ).first()
-    orphans = spark.sql(
+    capped = expire_by_count(spark, name, policy)
+    removed = spark.sql(
         f"{call}.remove_orphan_files({table}, "
         f"older_than => {_timestamp(now - timedelta(seconds=policy.orphan_age_seconds))})"
-    ).count()
+    ).count() if orphans else None
     event(log, "maintenance.iceberg", table=identifier,
           rewritten_files=int(rewritten[0]) if rewritten else 0, added_files=int(rewritten[1]) if rewritten else 0,
-          deletes_left=deletes_left, expired_data_files=int(expired[0]) if expired else 0, orphans_removed=orphans)
+          deletes_left=deletes_left, expired_data_files=int(expired[0]) if expired else 0,
+          snapshots_over_cap=capped, orphans_removed=removed)

@@ -18,6 +18,7 @@ merge-on-read writes position-delete files instead, which makes reads a little s
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -90,6 +91,7 @@ class IcebergTarget(Target):
         self._namespaces: set[str] = set()  # created (or found) in this run
         self._namespaces_lock = threading.Lock()
         self._java: JavaCatalog | None = None  # ``_java_catalog``
+        self._orphans_listed: dict[str, float] = {}  # table -> when ``maintain`` last listed its orphans
         # Small batches into copy-on-write tables applied without Spark (``driver_apply``); off: the MERGE.
         self.apply_on_driver = settings.apply_on_driver
         self.driver_key_rows = settings.driver_key_rows
@@ -377,10 +379,19 @@ class IcebergTarget(Target):
         return self.spark.table(self.table_name(table))
 
     def maintain(self, table: TableSchema, policy: MaintenancePolicy) -> None:
-        """Compact, apply away deletes, expire snapshots, remove orphans (``maintenance.py``)."""
+        """Compact, apply away deletes, expire snapshots, remove orphans (``maintenance.py``: the
+        orphans at the first pass of a table, then at most once every ``ORPHANS_EVERY_S``)."""
         namespace = quote_spark(path_segment(self.settings.namespace or table.target_schema))
         identifier = f"{namespace}.{quote_spark(path_segment(table.target_table))}"
-        maintenance.maintain(self.spark, self.settings.catalog_name, identifier, policy, table.key)
+        listed = self._orphans_listed.get(identifier)
+        orphans = listed is None or time.monotonic() - listed >= maintenance.ORPHANS_EVERY_S
+        maintenance.maintain(self.spark, self.settings.catalog_name, identifier, policy, table.key, orphans)
+        if orphans:
+            self._orphans_listed[identifier] = time.monotonic()
+
+    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int | None:
+        """The snapshots beyond ``policy.max_snapshots`` expired (``maintenance.expire_by_count``)."""
+        return maintenance.expire_by_count(self.spark, self.table_name(table), policy)
 
     def table_files(self, table: TableSchema) -> TableFiles | None:
         """File and snapshot counts from the table's metadata tables."""
