@@ -6,8 +6,9 @@ one due table (``every_minutes`` since its last pass and ``after_batches`` apply
 its own thread, so the loop goes on applying the other tables meanwhile (an Iceberg pass takes tens
 of seconds). Between full passes, a table that had ``max_snapshots / 2`` batches since its snapshots
 were last capped gets a cheap expiry step instead (``Target.expire_snapshots``, the same thread; on
-targets without per-table snapshots the first step says so and there are no more). The table under maintenance is not applied until its pass ends (``busy``): its apply
-would race the compaction's commit. DuckLake passes also take the target's lock (a few seconds);
+targets without per-table snapshots the first step says so and there are no more). The table under
+maintenance is not applied until its pass (or step) ends (``busy``): its apply would race the
+compaction's commit. DuckLake passes also take the target's lock (a few seconds);
 the targets retry a conflict with another process.
 A failed pass is logged and recorded (``status`` shows it) and never fails the table: the rows
 are untouched, and the next schedule tries again.
