@@ -174,9 +174,9 @@ class Target(ABC):
         conflict with a concurrent apply is the maintenance's to retry. The default does nothing."""
 
     def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int | None:
-        """Expire ``table``'s oldest snapshots beyond ``policy.max_snapshots`` (down to half of it;
-        never the one ``keep_from_snapshot`` names or a later one), cheaply, between two of its apply
-        batches; the number expired. None: the target keeps no per-table snapshots to cap (the default)."""
+        """Expire ``table``'s oldest snapshots beyond half of ``policy.max_snapshots`` (never the one
+        ``keep_from_snapshot`` names or a later one), cheaply, between two of its apply batches (the
+        run loop calls it every ``max_snapshots / 2`` batches); the number expired. None: the target keeps no per-table snapshots to cap (the default)."""
         return None
 
     def table_files(self, table: TableSchema) -> TableFiles | None:

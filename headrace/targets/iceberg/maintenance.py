@@ -117,9 +117,9 @@ def _expire_before(spark: SparkSession, name: str, policy: MaintenancePolicy, no
 
 
 def expire_by_count(spark: SparkSession, name: str, policy: MaintenancePolicy) -> int:
-    """Expire the oldest snapshots of table ``name`` (Spark's name for it) beyond ``policy.max_snapshots``,
-    down to half of it (at least ``keep_last``), whatever their age; never the one ``keep_from_snapshot``
-    names, nor a later one. Through Iceberg's Java API on the table Spark's catalog caches: one metadata
+    """Expire the oldest snapshots of table ``name`` (Spark's name for it) beyond half of
+    ``policy.max_snapshots`` (at least ``keep_last``), whatever their age; never the one
+    ``keep_from_snapshot`` names, nor a later one. Through Iceberg's Java API on the table Spark's catalog caches: one metadata
     commit, and the files only the expired snapshots referenced deleted; no Spark job. Returns the
     number expired (0: the table is under its cap)."""
     if policy.max_snapshots is None:
@@ -129,7 +129,7 @@ def expire_by_count(spark: SparkSession, name: str, policy: MaintenancePolicy) -
     jvm: Any = spark.sparkContext._jvm
     count = int(jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(iceberg.snapshots()))
     keep = max(policy.max_snapshots // 2, policy.keep_last)
-    if count <= policy.max_snapshots:
+    if count <= keep:  # the run loop calls it every max_snapshots / 2 batches: never more than the cap
         return 0
     before = int(time.time() * 1000)  # every snapshot but the newest ``keep`` ...
     if policy.keep_from_snapshot is not None:  # ... and those from the one a consistent cut names
