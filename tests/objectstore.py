@@ -122,7 +122,7 @@ class TcpCut:
                     if not data:
                         return
                     ends[end].sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a socket the proxy closed meanwhile (fd -1)
             return
         finally:
             for end in ends:

@@ -14,6 +14,7 @@ The run reports to whoever listens through ``observers`` (``run.observer``) and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -167,7 +168,7 @@ class Run:
         capture_stop = threading.Event()
         self.capture.on_staged = self.operations.wake  # staged files end the loop's idle wait
         self.apply_pass.heartbeat = self.capture.request_heartbeat
-        thread = threading.Thread(target=self.capture.run, args=(capture_stop,), name="capture", daemon=True)
+        thread = threading.Thread(target=self._capture, args=(self.capture, capture_stop), name="capture", daemon=True)
         thread.start()
         for service in self.services:
             service.start()
@@ -192,6 +193,14 @@ class Run:
             state.close()
             event(log, "run.stop", pipeline=self.config.name)
         return code
+
+    @staticmethod
+    def _capture(capture: Capture, stop: threading.Event) -> None:
+        """Capture's thread. A failure it cannot retry is logged (``capture.failed``) and kept
+        (``Capture.failure``) before it is raised, and the run loop raises it with its sentence once
+        the thread has ended: raised out of the thread too, Python would print its traceback."""
+        with contextlib.suppress(Exception):
+            capture.run(stop)
 
     def _loop(self, state: StateStore, stop: threading.Event, until_caught_up: bool, start_lsn: int,
               thread: threading.Thread) -> int:
