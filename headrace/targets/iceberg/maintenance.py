@@ -119,15 +119,16 @@ def _expire_before(spark: SparkSession, name: str, policy: MaintenancePolicy, no
 def expire_by_count(spark: SparkSession, name: str, policy: MaintenancePolicy) -> int:
     """Expire the oldest snapshots of table ``name`` (Spark's name for it) beyond half of
     ``policy.max_snapshots`` (at least ``keep_last``), whatever their age; never the one
-    ``keep_from_snapshot`` names, nor a later one. Through Iceberg's Java API on the table Spark's catalog caches: one metadata
-    commit, and the files only the expired snapshots referenced deleted; no Spark job. Returns the
-    number expired (0: the table is under its cap)."""
+    ``keep_from_snapshot`` names, nor a later one. Through Iceberg's Java API on the table Spark's
+    catalog caches: one metadata commit, and the files only the expired snapshots referenced
+    deleted; no Spark job. Returns the number expired (0: none beyond half the cap)."""
     if policy.max_snapshots is None:
         return 0
     iceberg = java_table(spark, name)
     iceberg.refresh()
     jvm: Any = spark.sparkContext._jvm
-    count = int(jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(iceberg.snapshots()))
+    iterables = jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables
+    count = int(iterables.size(iceberg.snapshots()))
     keep = max(policy.max_snapshots // 2, policy.keep_last)
     if count <= keep:  # the run loop calls it every max_snapshots / 2 batches: never more than the cap
         return 0
@@ -138,7 +139,7 @@ def expire_by_count(spark: SparkSession, name: str, policy: MaintenancePolicy) -
             before = min(before, int(named.timestampMillis()))
     iceberg.expireSnapshots().expireOlderThan(before).retainLast(keep).commit()
     iceberg.refresh()
-    return count - int(jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(iceberg.snapshots()))
+    return count - int(iterables.size(iceberg.snapshots()))
 
 
 def _pass(spark: SparkSession, catalog: str, identifier: str, policy: MaintenancePolicy, key: tuple[str, ...],
