@@ -72,6 +72,9 @@ class Target(ABC):
     # True when ``snapshot_at`` names each table's snapshot (Iceberg): its cuts are recorded
     # (``state.cuts``) even where they commit across tables, for the cuts that could not (``CutCommit``).
     names_snapshots: bool = False
+    # True when each table keeps snapshots of its own that ``expire_snapshots`` caps (Iceberg; DuckLake's
+    # are the lake's, expired by ``maintain``).
+    caps_snapshots: bool = False
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:
@@ -173,11 +176,12 @@ class Target(ABC):
         files of ``table`` (``headrace.maintenance``). Must leave the rows as they are; a commit
         conflict with a concurrent apply is the maintenance's to retry. The default does nothing."""
 
-    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int | None:
+    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int:
         """Expire ``table``'s oldest snapshots beyond half of ``policy.max_snapshots`` (never the one
         ``keep_from_snapshot`` names or a later one), cheaply, between two of its apply batches (the
-        run loop calls it every ``max_snapshots / 2`` batches); the number expired. None: the target keeps no per-table snapshots to cap (the default)."""
-        return None
+        run loop calls it every ``max_snapshots / 2`` batches, on a target that ``caps_snapshots``);
+        the number expired. The default expires nothing."""
+        return 0
 
     def table_files(self, table: TableSchema) -> TableFiles | None:
         """The table's file counts from its metadata (cheap); None when the target cannot tell."""

@@ -5,8 +5,8 @@ one due table (``every_minutes`` since its last pass and ``after_batches`` apply
 ``max_batches`` batches since whenever the last pass was) in
 its own thread, so the loop goes on applying the other tables meanwhile (an Iceberg pass takes tens
 of seconds). Between full passes, a table that had ``max_snapshots / 2`` batches since its snapshots
-were last capped gets a cheap expiry step instead (``Target.expire_snapshots``, the same thread; on
-targets without per-table snapshots the first step says so and there are no more). The table under
+were last capped gets a cheap expiry step instead (``Target.expire_snapshots``, the same thread; only
+on a target that ``caps_snapshots``). The table under
 maintenance is not applied until its pass (or step) ends (``busy``): its apply would race the
 compaction's commit. DuckLake passes also take the target's lock (a few seconds);
 the targets retry a conflict with another process.
@@ -108,7 +108,6 @@ class MaintenanceSchedule:
         self.pipeline = config.name
         self.batches: dict[int, int] = {}  # apply batches since the table's last pass
         self.uncapped: dict[int, int] = {}  # apply batches since its snapshots were last capped
-        self._caps = True  # the target caps snapshots (``Target.expire_snapshots`` answered so far)
         self.last_pass: dict[int, float] = {}  # monotonic time of the last pass
         self._started = time.monotonic()  # a run does not start with a pass of every table
         self._store: MaintenanceStore | None = None
@@ -145,60 +144,66 @@ class MaintenanceSchedule:
             return False
         cap = max(1, self.settings.max_snapshots // 2)
         full = any(n >= self.settings.after_batches for n in self.batches.values())
-        if not full and not (self._caps and any(n >= cap for n in self.uncapped.values())):
+        caps = target.caps_snapshots
+        if not full and not (caps and any(n >= cap for n in self.uncapped.values())):
             return False  # no table can be due: no query (a quiet pipeline costs nothing)
         now = time.monotonic()
         rows = [r for r in state.tables() if r.state.applies_changes and not self.applying(r.oid)]
         due = next((r for r in rows if self._due(r, now)), None) if full else None
         if due is not None:
             self._start(target, due)
-        elif self._caps and (capped := next((r for r in rows if self.uncapped.get(r.oid, 0) >= cap), None)):
+        elif caps and (capped := next((r for r in rows if self.uncapped.get(r.oid, 0) >= cap), None)):
             self._start_cap(target, capped)
         return False
 
     def _start_cap(self, target: Target, row: TableRow) -> None:
         """Cap the snapshots of ``row``'s table and its history tables (``Target.expire_snapshots``)."""
-        if self._cuts is None:
-            self._cuts = cut_store(self.config, target, self.state_dsn)
-        policy, cuts, modes = self.settings.policy(), self._cuts, self.history.extra_modes(row.schema.table_name)
+        policy, cuts, modes = self.settings.policy(), self._cut_store(target), self.history.extra_modes(row.schema.table_name)
         self.uncapped[row.oid] = 0
-        self._table = row.oid
 
-        def run() -> None:
+        def cap() -> None:
             started = time.monotonic()
             try:
                 expired = target.expire_snapshots(row.schema, cut_policy(target, cuts, row, policy))
-                if expired is None:
-                    self._caps = False  # the target has no per-table snapshots to cap
-                    return
                 for table in history_tables(target, row.schema, modes):
-                    expired += target.expire_snapshots(table, policy) or 0
+                    expired += target.expire_snapshots(table, policy)
                 event(log, "maintenance.snapshots_capped", table=row.qualified_name, expired=expired,
                       seconds=round(time.monotonic() - started, 3))
             except Exception as exc:  # never fails the table: the next cap or pass tries again
                 text = str(translate(exc, row.qualified_name))[:1000]
                 event(log, "maintenance.cap_failed", logging.WARNING, table=row.qualified_name, error=text)
-            finally:
-                self.on_done()
 
-        self._thread = threading.Thread(target=run, name="maintenance", daemon=True)
-        self._thread.start()
+        self._launch(row.oid, cap)
 
     def _start(self, target: Target, row: TableRow) -> None:
         if self._store is None:
             self._store = MaintenanceStore(self.state_dsn, self.pipeline)
-        if self._cuts is None:
-            self._cuts = cut_store(self.config, target, self.state_dsn)
-        store, policy, cuts = self._store, self.settings.policy(), self._cuts
+        store, policy, cuts = self._store, self.settings.policy(), self._cut_store(target)
         self.batches[row.oid] = self.uncapped[row.oid] = 0  # the pass caps the snapshots too
-        self._table = row.oid
 
-        def run() -> None:
+        def maintain() -> None:
             try:
                 maintain_table(target, store, row, policy,  # logs and records its own failure
                                self.history.extra_modes(row.schema.table_name), cuts)
             finally:
                 self.last_pass[row.oid] = time.monotonic()
+
+        self._launch(row.oid, maintain)
+
+    def _cut_store(self, target: Target) -> CutStore | None:
+        """``cut_policy``'s cuts, opened at the first pass or step that needs them."""
+        if self._cuts is None:
+            self._cuts = cut_store(self.config, target, self.state_dsn)
+        return self._cuts
+
+    def _launch(self, oid: int, work: Callable[[], None]) -> None:
+        """Run ``work`` on table ``oid`` in the maintenance thread; the table is ``busy`` until it ends."""
+        self._table = oid
+
+        def run() -> None:
+            try:
+                work()
+            finally:
                 self.on_done()
 
         self._thread = threading.Thread(target=run, name="maintenance", daemon=True)

@@ -29,7 +29,7 @@ def test_a_busy_table_is_due_after_max_batches_however_recent_its_last_pass(tmp_
 
 def test_snapshots_are_capped_every_half_max_snapshots_batches_on_a_target_that_caps_them(tmp_path: Path) -> None:
     """Between full passes, a table's snapshots are capped after ``max_snapshots / 2`` batches (a cheap
-    step, in the maintenance thread); a target with no per-table snapshots (None) is not asked again."""
+    step, in the maintenance thread); a target that keeps no per-table snapshots is never asked."""
     config = make_config("postgresql://127.0.0.1:1/x", tmp_path, ["public.t"], "ducklake",
                          maintenance={"after_batches": 1000, "max_batches": 1000, "max_snapshots": 10})
     schedule = MaintenanceSchedule(config, "postgresql://127.0.0.1:1/x")
@@ -37,13 +37,13 @@ def test_snapshots_are_capped_every_half_max_snapshots_batches_on_a_target_that_
                                schema=SimpleNamespace(table_name="t"), qualified_name="public.t")
     state: Any = SimpleNamespace(tables=lambda: [row])
     asked: list[int | None] = []
-    answer: list[int | None] = [3]
 
-    def expire_snapshots(table: Any, policy: Any) -> int | None:
+    def expire_snapshots(table: Any, policy: Any) -> int:
         asked.append(policy.max_snapshots)
-        return answer[0]
+        return 3
 
-    target: Any = SimpleNamespace(expire_snapshots=expire_snapshots, history=lambda: None)
+    target: Any = SimpleNamespace(expire_snapshots=expire_snapshots, history=lambda: None, caps_snapshots=True,
+                                  names_snapshots=False)
 
     def batches(n: int) -> None:
         for _ in range(n):
@@ -56,8 +56,8 @@ def test_snapshots_are_capped_every_half_max_snapshots_batches_on_a_target_that_
     assert asked == []
     batches(1)  # 5 = 10 / 2
     assert asked == [10] and not schedule.busy(7)
-    answer[0] = None  # a target without per-table snapshots
     batches(5)
     assert asked == [10, 10]
+    target.caps_snapshots = False  # a target without per-table snapshots (DuckLake's are the lake's)
     batches(20)
     assert asked == [10, 10]

@@ -54,6 +54,7 @@ class FaultyTarget(Target):
         self.applies_arrow = inner.applies_arrow
         self.copies_arrow = inner.copies_arrow
         self.caps_batches = inner.caps_batches
+        self.caps_snapshots = inner.caps_snapshots
         self._lock = threading.Lock()  # the run loop, the copy thread and a test call in concurrently
         self._armed = [_Armed(f, f.times) for f in faults]
         self.injected: list[tuple[str, str]] = []  # (call, table) of every failure injected so far
@@ -160,7 +161,7 @@ class FaultyTarget(Target):
         self._maybe_fail("maintain", table)
         self.inner.maintain(table, policy)
 
-    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int | None:
+    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int:
         """The inner target's, unless a fault fails it."""
         self._maybe_fail("expire_snapshots", table)
         return self.inner.expire_snapshots(table, policy)

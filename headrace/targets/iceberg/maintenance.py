@@ -107,13 +107,18 @@ def _expire_before(spark: SparkSession, name: str, policy: MaintenancePolicy, no
     retention's start, or, when a consistent cut names a snapshot (``keep_from_snapshot``) older than
     that, that snapshot's commit (Iceberg expires only what is strictly older)."""
     moment = now - timedelta(seconds=policy.retention_seconds)
+    named = _named_commit_ms(java_table(spark, name), policy)
+    return moment if named is None else min(moment, datetime.fromtimestamp(named / 1000, timezone.utc))
+
+
+def _named_commit_ms(iceberg: Any, policy: MaintenancePolicy) -> int | None:
+    """When the snapshot the newest consistent cut names (``keep_from_snapshot``) was committed, in
+    epoch milliseconds; None when no cut names one, or it is expired already (by a pass before cuts
+    named it): nothing left to keep."""
     if policy.keep_from_snapshot is None:
-        return moment
-    named = spark.sql(f"SELECT unix_millis(committed_at) FROM {name}.snapshots"
-                      f" WHERE snapshot_id = {int(policy.keep_from_snapshot)}").first()
-    if named is None:  # expired already (by a pass before cuts named it): nothing left to keep
-        return moment
-    return min(moment, datetime.fromtimestamp(int(named[0]) / 1000, timezone.utc))
+        return None
+    named = iceberg.snapshot(int(policy.keep_from_snapshot))
+    return None if named is None else int(named.timestampMillis())
 
 
 def expire_by_count(spark: SparkSession, name: str, policy: MaintenancePolicy) -> int:
@@ -133,10 +138,9 @@ def expire_by_count(spark: SparkSession, name: str, policy: MaintenancePolicy) -
     if count <= keep:  # the run loop calls it every max_snapshots / 2 batches: never more than the cap
         return 0
     before = int(time.time() * 1000)  # every snapshot but the newest ``keep`` ...
-    if policy.keep_from_snapshot is not None:  # ... and those from the one a consistent cut names
-        named = iceberg.snapshot(int(policy.keep_from_snapshot))
-        if named is not None:
-            before = min(before, int(named.timestampMillis()))
+    named = _named_commit_ms(iceberg, policy)  # ... and those from the one a consistent cut names
+    if named is not None:
+        before = min(before, named)
     iceberg.expireSnapshots().expireOlderThan(before).retainLast(keep).commit()
     iceberg.refresh()
     return count - int(iterables.size(iceberg.snapshots()))

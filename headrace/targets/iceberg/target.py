@@ -71,6 +71,7 @@ class IcebergTarget(Target):
     caps_batches = True
     copies_arrow = True  # small copies: pyarrow writes the file, Iceberg's Java API commits it (``files``)
     names_snapshots = True  # consistent cuts name each table's snapshot (``snapshot_at``)
+    caps_snapshots = True  # ``expire_snapshots``
 
     def __init__(self, spark: SparkSession, settings: IcebergConfig, pipeline: str) -> None:
         self.spark = spark
@@ -389,7 +390,7 @@ class IcebergTarget(Target):
         if orphans:
             self._orphans_listed[identifier] = time.monotonic()
 
-    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int | None:
+    def expire_snapshots(self, table: TableSchema, policy: MaintenancePolicy) -> int:
         """The snapshots beyond ``policy.max_snapshots`` expired (``maintenance.expire_by_count``)."""
         return maintenance.expire_by_count(self.spark, self.table_name(table), policy)
 
