@@ -135,7 +135,7 @@ def chunk_reads(dsn: str, rows: int) -> list[Measurement]:
     out = []
     for name, read, label in (
             ("csv", copy_chunk, "chunk read alone: CSV + pyarrow parse (in-process)"),
-            ("binary", copy_chunk_binary, "chunk read alone: binary COPY → typed Arrow (ADBC)")):
+            ("binary", copy_chunk_binary, "chunk read alone: binary COPY → typed Arrow (headrace._copy_binary)")):
         t0, c0 = time.monotonic(), time.process_time()
         got = sum(b.num_rows for b in read(dsn, None, table, 0, OPEN_END))
         out.append(Measurement(f"read_{name}", label, time.monotonic() - t0, rows_read_back=got,

@@ -127,6 +127,9 @@ def run_one(server: ThrowawayPostgres, work: Path, target: str, protocol: int, a
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                      " WHERE database = current_database() AND NOT active")
+    if args.keep_logs:
+        Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+        shutil.copy(folder / "run.log", Path(args.keep_logs) / f"{name}.log")
     shutil.rmtree(folder, ignore_errors=True)
     return result
 
@@ -140,6 +143,7 @@ def main() -> None:
     ap.add_argument("--protocols", default="2,1")
     ap.add_argument("--pg", type=int, default=15, help="the source's major version (15: Debian's, 18: the wheel's)")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--keep-logs", help="copy each run's log into this folder")
     ap.add_argument("--json", default=str(ROOT / "docs" / "large_transaction.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hr-bigtx-"))

@@ -366,8 +366,11 @@ def _chunks(dsn: str) -> tuple[int, int]:
 
 
 def test_a_copy_cut_short_by_a_source_restart_resumes_by_chunk(own_server: ThrowawayPostgres, tmp_path: Path,
-                                                               spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+                                                               spark: Any, caplog: pytest.LogCaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     dsn = own_server.dsn
+    # Each chunk's read holds 0.5 s, so the restart lands mid-copy however fast the reads are.
+    monkeypatch.setenv("HEADRACE_HOLD_AT", "snapshot.read:0.5")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, pad text)")
         conn.execute("INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(1, 10000) g")

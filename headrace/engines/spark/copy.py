@@ -143,7 +143,8 @@ FILE_RESULT = StructType([StructField("chunk", LongType(), False), StructField("
 
 
 # What copy tasks import beyond pyspark's worker (unpickling the task's function imports the rest).
-COPY_TASK_MODULES = ("pyarrow.parquet", "pyarrow.compute", "adbc_driver_manager", "adbc_driver_postgresql.dbapi",
+COPY_TASK_MODULES = ("pyarrow.parquet", "pyarrow.compute", "psycopg2", "headrace._copy_binary",
+                     "adbc_driver_manager", "adbc_driver_postgresql.dbapi",
                      "headrace.core.filesink", "headrace.engines.chunks",
                      "headrace.source.postgres.binary_copy")
 

@@ -1,10 +1,12 @@
 """The initial copy's fast read: one chunk as binary COPY decoded straight into typed Arrow, in C.
 
-The ADBC PostgreSQL driver runs ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` and decodes it in
-C, so most columns arrive typed and need no cast in Spark. Measured on 2M rows of
-``bench/initial_copy.py``'s table (2-core machine, ``--reads-only``): CSV via psycopg2 and
-``pyarrow.csv`` 3.4 s wall / 2.0 s CPU, this read 2.6 s / 1.2 s, raw binary COPY into psql 1.2 s
-(docs/benchmarks-history.md).
+``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` is drained by psycopg2 into a buffer and decoded by
+``headrace._copy_binary`` (C) into Arrow buffers, so most columns arrive typed and need no cast in
+Spark (``SnapshotSession``; without that extension the ADBC PostgreSQL driver reads and decodes the
+same statement). Measured on 2M rows of ``bench/initial_copy.py``'s table read in its seven 4096-page
+chunks by one session (2-core machine, 2026-11-28): this read 2.0 s wall / 0.7 s of this process's
+CPU, ADBC 1.13 1.8 s / 1.8 s (it decodes while the rows arrive; the copy's threads keep both cores
+busy, where CPU is what counts); raw binary COPY into psql ~1.4 s (docs/benchmarks.md).
 
 Each column takes one of three routes (``column_routes``), so a value ends in the target exactly as
 the change stream (which casts PostgreSQL's text) would write it:
@@ -25,8 +27,9 @@ the change stream (which casts PostgreSQL's text) would write it:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from typing import NoReturn
+import io
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 import pyarrow as pa
 from psycopg import sql
@@ -35,7 +38,14 @@ from headrace.core.errors import SourceError, TransientError
 from headrace.core.faults import hold_seconds
 from headrace.core.schema import ColumnType, TableSchema, TypeKind
 from headrace.core.sqlstate import error_for_sqlstate
-from headrace.source.postgres.copy import OPEN_END, copy_conninfo
+from headrace.source.postgres.copy import OPEN_END, SESSION_OPTIONS, copy_conninfo
+
+try:
+    from headrace._copy_binary import decode as _native_decode
+except ImportError:  # built without a C compiler: the ADBC driver decodes instead
+    _native_decode = None
+# (buffer, position, kinds, most rows) -> (per column: its buffers and NULL count, rows, next position, done)
+_decode: Callable[[Any, int, bytes, int], tuple[list[tuple[Any, ...]], int, int, bool]] | None = _native_decode
 
 
 class Route(enum.Enum):
@@ -155,11 +165,17 @@ def copy_chunk_binary(dsn: str, snapshot_name: str | None, table: TableSchema, s
 
 
 class SnapshotSession:
-    """One ADBC connection reading chunk after chunk of any tables, each read in a REPEATABLE READ
+    """One connection reading chunk after chunk of any tables, each read in a REPEATABLE READ
     transaction of its own that imports ``snapshot_name`` (None: its own snapshot): for the driver's
-    reads of many small tables, which then pay the connection once. Opening one costs ~50 ms wall and
-    ~30 ms of this process's CPU (the driver loads the server's type catalog), a 1,000-row read on an
-    open one ~1 ms (measured on our 2-core machine): per small table, the connection was most of its read.
+    reads of many small tables, which then pay the connection once. Opening one cost ~50 ms wall and
+    ~30 ms of this process's CPU through ADBC (the driver loads the server's type catalog), a 1,000-row
+    read on an open one ~1 ms (measured on our 2-core machine): per small table, the connection was
+    most of its read.
+
+    The read itself: ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` drained by psycopg2 in C into a
+    buffer, decoded by ``headrace._copy_binary`` in C (``decode_batches``). Without that extension (no
+    C compiler at install) the ADBC driver runs and decodes the same statement: the same values, but
+    its wheels since 1.9 are built unoptimized: 2.5x this read's CPU (module docstring).
 
     Parked between reads, the session is in no transaction: a transaction holds an ACCESS SHARE lock
     on every table it read until it ends, and a DDL statement queued behind such a lock queues the
@@ -169,67 +185,167 @@ class SnapshotSession:
     """
 
     def __init__(self, dsn: str, snapshot_name: str | None, opened_for: str) -> None:
-        import adbc_driver_manager
-        import adbc_driver_postgresql.dbapi as adbc
-
         self.snapshot_name = snapshot_name
         self.broken = False
-        try:
-            self._conn = adbc.connect(copy_conninfo(dsn), autocommit=True)  # explicit BEGIN: SET TRANSACTION SNAPSHOT comes first
-        except adbc_driver_manager.Error as exc:
-            raise TransientError(f"cannot connect to copy {opened_for}: {exc}") from exc
-        try:
-            self._cur = self._conn.cursor()
-            for setting in SESSION_SETTINGS:
-                self._cur.execute(setting)
-        except adbc_driver_manager.Error as exc:
-            self._conn.close()
-            self._raise(exc, f"the session for {opened_for}")
+        self._conn: _Native | _Adbc = (_Native if _decode is not None else _Adbc)(copy_conninfo(dsn), opened_for)
 
     def read(self, table: TableSchema, start: int, end: int) -> list[pa.RecordBatch]:
         """Page range ``[start, end)`` of ``table`` as batches of ``arrow_schema(table)``."""
-        import adbc_driver_manager
-
-        schema = arrow_schema(table)
         doing = f"copy of {table.qualified_name} pages {start}..{end}"
+        statement = select_statement(table, start, end).as_string()
         try:
-            self._cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self._conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             if self.snapshot_name is not None:
                 doing = f"the snapshot import for {table.qualified_name}"
-                self._cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                self._conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
                     sql.Literal(self.snapshot_name)).as_string())
                 doing = f"copy of {table.qualified_name} pages {start}..{end}"
-            self._cur.execute(select_statement(table, start, end).as_string())
-            got = self._cur.fetch_arrow_table()
+            got = self._conn.read(statement, arrow_schema(table))
             if held := hold_seconds("snapshot.read"):  # tests: a long read, holding the table's lock
-                self._cur.execute(f"SELECT pg_sleep({held})")
-                self._cur.fetchall()
-            self._cur.execute("ROLLBACK")  # nothing was written: ends the transaction and its locks
-        except adbc_driver_manager.Error as exc:
+                self._conn.execute(f"SELECT pg_sleep({held})")
+            self._conn.execute("ROLLBACK")  # nothing was written: ends the transaction and its locks
+        except _ServerError as exc:
             self.broken = True
             self._raise(exc, doing)
-        # Names from our schema (the driver names columns after the expressions); types must already match.
-        return got.rename_columns(schema.names).cast(schema).to_batches()
+        return got
 
     def close(self) -> None:
         """Close the connection (a read's transaction ended with the read)."""
         self._conn.close()
 
-    def _raise(self, exc: Exception, doing: str) -> NoReturn:
+    def _raise(self, exc: _ServerError, doing: str) -> NoReturn:
         """Raise the driver's error as the CSV path would: same kind, message and fix."""
-        import adbc_driver_manager
-
-        if getattr(exc, "sqlstate", None) == "42704":  # undefined_object: the snapshot is gone for good
+        if exc.sqlstate == "42704":  # undefined_object: the snapshot is gone for good
             raise SourceError(
                 f"snapshot {self.snapshot_name} for {doing} is no longer available: "
                 "the exporting transaction ended; restart the table's snapshot"
-            ) from exc
-        sqlstate = getattr(exc, "sqlstate", None)
-        if sqlstate:  # the server's answer: the same error, kind and fix as on the CSV path
-            raise error_for_sqlstate(sqlstate, _server_message(exc), _state_name(sqlstate)) from exc
-        if isinstance(exc, adbc_driver_manager.OperationalError | adbc_driver_manager.InternalError):
-            raise TransientError(f"{doing} failed: {exc}") from exc
-        raise exc
+            ) from exc.__cause__
+        if exc.sqlstate:  # the server's answer: the same error, kind and fix as on the CSV path
+            raise error_for_sqlstate(exc.sqlstate, exc.message, _state_name(exc.sqlstate)) from exc.__cause__
+        if exc.connection:
+            raise TransientError(f"{doing} failed: {exc.message}") from exc.__cause__
+        raise exc.__cause__ or exc
+
+
+class _ServerError(Exception):
+    """A driver's error, told the same way by both: the server's SQLSTATE and sentence, or a
+    connection lost (``connection``) without one."""
+
+    def __init__(self, sqlstate: str | None, message: str, connection: bool) -> None:
+        super().__init__(message)
+        self.sqlstate, self.message, self.connection = sqlstate, message, connection
+
+
+BATCH_ROWS = 65_536  # rows of one decoded batch
+
+
+def decode_batches(data: memoryview | bytes, schema: pa.Schema) -> list[pa.RecordBatch]:
+    """A whole binary COPY output of ``schema``'s columns (``select_statement``) as record batches,
+    decoded by ``headrace._copy_binary``: values straight into Arrow buffers, no Python per row."""
+    assert _decode is not None
+    kinds = bytes(_KIND[f.type] for f in schema)
+    batches: list[pa.RecordBatch] = []
+    pos, done = 0, False
+    while not done:
+        columns, rows, pos, done = _decode(data, pos, kinds, BATCH_ROWS)
+        if rows or not batches:
+            arrays = [pa.Array.from_buffers(field.type, rows,
+                                            [None if parts[0] is None else pa.py_buffer(parts[0]),
+                                             *(pa.py_buffer(b) for b in parts[1:-1])], parts[-1])
+                      for field, parts in zip(schema, columns, strict=True)]
+            batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    return batches
+
+
+# Arrow type of a column of ``arrow_schema`` -> its kind in ``headrace._copy_binary``.
+_KIND = {pa.bool_(): ord("b"), pa.int32(): ord("i"), pa.int64(): ord("l"), pa.float32(): ord("f"),
+         pa.float64(): ord("d"), pa.date32(): ord("D"), pa.timestamp("us"): ord("T"),
+         pa.timestamp("us", tz="UTC"): ord("T"), pa.string(): ord("s"), pa.binary(): ord("s")}
+
+
+class _Native:
+    """psycopg2's connection, its COPY drained in C into a buffer (``copy.copy_chunk``'s way), the
+    rows decoded by ``headrace._copy_binary``."""
+
+    def __init__(self, conninfo: str, opened_for: str) -> None:
+        import psycopg2
+
+        try:
+            self._conn = psycopg2.connect(conninfo, options=SESSION_OPTIONS, client_encoding="UTF8")
+        except psycopg2.OperationalError as exc:
+            raise TransientError(f"cannot connect to copy {opened_for}: {exc}") from exc
+        self._conn.autocommit = True  # explicit BEGIN: SET TRANSACTION SNAPSHOT comes first
+
+    def execute(self, statement: str) -> None:
+        self._run(lambda cur: cur.execute(statement))
+
+    def read(self, select: str, schema: pa.Schema) -> list[pa.RecordBatch]:
+        buffer = io.BytesIO()
+        self._run(lambda cur: cur.copy_expert(f"COPY ({select}) TO STDOUT (FORMAT binary)", buffer))
+        return decode_batches(buffer.getbuffer(), schema)
+
+    def _run(self, call: Callable[[Any], None]) -> None:
+        import psycopg2
+
+        try:
+            with self._conn.cursor() as cur:
+                call(cur)
+        except psycopg2.Error as exc:
+            text = str(exc).strip()
+            message = exc.diag.message_primary or (text.splitlines()[0] if text else type(exc).__name__)
+            raise _ServerError(exc.pgcode, message,
+                               isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)) from exc
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class _Adbc:
+    """The ADBC PostgreSQL driver's connection, which runs and decodes the SELECT in C."""
+
+    def __init__(self, conninfo: str, opened_for: str) -> None:
+        import adbc_driver_manager
+        import adbc_driver_postgresql.dbapi as adbc
+
+        try:
+            self._conn = adbc.connect(conninfo, autocommit=True)  # explicit BEGIN: SET TRANSACTION SNAPSHOT comes first
+        except adbc_driver_manager.Error as exc:
+            raise TransientError(f"cannot connect to copy {opened_for}: {exc}") from exc
+        self._cur = self._conn.cursor()
+        try:
+            for setting in SESSION_SETTINGS:
+                self.execute(setting)
+        except _ServerError as exc:
+            self._conn.close()
+            if exc.sqlstate:
+                raise error_for_sqlstate(exc.sqlstate, exc.message, _state_name(exc.sqlstate)) from exc.__cause__
+            raise TransientError(f"the session for {opened_for} failed: {exc.message}") from exc.__cause__
+
+    def execute(self, statement: str) -> None:
+        self._run(lambda: (self._cur.execute(statement), self._cur.fetchall() if self._cur.description else None))
+
+    def read(self, select: str, schema: pa.Schema) -> list[pa.RecordBatch]:
+        got: list[pa.Table] = []
+
+        def fetch() -> None:
+            self._cur.execute(select)
+            got.append(self._cur.fetch_arrow_table())
+
+        self._run(fetch)
+        # Names from our schema (the driver names columns after the expressions); types must already match.
+        return got[0].rename_columns(schema.names).cast(schema).to_batches()
+
+    def _run(self, call: Callable[[], object]) -> None:
+        import adbc_driver_manager
+
+        try:
+            call()
+        except adbc_driver_manager.Error as exc:
+            connection = isinstance(exc, adbc_driver_manager.OperationalError | adbc_driver_manager.InternalError)
+            raise _ServerError(getattr(exc, "sqlstate", None) or None, _server_message(exc), connection) from exc
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 def _state_name(sqlstate: str) -> str:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pytest
 
 from headrace.source.postgres.binary_copy import Route, SnapshotSession, column_routes, copy_chunk_binary
 from headrace.source.postgres.catalog import read_table_schema
-from headrace.source.postgres.copy import OPEN_END, copy_chunk
+from headrace.source.postgres.copy import APPLICATION_NAME, OPEN_END, copy_chunk
 
 DDL = """
 CREATE DOMAIN bc_small AS smallint;
@@ -58,8 +61,8 @@ def test_a_parked_session_outlives_the_servers_idle_in_transaction_timeout(sourc
             assert sum(b.num_rows for b in session.read(schema, 0, OPEN_END)) == 50
             time.sleep(0.5)  # five times the timeout, parked
             assert sum(b.num_rows for b in session.read(schema, 0, OPEN_END)) == 50
-            session._cur.execute("SELECT pg_backend_pid()")
-            pid = session._cur.fetchone()[0]
+            pid = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = %s",
+                               (APPLICATION_NAME, dbname)).fetchone()[0]  # type: ignore[index]
         finally:
             session.close()
         # the backend exits a moment after the close: its last row is read once it is gone or after 5 s
@@ -87,3 +90,71 @@ def test_a_parked_session_holds_no_lock_on_the_tables_it_read(source_dsn: str) -
             assert sum(b.num_rows for b in session.read(schema, 0, OPEN_END)) == 51  # and reads on
         finally:
             session.close()
+
+
+MATRIX = """
+CREATE TABLE bc_matrix ("Id" bigint PRIMARY KEY, "a flag" boolean, i int, s smallint, l bigint, r real,
+                        d double precision, b bytea, t text, v varchar(300), day date, ts timestamp,
+                        tz timestamptz, n numeric);
+INSERT INTO bc_matrix VALUES
+  (1, true, 2147483647, 32767, 9223372036854775807, 'Infinity', '-Infinity', '\\x00ff00', 'Zürich ☃ 𝄞', '',
+   '0001-01-01', '0001-01-01 00:00:00', '9999-12-31 23:59:59.999999+00', 'NaN'),
+  (2, false, -2147483648, -32768, -9223372036854775808, '-0', 1e308, '\\x', '', 'x',
+   '9999-12-31', '9999-12-31 23:59:59.999999', '0001-01-01 00:00:00+00', -1.5),
+  (3, NULL, NULL, NULL, NULL, 'NaN', 'NaN', NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+  (4, true, 0, 0, 0, 1.17549435e-38, 4.9e-324, decode(repeat('ab', 300000), 'hex'), repeat('é', 700000), 'v',
+   '2000-01-01', '2000-01-01 00:00:00', '1970-01-01 00:00:00+00', 123456789012345678901234567890.123);
+INSERT INTO bc_matrix SELECT g, g % 2 = 0, g, g % 1000, g::bigint * 1000003, g / 7.0, g / 3.0, int8send(g::bigint), 'row ' || g,
+                             CASE WHEN g % 5 = 0 THEN NULL ELSE md5(g::text) END, date '2024-01-01' + g % 400,
+                             timestamp '2024-01-01' + g * interval '1 second', timestamptz '2024-01-01' + g * interval '1 ms', g
+                      FROM generate_series(5, 140000) g;
+CREATE TABLE bc_empty (id int PRIMARY KEY, t text);
+"""
+
+
+def test_the_native_decoder_reads_what_the_adbc_driver_reads(source_dsn: str, monkeypatch: Any) -> None:
+    """``headrace._copy_binary`` against the ADBC driver (a decoder that is not ours) on every kind's
+    extremes, NULLs, Unicode, a 1.4 MB value, more rows than one batch, and an empty table."""
+    from headrace.source.postgres import binary_copy
+
+    assert binary_copy._decode is not None, "the C extension is not built (setup.py build_ext --inplace)"
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute(MATRIX)
+        tables = [read_table_schema(conn, name) for name in ("public.bc_matrix", "public.bc_empty")]
+
+    def read_all(table: Any) -> Any:
+        session = SnapshotSession(source_dsn, None, table.qualified_name)
+        try:
+            return pa.Table.from_batches(session.read(table, 0, OPEN_END), binary_copy.arrow_schema(table))
+        finally:
+            session.close()
+
+    native = [read_all(t) for t in tables]
+    assert [len(b) for b in SnapshotSession(source_dsn, None, "x").read(tables[0], 0, OPEN_END)][:2] == [
+        binary_copy.BATCH_ROWS, binary_copy.BATCH_ROWS]
+    monkeypatch.setattr(binary_copy, "_decode", None)
+    driver = [read_all(t) for t in tables]
+    assert native[1].num_rows == 0 and driver[1].num_rows == 0
+    assert native[0].num_rows == 140_000
+    for name in native[0].column_names:  # NaN equal to NaN, -0.0 told from 0.0
+        assert [_same(v) for v in native[0].column(name).to_pylist()] == \
+            [_same(v) for v in driver[0].column(name).to_pylist()], name
+    first = {r["c0"]: r for r in native[0].slice(0, 4).to_pylist()}
+    assert first[1]["c8"] == "Zürich ☃ 𝄞" and first[4]["c8"] == "é" * 700_000 and first[4]["c7"] == b"\xab" * 300_000
+    assert first[2]["c5"] == 0.0 and str(first[2]["c5"]) == "-0.0" and first[1]["c3"] == 32767
+
+
+def _same(value: Any) -> Any:
+    return repr(value) if isinstance(value, float) else value
+
+
+def test_a_malformed_stream_is_an_error_not_a_crash() -> None:
+    from headrace import _copy_binary
+
+    header = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
+    row = b"\x00\x02" + b"\x00\x00\x00\x04" + (7).to_bytes(4, "big") + b"\xff\xff\xff\xff"
+    columns, rows, pos, done = _copy_binary.decode(header + row + b"\xff\xff", 0, b"is", 10)
+    assert (rows, done, pos) == (1, True, len(header + row) + 2) and columns[1][3] == 1
+    for broken in (b"PGCOPX", header + row[:-3], header + b"\x00\x03" + row[2:], header + row[:2] + b"\x00\x00\x00\x03abc"):
+        with pytest.raises(ValueError):
+            _copy_binary.decode(broken, 0, b"is", 10)
