@@ -41,6 +41,7 @@ def _batch(changes: list[tuple[int, str]], lsn: int) -> pa.Table:
 def test_kept_keys_follow_every_batch(kind: str, spark: Any, tmp_path: Path, pg_server: ThrowawayPostgres,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kept_keys, "INDEX_FROM_ROWS", 0)
+    monkeypatch.setattr(kept_keys, "LARGE_BATCH", 1)  # batches of a tenth of the table still use the index
     target = DuckLakeTarget(spark, settings_for(kind, tmp_path, pg_server), "p1")
     table = _table("kk", 77)
     target.write_snapshot_arrow(table, _rows(300))  # ids 0..299 at LSN 100
@@ -100,6 +101,7 @@ def test_the_index_follows_the_table_without_reading_it_again(
 ) -> None:
     """After the first batch reads it, the index is carried by each commit: not read again."""
     monkeypatch.setattr(kept_keys, "INDEX_FROM_ROWS", 0)
+    monkeypatch.setattr(kept_keys, "LARGE_BATCH", 1)
     target = DuckLakeTarget(spark, settings_for("duckdb", tmp_path, pg_server), "p1")
     table = _table("kk", 78)
     target.write_snapshot_arrow(table, _rows(50))
@@ -117,4 +119,41 @@ def test_the_index_follows_the_table_without_reading_it_again(
     assert reads == 1
     assert target._keys._cache._indexes[TABLE].held_rows == 50 + 5 + 5  # replaced rows stay until a sort
     assert len(_contents(target)) == 55
+    target.close()
+
+
+def test_a_large_batch_joins_the_table_and_lets_the_index_go(
+    spark: Any, tmp_path: Path, pg_server: ThrowawayPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of more than 1/LARGE_BATCH of the table's rows is applied by the join, the index
+    dropped; the next small batch reads it again; the table stays what the batches say."""
+    monkeypatch.setattr(kept_keys, "INDEX_FROM_ROWS", 0)
+    target = DuckLakeTarget(spark, settings_for("duckdb", tmp_path, pg_server), "p1")
+    table = _table("kk", 79)
+    target.write_snapshot_arrow(table, _rows(640))
+    model: dict[int, tuple[str, int]] = {i: (f"n{i}", 100) for i in range(640)}
+    found: list[bool] = []
+    real_find = target._keys.find
+
+    def recording_find(*args: Any) -> Any:
+        result = real_find(*args)
+        found.append(result is not None)
+        return result
+
+    monkeypatch.setattr(target._keys, "find", recording_find)
+    steps = [[(1, "U"), (2, "U")], [(1, "U"), (3, "D")],  # 2 rows of 640: the index
+             [(k, "U") for k in range(100, 160)] + [(700, "I")],  # 61 rows > 640/32: the join
+             [(5, "U"), (700, "U")]]  # small again: the index, read again
+    for offset, changes in enumerate(steps, start=1):
+        lsn = 100 + 10 * offset
+        found.clear()
+        target.apply_arrow_batch(table, _batch(changes, lsn), None, offset)
+        for k, op in changes:
+            if op == "D":
+                model.pop(k)
+            else:
+                model[k] = ("v" + str(k), lsn)
+        assert _contents(target) == model, offset
+        assert found[0] is (offset != 3), offset
+        assert (TABLE in target._keys._cache._indexes) is (offset != 3), offset
     target.close()
