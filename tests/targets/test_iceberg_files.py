@@ -18,7 +18,7 @@ _catalogs = itertools.count()
 
 def test_footer_metrics_are_iceberg_own_on_every_kind_of_column(spark: SparkSession, tmp_path: Path) -> None:
     target = IcebergTarget(spark, IcebergConfig(warehouse=str(tmp_path / "wh"),
-                                                catalog_name=f"hr_files_{next(_catalogs)}"), pipeline="p")
+                                                catalog_name=f"hr_footer_{next(_catalogs)}"), pipeline="p")
     name = f"`{target.settings.catalog_name}`.`public`.`m`"
     spark.sql(f"CREATE TABLE {name} (id bigint, s string, d double, f float, n decimal(38, 9), ts timestamp,"
               " day date, b boolean, raw binary, tags array<string>) USING iceberg")
