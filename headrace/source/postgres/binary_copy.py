@@ -38,7 +38,7 @@ from headrace.core.errors import SourceError, TransientError
 from headrace.core.faults import hold_seconds
 from headrace.core.schema import ColumnType, TableSchema, TypeKind
 from headrace.core.sqlstate import error_for_sqlstate
-from headrace.source.postgres.copy import OPEN_END, SESSION_OPTIONS, copy_conninfo
+from headrace.source.postgres.copy import OPEN_END, copy_connection, copy_conninfo
 
 try:
     from headrace._copy_binary import decode as _native_decode
@@ -187,7 +187,10 @@ class SnapshotSession:
     def __init__(self, dsn: str, snapshot_name: str | None, opened_for: str) -> None:
         self.snapshot_name = snapshot_name
         self.broken = False
-        self._conn: _Native | _Adbc = (_Native if _decode is not None else _Adbc)(copy_conninfo(dsn), opened_for)
+        try:
+            self._conn: _Native | _Adbc = (_Native if _decode is not None else _Adbc)(dsn, opened_for)
+        except _ServerError as exc:
+            self._raise(exc, f"the session for {opened_for}")
 
     def read(self, table: TableSchema, start: int, end: int) -> list[pa.RecordBatch]:
         """Page range ``[start, end)`` of ``table`` as batches of ``arrow_schema(table)``."""
@@ -267,14 +270,8 @@ class _Native:
     """psycopg2's connection, its COPY drained in C into a buffer (``copy.copy_chunk``'s way), the
     rows decoded by ``headrace._copy_binary``."""
 
-    def __init__(self, conninfo: str, opened_for: str) -> None:
-        import psycopg2
-
-        try:
-            self._conn = psycopg2.connect(conninfo, options=SESSION_OPTIONS, client_encoding="UTF8")
-        except psycopg2.OperationalError as exc:
-            raise TransientError(f"cannot connect to copy {opened_for}: {exc}") from exc
-        self._conn.autocommit = True  # explicit BEGIN: SET TRANSACTION SNAPSHOT comes first
+    def __init__(self, dsn: str, opened_for: str) -> None:
+        self._conn = copy_connection(dsn, opened_for)
 
     def execute(self, statement: str) -> None:
         self._run(lambda cur: cur.execute(statement))
@@ -303,23 +300,21 @@ class _Native:
 class _Adbc:
     """The ADBC PostgreSQL driver's connection, which runs and decodes the SELECT in C."""
 
-    def __init__(self, conninfo: str, opened_for: str) -> None:
+    def __init__(self, dsn: str, opened_for: str) -> None:
         import adbc_driver_manager
         import adbc_driver_postgresql.dbapi as adbc
 
-        try:
-            self._conn = adbc.connect(conninfo, autocommit=True)  # explicit BEGIN: SET TRANSACTION SNAPSHOT comes first
+        try:  # autocommit: explicit BEGIN, as SET TRANSACTION SNAPSHOT comes first
+            self._conn = adbc.connect(copy_conninfo(dsn), autocommit=True)
         except adbc_driver_manager.Error as exc:
             raise TransientError(f"cannot connect to copy {opened_for}: {exc}") from exc
         self._cur = self._conn.cursor()
         try:
             for setting in SESSION_SETTINGS:
                 self.execute(setting)
-        except _ServerError as exc:
+        except _ServerError:
             self._conn.close()
-            if exc.sqlstate:
-                raise error_for_sqlstate(exc.sqlstate, exc.message, _state_name(exc.sqlstate)) from exc.__cause__
-            raise TransientError(f"the session for {opened_for} failed: {exc.message}") from exc.__cause__
+            raise
 
     def execute(self, statement: str) -> None:
         self._run(lambda: (self._cur.execute(statement), self._cur.fetchall() if self._cur.description else None))

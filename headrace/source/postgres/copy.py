@@ -120,6 +120,20 @@ def parse_csv_block(block: bytes | memoryview, schema: pa.Schema) -> pa.Table:
     )
 
 
+def copy_connection(dsn: str, opened_for: str) -> Any:
+    """A psycopg2 connection for chunk reads (``SESSION_OPTIONS``, UTF-8, ``copy_conninfo``'s name),
+    in autocommit: each read opens its own transaction, as ``SET TRANSACTION SNAPSHOT`` must come first.
+
+    psycopg2, because its ``copy_expert`` drains COPY in C straight into a buffer; psycopg 3 returns one
+    Python object per row and measured 4x slower (module docstring)."""
+    try:
+        conn = psycopg2.connect(copy_conninfo(dsn), options=SESSION_OPTIONS, client_encoding="UTF8")
+    except psycopg2.OperationalError as exc:
+        raise TransientError(f"cannot connect to copy {opened_for}: {exc}") from exc
+    conn.autocommit = True
+    return conn
+
+
 def copy_chunk(
     dsn: str, snapshot_name: str | None, table: TableSchema, start: int, end: int
 ) -> Iterator[pa.RecordBatch]:
@@ -131,14 +145,8 @@ def copy_chunk(
     """
     schema = arrow_schema(len(table.columns))
     buffer = io.BytesIO()
-    # psycopg2's copy_expert drains COPY in C straight into the buffer; psycopg 3 returns one
-    # Python object per row and measured 4x slower (module docstring).
+    conn = copy_connection(dsn, table.qualified_name)
     try:
-        conn = psycopg2.connect(copy_conninfo(dsn), options=SESSION_OPTIONS, client_encoding="UTF8")
-    except psycopg2.OperationalError as exc:
-        raise TransientError(f"cannot connect to copy {table.qualified_name}: {exc}") from exc
-    try:
-        conn.autocommit = True  # explicit BEGIN below: SET TRANSACTION SNAPSHOT must come first
         with conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             if snapshot_name is not None:
