@@ -59,6 +59,11 @@ class KeyRows:
         """Per row: not replaced or deleted since the rows were read."""
         return self._live[:self.rows.num_rows]
 
+    @property
+    def live_rows(self) -> int:
+        """How many rows are ``live``: the table's rows the index stands for."""
+        return self.rows.num_rows - self._dead
+
     def candidates(self, batch_keys: pa.Array | None) -> pa.Table:
         """The live rows holding one of ``batch_keys`` (None: every live row), with their row numbers
         here (``IDX``), ascending."""

@@ -114,7 +114,7 @@ class KeptKeys:
         if index is None and self._skipped.get(target, 0) > 0:  # counted lately: not worth a query
             self._skipped[target] -= 1
             return None
-        if index is not None and batch.num_rows * LARGE_BATCH > index.held_rows:
+        if index is not None and batch.num_rows * LARGE_BATCH > index.keys.live_rows:  # as ``_read`` counts
             return None  # a large batch joins the table; the index, taken out, is read again after it
         read_at = scalar(con, f"SELECT id FROM {self.lake}.current_snapshot()")
         if index is not None and _touching(con, self.lake, index.table_id, index.snapshot, read_at):
