@@ -11,6 +11,7 @@ target's own cleanup removes it (Iceberg's ``remove_orphan_files``, DuckLake's a
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,11 +32,17 @@ CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "unc
 
 @dataclass(frozen=True)
 class WrittenFile:
-    """One Parquet file a sink wrote: its location as the target names it, size and rows."""
+    """One Parquet file a sink wrote: its location as the target names it, size and rows.
+
+    ``footer``: the file's Parquet footer (its Thrift ``FileMetaData``, as the file holds it) when the
+    writer kept it, so a target that needs the file's metrics (Iceberg) has them without reading the
+    file back: on an object store that read was a HEAD and two ranged GETs a file, in series.
+    """
 
     path: str
     bytes: int
     rows: int
+    footer: builtins.bytes | None = field(default=None, repr=False, compare=False)  # `bytes` is a field here
 
 
 @dataclass(frozen=True)
@@ -68,15 +75,17 @@ class FileSink:
         An exception from ``parts`` removes the partial file and goes on up.
         """
         path = f"{self.fs_path}/{stem}.parquet"
+        stream: pa.NativeFile | None = None
         writer: pq.ParquetWriter | None = None
         pending: list[pa.Table] = []
         pending_rows = rows = 0
 
         def flush() -> None:
-            nonlocal writer, pending, pending_rows
+            nonlocal stream, writer, pending, pending_rows
             block = pa.concat_tables(pending)
             if writer is None:
-                writer = pq.ParquetWriter(path, block.schema, filesystem=self.filesystem,
+                stream = self.filesystem.open_output_stream(path)  # ours: its position is the file's size
+                writer = pq.ParquetWriter(stream, block.schema,
                                           compression=self.compression, store_decimal_as_integer=True,
                                           coerce_timestamps="us", write_statistics=True,
                                           use_dictionary=dictionary_columns(block))
@@ -94,16 +103,23 @@ class FileSink:
                 flush()
             if writer is None:
                 return None
-            writer.close()
-            writer = None
+            writer.close()  # the footer written; the stream is ours to close
+            assert stream is not None
+            size = stream.tell()
+            stream.close()
+            footer = _footer(writer)
+            writer = stream = None
         except BaseException:
             if writer is not None:
-                writer.close()
+                with contextlib.suppress(Exception):  # the error that brought us here is the one to raise
+                    writer.close()
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    stream.close()
             with contextlib.suppress(OSError):
                 self.filesystem.delete_file(path)
             raise
-        size = self.filesystem.get_file_info(path).size
-        return WrittenFile(f"{self.location.rstrip('/')}/{stem}.parquet", int(size or 0), rows)
+        return WrittenFile(f"{self.location.rstrip('/')}/{stem}.parquet", size, rows, footer)
 
     def _with_ids(self, rows: pa.Table) -> pa.Table:
         """``rows`` with each column's field id, when the target has them."""
@@ -115,6 +131,21 @@ class FileSink:
                              " through Spark")
         schema = pa.schema([f.with_metadata({FIELD_ID: str(self.field_ids[f.name]).encode()}) for f in rows.schema])
         return pa.Table.from_arrays(rows.columns, schema=schema)
+
+
+def _footer(writer: pq.ParquetWriter) -> bytes | None:
+    """The Thrift footer ``writer`` (closed) wrote, or None if this pyarrow does not tell it.
+
+    ``write_metadata_file`` frames it as a file of its own (``PAR1``, the footer, its length,
+    ``PAR1``), so the footer is that file less 4 bytes ahead and 8 behind. The metadata is the inner
+    writer's, as ``pq.write_table``'s ``metadata_collector`` takes it: no public attribute holds it.
+    """
+    metadata = getattr(getattr(writer, "writer", None), "metadata", None)
+    if metadata is None:
+        return None
+    framed = pa.BufferOutputStream()
+    metadata.write_metadata_file(framed)
+    return framed.getvalue().to_pybytes()[4:-8]
 
 
 def dictionary_columns(rows: pa.Table) -> list[str]:

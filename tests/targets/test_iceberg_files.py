@@ -1,11 +1,16 @@
 """A data file's metrics, read from its footer with the IO's own Hadoop configuration
-(``files.footer_metrics``), are those Iceberg's ``ParquetUtil.fileMetrics`` reads; no ``.crc`` files."""
+(``files.footer_metrics``), are those Iceberg's ``ParquetUtil.fileMetrics`` reads; no ``.crc`` files;
+the footer a sink kept gives the same metrics and size without reading the file back."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from headrace.targets.iceberg import files
@@ -45,4 +50,43 @@ def test_footer_metrics_are_iceberg_own_on_every_kind_of_column(spark: SparkSess
         assert theirs.lowerBounds().size() > 0
     # The session's local filesystem writes no checksum file beside each (engines.spark.session).
     assert list((tmp_path / "wh").rglob("*.parquet")) and not list((tmp_path / "wh").rglob("*.crc"))
+    target.close()
+
+
+def test_a_kept_footer_gives_the_metrics_and_size_of_the_file_read_back(spark: SparkSession, tmp_path: Path
+                                                                         ) -> None:
+    """``files.data_file`` from the footer the sink kept (no read of the file) equals ``data_file``
+    from the file read back: every metric, the size, the row count."""
+    target = IcebergTarget(spark, IcebergConfig(warehouse=str(tmp_path / "wh"),
+                                                catalog_name=f"hr_footer_{next(_catalogs)}"), pipeline="p")
+    name = f"`{target.settings.catalog_name}`.`public`.`Kept Footer`"
+    spark.sql(f"CREATE TABLE {name} (id bigint, `Mixed Case` string, d double, f float, n decimal(38, 9),"
+              " ts timestamp_ntz, day date, b boolean, raw binary) USING iceberg")
+    iceberg = java_table(spark, name)
+    sink = files.table_sink(iceberg, files.field_ids(spark, iceberg))
+    assert sink is not None
+    rows = pa.table({
+        "id": pa.array([1, -9223372036854775808, None], pa.int64()),
+        "Mixed Case": ["ünïcödé " * 5, "", None],
+        "d": pa.array([float("nan"), -0.0, None], pa.float64()),
+        "f": pa.array([float("-inf"), None, float("nan")], pa.float32()),
+        "n": pa.array([decimal.Decimal("12345678901234567890123456789.123456789"), decimal.Decimal(-1), None],
+                      pa.decimal128(38, 9)),
+        "ts": pa.array([datetime.datetime(1900, 1, 1), datetime.datetime(9999, 12, 31, 23, 59, 59, 999999), None],
+                       pa.timestamp("us")),
+        "day": pa.array([datetime.date(1, 1, 1), datetime.date(9999, 12, 31), None], pa.date32()),
+        "b": [True, False, None],
+        "raw": [b"\x00\xff", b"", None],
+    })
+    written = sink.write(rows, "kept")
+    assert written.footer
+    java = files.java_files(spark.sparkContext._jvm)
+    config = java.metrics_config.forTable(iceberg)
+    kept = files.data_file(java, iceberg, config, written)
+    read = files.data_file(java, iceberg, config, replace(written, footer=None))
+    assert kept.fileSizeInBytes() == read.fileSizeInBytes() == Path(written.path.removeprefix("file:")).stat().st_size
+    assert kept.recordCount() == read.recordCount() == 3
+    for part in ("columnSizes", "valueCounts", "nullValueCounts", "nanValueCounts", "lowerBounds", "upperBounds"):
+        assert getattr(kept, part)().equals(getattr(read, part)()), part
+    assert kept.lowerBounds().size() > 0
     target.close()

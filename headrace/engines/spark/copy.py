@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from headrace.core.filesink import FileSink, WrittenFile
 from headrace.core.position import Position
@@ -139,7 +139,8 @@ def _observe_changed_values(text: DataFrame, table: TableSchema, texts: dict[int
 
 # What a file-writing copy task reports for each chunk: no rows, only where they went.
 FILE_RESULT = StructType([StructField("chunk", LongType(), False), StructField("path", StringType(), True),
-                          StructField("bytes", LongType(), False), StructField("rows", LongType(), False)])
+                          StructField("bytes", LongType(), False), StructField("rows", LongType(), False),
+                          StructField("footer", BinaryType(), True)])
 
 
 # What copy tasks import beyond pyspark's worker (unpickling the task's function imports the rest).
@@ -172,12 +173,14 @@ def copy_chunks_to_files(spark: SparkSession, table: TableSchema, reader: ChunkR
             file = done.file
             yield pa.RecordBatch.from_pydict(
                 {"chunk": [index], "path": [file.path if file else None], "bytes": [file.bytes if file else 0],
-                 "rows": [-1 if done.needs_spark else file.rows if file else 0]}, schema=result_schema)
+                 "rows": [-1 if done.needs_spark else file.rows if file else 0],
+                 "footer": [file.footer if file else None]}, schema=result_schema)
 
     results = chunk_tasks(spark, len(plan), tasks).mapInArrow(write_partition, FILE_RESULT).collect()
     out = []
     for r in sorted(results, key=lambda r: r["chunk"]):
-        written = WrittenFile(r["path"], r["bytes"], r["rows"]) if r["path"] is not None else None
+        written = (WrittenFile(r["path"], r["bytes"], r["rows"], None if r["footer"] is None else bytes(r["footer"]))
+                   if r["path"] is not None else None)
         out.append(ChunkFile(r["chunk"], written, needs_spark=r["rows"] < 0))
     return out
 

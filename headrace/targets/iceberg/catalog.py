@@ -191,6 +191,10 @@ class JavaFiles:
         self.parquet_util = api.parquet.ParquetUtil
         self.metrics_config = api.MetricsConfig
         self.footers = api.shaded.org.apache.parquet.hadoop.ParquetFileReader
+        converter = api.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter
+        self.metadata_converter = converter()
+        self.no_filter = converter.NO_FILTER
+        self.bytes_in = jvm.java.io.ByteArrayInputStream
         self.path = jvm.org.apache.hadoop.fs.Path
         self.streams = jvm.java.util.stream.Stream
 

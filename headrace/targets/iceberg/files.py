@@ -146,11 +146,22 @@ def create_with_rows(java: JavaCatalog, namespace: str, name: str, struct_json: 
 
 def data_file(java: JavaFiles, iceberg: Any, metrics: Any, file: WrittenFile) -> Any:
     """The ``DataFile`` of a Parquet file written into ``iceberg``'s data folder, with its metrics
-    (``metrics``: the table's ``MetricsConfig``) read from its footer (``footer_metrics``)."""
+    (``metrics``: the table's ``MetricsConfig``) from its footer.
+
+    The footer the writer kept (``WrittenFile.footer``) is parsed in the JVM from its bytes, and the
+    size is the one written: the file is not read back. On the object store that read was a HEAD
+    for the size and a HEAD and two ranged GETs for the footer, in series, for every file of every
+    commit. Without a kept footer (a writer that did not keep it) the footer is read from the file
+    (``footer_metrics``).
+    """
+    builder = java.data_files.builder(iceberg.spec()).withFormat("parquet")
+    if file.footer is not None:
+        parsed = java.metadata_converter.readParquetMetadata(java.bytes_in(file.footer), java.no_filter)
+        found = java.parquet_util.footerMetrics(parsed, java.streams.empty(), metrics)
+        return builder.withPath(file.path).withFileSizeInBytes(file.bytes).withMetrics(found).build()
     io = iceberg.io()
     data = io.newInputFile(file.path)
-    return (java.data_files.builder(iceberg.spec()).withInputFile(data).withFormat("parquet")
-            .withMetrics(footer_metrics(java, io, data, metrics)).build())
+    return builder.withInputFile(data).withMetrics(footer_metrics(java, io, data, metrics)).build()
 
 
 def footer_metrics(java: JavaFiles, io: Any, data: Any, metrics: Any) -> Any:
