@@ -14,6 +14,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from headrace.log.codec import StagingBuffer, write_staging_file
 # and a rename there is a copy: they are written in place. Other filesystems get temp + rename.
 _OBJECT_STORES = {"s3", "gcs", "abfs"}
 _SUFFIXES = (".parquet", ".tmp")
+DELETE_THREADS = 16  # deletes at once on an object store (``delete_many``)
 
 
 class StagingStore:
@@ -132,6 +134,24 @@ class StagingStore:
         except FileNotFoundError:
             return False
         return True
+
+    def delete_many(self, locations: list[str]) -> list[str]:
+        """Delete the files at ``locations`` (one gone already counts as deleted); those whose delete
+        failed. On an object store ``DELETE_THREADS`` at once: each delete is a round trip (pyarrow
+        has no multi-object delete for a list of keys)."""
+        def one(location: str) -> str | None:
+            try:
+                self.delete(location)
+            except OSError:
+                return location
+            return None
+
+        if self.local or len(locations) < 2:
+            failed = [one(location) for location in locations]
+        else:
+            with ThreadPoolExecutor(min(DELETE_THREADS, len(locations)), thread_name_prefix="staging-delete") as pool:
+                failed = list(pool.map(one, locations))
+        return [location for location in failed if location is not None]
 
     def exists_root(self) -> bool:
         """The store's folder exists (it is created by the first write)."""

@@ -29,7 +29,7 @@ from headrace.engines.spark.on_demand import SparkOnDemand
 from headrace.lineage.emitter import Lineage
 from headrace.log.store import StagingStore
 from headrace.logs import event
-from headrace.materialize.retention import collect_applied
+from headrace.materialize.retention import Collector
 from headrace.run import startup
 from headrace.run.apply_pass import ApplyPass, RunStats, caught_up
 from headrace.run.commands import Operations, Request
@@ -100,6 +100,7 @@ class Run:
         self.copier = Copier(config, self.dsn, self.state_dsn, self.spark_on_demand, lambda: self.target,
                              self._fail, self.observers, self.source)
         self.staging = StagingStore.for_pipeline(config.staging.path, config.name)  # staged files, any pyarrow.fs
+        self.collector = Collector(self.staging)  # deletes the applied files off the loop's thread
         self.table_watch = TableWatch(config, self.dsn, self.tracking, self.observers, self._fail,
                                       lambda: self.capture, lambda: self.target, lambda: self.copier.running,
                                       self.staging, self.source)
@@ -186,6 +187,7 @@ class Run:
             thread.join(timeout=60)
             self.apply_pass.close()  # batches still in flight (after an error) end before their target closes
             self.maintenance.close()  # a pass under way ends before its target closes
+            self.collector.close()  # the staged files' deletes under way end
             if self._target is not None:
                 self._target.close()
                 self._target = None  # reopened on next use (DuckLake allows one attach per process)
@@ -224,7 +226,7 @@ class Run:
                 elif self.apply_pass.in_flight:
                     did_work |= self.apply_pass.harvest(state, self.target)
                 if time.monotonic() >= next_gc:
-                    collect_applied(state, self.target, self.staging, self.apply_pass.cursors)
+                    self.collector.step(state, self.target, self.apply_pass.cursors)  # deletes on its thread
                     next_gc = time.monotonic() + self.config.staging.gc_seconds
                 if until_caught_up:
                     # A batch in flight has not moved its table's cursor, so the check stays true to

@@ -61,3 +61,21 @@ def test_a_staged_file_this_process_wrote_is_uploaded_once_and_read_back_without
     before = requests()
     assert read_staging_file(location).equals(buf.to_table())
     assert requests() > before
+
+
+def test_collected_files_on_the_store_are_deleted_together_off_the_loop(s3_server: MotoServer, s3_bucket: str
+                                                                         ) -> None:
+    """``StagingStore.delete_many`` on the object store deletes every file, one gone already counts as
+    deleted, and none is left to try again."""
+    from headrace.log.codec import StagingBuffer
+    from headrace.log.store import StagingStore
+
+    storage.configure(StorageConfig(endpoint=s3_server.endpoint))
+    store = StagingStore.open(f"s3://{s3_bucket}/staging/gc")
+    buf = StagingBuffer()
+    buf.append("I", 5, 1, 7_000_000, 1, '{"id":"1"}')
+    locations = [store.write(7, buf)[0] for _ in range(40)]
+    store.delete(locations[3])
+    assert store.delete_many(locations) == []
+    # pyarrow leaves a folder marker (a key ending in "/") where the folder's last file went
+    assert [k for k in s3_server.keys(s3_bucket, "staging/gc/") if not k.endswith("/")] == []
