@@ -173,6 +173,11 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         target["ducklake"]["inline_rows"] = args.ducklake_inline_rows
     if kind == "iceberg" and args.iceberg_cow_below is not None:
         target["iceberg"]["copy_on_write_below_rows"] = args.iceberg_cow_below
+    if kind == "iceberg" and args.iceberg_catalog == "jdbc":  # a catalog database of its own on the bench's server
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "lakecat_{name}"')
+            conn.execute(f'CREATE DATABASE "lakecat_{name}"')
+        target["iceberg"]["catalog"] = {"type": "jdbc", "uri": server.dsn_for(f"lakecat_{name}")}
     staging: dict[str, Any] = {} if args.flush_seconds is None else {"flush_seconds": args.flush_seconds}
     if root:
         staging["path"] = f"{root}/staging"
@@ -283,6 +288,8 @@ def main() -> int:
                     " through Spark); default: headrace's")
     ap.add_argument("--iceberg-cow-below", type=int, help="target.iceberg.copy_on_write_below_rows (0: every"
                     " table merge-on-read, as before it existed)")
+    ap.add_argument("--iceberg-catalog", choices=("hadoop", "jdbc"), default="hadoop",
+                    help="target.iceberg.catalog.type (jdbc: a database made on the bench's server); default: hadoop")
     ap.add_argument("--storage", default="local", help="comma list, one run per value: local (disk), s3 (staging"
                     " and table files on a throwaway moto_server on loopback; the same settings otherwise)")
     ap.add_argument("--pgbench-minutes", type=float, help="pgbench mode: run pgbench this long instead")

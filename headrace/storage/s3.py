@@ -137,6 +137,10 @@ class S3Access:
             "fs.s3a.attempts.maximum": "3",
             "fs.s3a.retry.limit": "3",
             "fs.s3a.connection.establish.timeout": "5000",
+            # S3A deleted the parent folders' markers after every file it wrote: a bulk DELETE per
+            # manifest, manifest list and metadata file, ~4-5 a batch (moto, 2026-11-28). Keeping them
+            # is safe for Hadoop 3.3.1+ and 3.2.2+ clients (HADOOP-13230), which Spark 3.5 brings.
+            "fs.s3a.directory.marker.retention": "keep",
         }
         if self.endpoint:
             conf["fs.s3a.endpoint"] = self.host_port or ""

@@ -89,4 +89,6 @@ def test_a_kept_footer_gives_the_metrics_and_size_of_the_file_read_back(spark: S
     for part in ("columnSizes", "valueCounts", "nullValueCounts", "nanValueCounts", "lowerBounds", "upperBounds"):
         assert getattr(kept, part)().equals(getattr(read, part)()), part
     assert kept.lowerBounds().size() > 0
+    # Manifests are cached in the JVM (catalog.spark_catalog_conf): the table's FileIO has the property.
+    assert str(iceberg.io().properties().get("io.manifest.cache-enabled")) == "true"
     target.close()
