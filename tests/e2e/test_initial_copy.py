@@ -18,7 +18,7 @@ import yaml
 
 from headrace.config import parse_config
 from headrace.control.status import pipeline_status
-from headrace.materialize.file_copy import CHUNKS_PER_TASK
+from headrace.materialize.file_copy import CHUNKS_PER_TASK, GROUPS_PER_COMMIT
 from headrace.pipeline import Pipeline
 from headrace.state.progress import ProgressStore
 from tests.e2e.helpers import assert_same, make_config
@@ -67,14 +67,14 @@ def test_many_chunks_under_concurrent_writes(source_dsn: str, tmp_path: Path, sp
 
 def test_kill_mid_copy_resumes_with_the_chunks_left(source_dsn: str, tmp_path: Path, spark: Any,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    _big_table(source_dsn, 10_000)
+    _big_table(source_dsn, 20_000)  # ~24 chunks of 16 pages: more than one commit's GROUPS_PER_COMMIT groups
     raw = {"name": "resume", "source": {"dsn": source_dsn, "tables": ["public.big"]},
            "target": {"iceberg": {"warehouse": str(tmp_path / "wh"), "catalog_name": "hrresume"}},
            "staging": {"path": str(tmp_path / "staging"), "flush_seconds": 0.3},
            "snapshot": {"chunk_pages": 16, "max_connections": 1}, "spark": {"master": "local[1]"}}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "HEADRACE_CRASH_AT": "snapshot.after_chunk:4"}
+    env = {**os.environ, "HEADRACE_CRASH_AT": "snapshot.after_chunk:2"}
     cmd = [sys.executable, "-m", "headrace.cli", "run", "-c", str(path), "--until-caught-up"]
     crashed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 137, crashed.stderr[-3000:]
@@ -82,10 +82,13 @@ def test_kill_mid_copy_resumes_with_the_chunks_left(source_dsn: str, tmp_path: P
     try:
         oid = next(iter(progress.progress()))
         before = {c.number: c for c in progress.chunks(oid) if c.done}
-        # Three groups of one task's CHUNKS_PER_TASK chunks; the 4th was written but not recorded: redone.
-        assert len(before) == 3 * CHUNKS_PER_TASK
+        # The first commit's groups (those finished by then, at most GROUPS_PER_COMMIT) of one task's
+        # CHUNKS_PER_TASK chunks are recorded; the second commit's were written but not recorded: redone.
+        assert sorted(before) == list(range(len(before)))
+        assert len(before) % CHUNKS_PER_TASK == 0 and 0 < len(before) <= GROUPS_PER_COMMIT * CHUNKS_PER_TASK
+        assert len(before) < len(progress.chunks(oid)) - CHUNKS_PER_TASK
         # Rows move between pages while no snapshot holds the copy (as many rounds as the old 2 s gave).
-        _churn(source_dsn, threading.Event(), 10_000, rounds=100)
+        _churn(source_dsn, threading.Event(), 20_000, rounds=100)
         # The resuming run is the same pipeline in this process (the session's Spark starts no JVM).
         local = Pipeline(parse_config({**raw, "spark": {"master": "local[2]"}}), spark=spark)
         with caplog.at_level(logging.INFO, logger="headrace"):
@@ -100,13 +103,16 @@ def test_kill_mid_copy_resumes_with_the_chunks_left(source_dsn: str, tmp_path: P
     assert assert_same(local, source_dsn, "public.big") > 9_000
 
 
-def test_added_table_copies_while_another_keeps_streaming(source_dsn: str, tmp_path: Path, spark: Any) -> None:
+def test_added_table_copies_while_another_keeps_streaming(source_dsn: str, tmp_path: Path, spark: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     with psycopg.connect(source_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE small (id int PRIMARY KEY, v text); INSERT INTO small VALUES (1, 'a')")
     _big_table(source_dsn, 40_000)
     first = make_config(source_dsn, tmp_path, ["public.small"])
     run_caught_up(Pipeline(first, spark=spark))
-    # The user adds a table to the config and restarts; the copy is slow (many 1-chunk jobs).
+    # The user adds a table to the config and restarts; the copy is slow (many 1-chunk jobs, each
+    # chunk's read held 0.3 s: finished groups share a commit, so commits no longer pace the copy).
+    monkeypatch.setenv("HEADRACE_HOLD_AT", "snapshot.read:0.3")
     catalog = first.target.settings.catalog_name
     second = make_config(source_dsn, tmp_path, ["public.small", "public.big"],
                          snapshot={"chunk_pages": 32, "max_connections": 1})

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from headrace.config import parse_config
-from headrace.materialize.file_copy import CHUNKS_PER_TASK
+from headrace.materialize.file_copy import CHUNKS_PER_TASK, GROUPS_PER_COMMIT
 from headrace.pipeline import Pipeline
 from headrace.source.mysql.catalog import table_id
 from headrace.source.mysql.connect import connect
@@ -24,10 +24,11 @@ from tests.e2e.test_mysql import CREATE, _plain_duckdb_ids, _run, _same, _source
 from tests.e2e.test_pipeline import run_caught_up
 
 __all__ = ["shop", "state_dsn", "target"]  # fixtures shared with test_mysql
-ROWS = 1_000  # chunk_pages 1 is 50 rows: 20 chunks
-CRASH_AFTER = 4  # the 4th chunk group is written, not recorded: 3 done
-# The copy writes files (``file_copy``): with one connection, a group holds CHUNKS_PER_TASK chunks.
-DONE_BEFORE_CRASH = (CRASH_AFTER - 1) * CHUNKS_PER_TASK
+ROWS = 1_000  # chunk_pages 1 is 50 rows: 20 chunks, 10 groups: more than one commit takes
+# The copy writes files (``file_copy``): with one connection, a group holds CHUNKS_PER_TASK chunks, and a
+# commit takes the groups finished by then (at most GROUPS_PER_COMMIT). The second commit's groups are
+# written, not recorded: the first's are done.
+CRASH_AFTER = 2
 
 
 def _writes(root: str, stop: threading.Event, rounds: int | None = None, first: int = 100_000) -> None:
@@ -67,7 +68,8 @@ def test_mysql_kill_mid_copy_resumes_with_the_chunks_left(
     progress = ProgressStore(state_dsn, raw["name"])
     try:
         before = {c.number: c for c in progress.chunks(oid) if c.done}
-        assert sorted(before) == list(range(DONE_BEFORE_CRASH)), "the group written but not recorded is copied again"
+        assert sorted(before) == list(range(len(before))), "the groups written but not recorded are copied again"
+        assert len(before) % CHUNKS_PER_TASK == 0 and 0 < len(before) <= GROUPS_PER_COMMIT * CHUNKS_PER_TASK
         assert len(progress.chunks(oid)) > 10
         _writes(root, threading.Event(), rounds=100, first=1_000_000)  # more changes while nothing runs
         local = Pipeline(parse_config({**raw, "spark": {"master": "local[2]"}}), spark=spark)
