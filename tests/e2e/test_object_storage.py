@@ -6,6 +6,7 @@ not ours (DuckDB with httpfs and ducklake/iceberg, pyiceberg) and compared with 
 from __future__ import annotations
 
 import itertools
+import logging
 import urllib.request
 import uuid
 from pathlib import Path
@@ -222,7 +223,8 @@ def test_iceberg_jdbc_catalog_on_s3_copies_streams_evolves_and_truncates_on_spar
 
 
 def test_iceberg_hadoop_catalog_on_s3_copies_and_streams_on_the_driver(
-        source_dsn: str, s3_server: MotoServer, s3_bucket: str, tmp_path: Path, spark: Any) -> None:
+        source_dsn: str, s3_server: MotoServer, s3_bucket: str, tmp_path: Path, spark: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
     from pyiceberg.table import StaticTable
 
     make_orders(source_dsn, 1000)
@@ -245,7 +247,11 @@ def test_iceberg_hadoop_catalog_on_s3_copies_and_streams_on_the_driver(
         assert by_duckdb == expected, f"DuckDB: {len(by_duckdb)} rows, source {len(expected)}"
         return True
 
-    run_caught_up(pipeline)
+    with caplog.at_level(logging.WARNING, logger="headrace"):
+        run_caught_up(pipeline)
+    # The run says once what a Hadoop catalog on an object store costs, and which setting to change.
+    advice = [r for r in caplog.records if r.getMessage() == "iceberg.catalog_advice"]
+    assert len(advice) == 1 and "target.iceberg.catalog.type" in str(getattr(advice[0], "advice", ""))
     assert table_equals_source()
     change_orders(source_dsn)
     run_caught_up(pipeline)

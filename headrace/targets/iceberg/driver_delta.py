@@ -46,6 +46,7 @@ that (the keys are held in memory), and whatever ``driver_apply`` refuses (types
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,7 @@ DELETE_SCHEMA = pa.schema([
 _FILE = "_hr_file"  # which data file of the plan a row is in (index into the files read)
 _POS = "_hr_pos"  # its row number there
 _INTEGERS = ("int", "long")
+READ_THREADS = 8  # data files whose keys ``_read_index`` reads at once
 
 
 def apply_delta_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, changes: pa.Table,
@@ -202,10 +204,17 @@ def _read_index(jvm: Any, table: TableSchema, iceberg: Any, snapshot_id: int | N
         if spanned > max_rows:
             raise NotOnLane(f"the batch's key range spans files of {spanned} rows (of {live}): more keys than"
                               f" target.iceberg.driver_key_rows ({max_rows}) to read on the driver")
-        for data, deletes in planned:
-            parts.append(_read_keys(data, deletes, wanted, len(locations), deletes_read,
-                                    None if whole else batch_keys))
-            locations.append(str(data.location()))
+        locations = [str(data.location()) for data, _deletes in planned]
+
+        def read(i: int) -> pa.Table:
+            data, deletes = planned[i]
+            return _read_keys(data, deletes, wanted, i, deletes_read, None if whole else batch_keys)
+
+        if len(planned) < 2:
+            parts = [read(i) for i in range(len(planned))]
+        else:  # side by side: on an object store each file is round trips, and decoding releases the GIL
+            with ThreadPoolExecutor(min(READ_THREADS, len(planned)), thread_name_prefix="iceberg-keys") as pool:
+                parts = list(pool.map(read, range(len(planned))))
     schema = pa.schema([*(pa.field(c.name, c.arrow) for c in wanted), pa.field(_FILE, pa.int32()),
                         pa.field(_POS, pa.int64())])
     rows = pa.concat_tables(parts) if parts else schema.empty_table()  # a chunk a file: ``KeyIndex`` keeps them
