@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from headrace.storage.config import StorageConfig
@@ -122,6 +122,20 @@ class S3Access:
             # every writer here waits for
             allow_delayed_open=True,
         )
+
+    # -- boto3 (the staged files' garbage collection) -----------------------------------------------
+    def client(self) -> Any:
+        """A boto3 S3 client on this store, for what ``pyarrow.fs`` lacks: deleting many keys in one
+        request (``delete_keys``)."""
+        import boto3
+        from botocore.config import Config
+
+        credentials = {"aws_access_key_id": self.key_id, "aws_secret_access_key": self.secret,
+                       "aws_session_token": self.token} if self.key_id and self.secret else {}
+        config = Config(region_name=self.region, connect_timeout=5, read_timeout=30,
+                        retries={"max_attempts": 3, "mode": "standard"},
+                        s3={"addressing_style": "path" if self.path_style else "virtual"})
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint, config=config, **credentials)
 
     # -- Hadoop S3A (Spark's JVM) ----------------------------------------------------------------
     def hadoop_conf(self) -> dict[str, str]:

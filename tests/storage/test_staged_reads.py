@@ -63,10 +63,10 @@ def test_a_staged_file_this_process_wrote_is_uploaded_once_and_read_back_without
     assert requests() > before
 
 
-def test_collected_files_on_the_store_are_deleted_together_off_the_loop(s3_server: MotoServer, s3_bucket: str
-                                                                         ) -> None:
-    """``StagingStore.delete_many`` on the object store deletes every file, one gone already counts as
-    deleted, and none is left to try again."""
+def test_collected_files_on_the_store_are_deleted_in_one_request(s3_server: MotoServer, s3_bucket: str) -> None:
+    """``StagingStore.delete_many`` on the object store deletes every file in one DeleteObjects request
+    (pyarrow's delete is a HEAD, a DELETE and a PUT of the folder's marker a file), one gone already
+    counts as deleted, none is left to try again, and a store that refuses leaves them all to retry."""
     from headrace.log.codec import StagingBuffer
     from headrace.log.store import StagingStore
 
@@ -76,6 +76,17 @@ def test_collected_files_on_the_store_are_deleted_together_off_the_loop(s3_serve
     buf.append("I", 5, 1, 7_000_000, 1, '{"id":"1"}')
     locations = [store.write(7, buf)[0] for _ in range(40)]
     store.delete(locations[3])
+
+    def requests() -> int:
+        return len(s3_server.log_path.read_text().splitlines())
+
+    before = requests()
     assert store.delete_many(locations) == []
-    # pyarrow leaves a folder marker (a key ending in "/") where the folder's last file went
+    assert requests() - before == 1
+    # (the single delete above left pyarrow's folder marker, a key ending in "/")
     assert [k for k in s3_server.keys(s3_bucket, "staging/gc/") if not k.endswith("/")] == []
+
+    kept = [store.write(7, buf)[0] for _ in range(3)]
+    gone = StagingStore.open(f"s3://{s3_bucket}-missing/staging/gc")  # NoSuchBucket: the request fails
+    assert gone.delete_many([loc.replace(s3_bucket, f"{s3_bucket}-missing", 1) for loc in kept]) != []
+    assert len([k for k in s3_server.keys(s3_bucket, "staging/gc/") if not k.endswith("/")]) == 3
