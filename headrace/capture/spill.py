@@ -90,11 +90,17 @@ class _InProgress:
     folder: Path
     relations: dict[int, TableSchema] = field(default_factory=dict)  # from RELATION messages in its blocks
     buffers: dict[int, TableBuffer] = field(default_factory=dict)
-    subxids: dict[int, list[int]] = field(default_factory=dict)  # per buffered row, its subtransaction
+    # Per buffered table, the subtransaction of its rows as runs: (the run's first row, its xid). A
+    # change is one row, and the xid mostly stays the same for millions of them.
+    runs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    last_subxid: dict[int, int] = field(default_factory=dict)  # per buffered table, its last run's
     parts: list[_Part] = field(default_factory=list)
     aborted: set[int] = field(default_factory=set)  # subtransactions rolled back
     seq: int = 0
     nbytes: int = 0
+    # What staging a change of it takes besides the change, made once (not per change).
+    begin: Begin = field(init=False)
+    view: ChainMap[int, TableSchema] = field(init=False)  # its RELATIONs, then capture's
 
 
 @dataclass
@@ -189,6 +195,7 @@ class StreamedTransactions:
             if tx is not None:
                 self._drop(tx)
             tx = self._open[xid] = _InProgress(xid, self.folder / str(xid))
+            tx.begin, tx.view = Begin(0, 0, xid), ChainMap(tx.relations, self._relations)
         self._current = tx
 
     def stop(self) -> None:
@@ -220,14 +227,13 @@ class StreamedTransactions:
                     return
                 case _:
                     return  # TYPE, ORIGIN, a logical message: nothing to stage
-        tx.seq += 1
-        relations = ChainMap(tx.relations, self._relations)
-        tx.nbytes += stage(change, Begin(0, 0, tx.xid), tx.seq, relations, tx.buffers, self._codec)  # type: ignore[arg-type]
         for oid in oids:
-            tb = tx.buffers.get(oid)
-            if tb is not None:
-                subxids = tx.subxids.setdefault(oid, [])
-                subxids.extend([subxid] * (len(tb.buffer) - len(subxids)))
+            if tx.last_subxid.get(oid) != subxid:  # a new run starts at the row this change adds
+                tb = tx.buffers.get(oid)
+                tx.runs.setdefault(oid, []).append((0 if tb is None else len(tb.buffer), subxid))
+                tx.last_subxid[oid] = subxid
+        tx.seq += 1
+        tx.nbytes += stage(change, tx.begin, tx.seq, tx.view, tx.buffers, self._codec)  # type: ignore[arg-type]
         if tx.nbytes > self.limit:
             self.spill()
 
@@ -251,7 +257,7 @@ class StreamedTransactions:
         spilled = len(tx.parts)
         for oid, tb in tx.buffers.items():
             if len(tb.buffer):
-                tx.parts.append(_Part(oid, tb.schema, table=_with_subxids(tb, tx.subxids[oid])))
+                tx.parts.append(_Part(oid, tb.schema, table=_with_subxids(tb, tx.runs[oid])))
         event(log, "capture.streamed_commit", xid=tx.xid, spilled_files=spilled, parts=len(tx.parts),
               subtransactions_rolled_back=len(tx.aborted))
         return Committed(tx.xid, ev.commit_lsn, ev.commit_ts_us, tx.parts, frozenset(tx.aborted), tx.folder,
@@ -281,13 +287,14 @@ class StreamedTransactions:
 
     def _spill_table(self, tx: _InProgress, oid: int) -> None:
         tb = tx.buffers.pop(oid)
-        subxids = tx.subxids.pop(oid, [])
+        runs = tx.runs.pop(oid, [])
+        tx.last_subxid.pop(oid, None)
         if not len(tb.buffer):
             return
         tx.folder.mkdir(parents=True, exist_ok=True)
         self._files += 1
         path = tx.folder / f"{self._files:08d}-{oid}.arrow"
-        table = _with_subxids(tb, subxids)
+        table = _with_subxids(tb, runs)
         with ipc.new_file(str(path), SPILL_SCHEMA, options=_OPTIONS) as writer:
             writer.write_table(table)
         tx.parts.append(_Part(oid, tb.schema, path=path))
@@ -315,5 +322,9 @@ def table_facts(table: pa.Table) -> FileFacts:
                      any_unchanged, bool(pc.any(pc.and_(updates, pc.is_null(old_key))).as_py()), key_toast, latest)
 
 
-def _with_subxids(tb: TableBuffer, subxids: list[int]) -> pa.Table:
+def _with_subxids(tb: TableBuffer, runs: list[tuple[int, int]]) -> pa.Table:
+    """The buffer's rows with the ``_subxid`` column its ``runs`` (first row, xid) spell."""
+    rows = len(tb.buffer)
+    starts = np.array([start for start, _ in runs] + [rows], np.int64)
+    subxids = np.repeat(np.array([xid for _, xid in runs], np.int64), np.diff(starts))
     return tb.buffer.to_table().append_column(SPILL_SCHEMA.field("_subxid"), pa.array(subxids, pa.int64()))

@@ -78,3 +78,20 @@ def test_facts_counted_by_arrow_are_the_facts_of_the_rows() -> None:
     only_inserts = StagingBuffer()
     only_inserts.append("I", 9, 1, 0, 1, "{}")
     assert table_facts(only_inserts.to_table()) == only_inserts.facts
+
+
+def test_rows_of_subtransactions_that_alternate_keep_their_own(tmp_path: Path) -> None:
+    """Subtransaction xids are kept per row as runs: changes of a savepoint rolled back are left out
+    however they interleave with the rest, in memory (no spill) and across spills."""
+    for limit in (1_000_000, 300):
+        streamed = _streamed(tmp_path / str(limit), limit=limit)
+        order = [500, 501, 501, 500, 502, 501, 502, 500, 500, 501]
+        _block(streamed, 500, True, [(subxid, key) for key, subxid in enumerate(order)])
+        streamed.message(StreamAbort(500, 501))
+        committed = streamed.commit(StreamCommit(500, 0x2000, 0x2100, 1_700_000_000_000_000))
+        assert committed is not None
+        files = committed.finish(StagingStore.open(tmp_path / str(limit) / "staging"), 100)
+        kept = sorted(int(json.loads(r["_data"])["id"]) for f in files for r in read_staging_file(f.path).to_pylist())
+        assert kept == [key for key, subxid in enumerate(order) if subxid != 501]
+        committed.discard()
+        streamed.close()
