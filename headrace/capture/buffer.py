@@ -13,6 +13,7 @@ is staged from them by the source's codec with those keys, and decoded only when
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -60,7 +61,7 @@ def flush_due(buffers: dict[int, TableBuffer], spilled_rows: int, idle: bool, po
     return rows >= (policy.flush_rows if idle else policy.flush_rows_busy) or buffered_bytes(buffers) >= policy.flush_bytes
 
 
-def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int, relations: dict[int, TableSchema],
+def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int, relations: Mapping[int, TableSchema],
           buffers: dict[int, TableBuffer], codec: UndecodedCodec | None = None) -> int:
     """Append ``ev`` (the ``seq``-th change of ``txn``) to its table's buffer; the bytes it added to
     the buffers (``buffered_bytes``). Changes of tables with no RELATION seen yet are not this
@@ -117,7 +118,7 @@ def stage(ev: Insert | Update | Delete | Truncate | bytes, txn: Begin, seq: int,
     return 0
 
 
-def _tracked(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer | None:
+def _tracked(oid: int, relations: Mapping[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer | None:
     """The buffer of table ``oid``, made at its first change; None for a table with no RELATION seen."""
     tb = buffers.get(oid)
     if tb is None and oid in relations:
@@ -125,7 +126,7 @@ def _tracked(oid: int, relations: dict[int, TableSchema], buffers: dict[int, Tab
     return tb
 
 
-def _buffer(oid: int, relations: dict[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer:
+def _buffer(oid: int, relations: Mapping[int, TableSchema], buffers: dict[int, TableBuffer]) -> TableBuffer:
     tb = buffers.get(oid)
     if tb is None:
         tb = buffers[oid] = TableBuffer(relations[oid])

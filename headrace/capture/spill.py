@@ -209,17 +209,20 @@ class StreamedTransactions:
         tx = self._current
         if tx is None:
             raise RuntimeError("a streamed change outside a Stream Start ... Stop block")
-        oids: tuple[int, ...]
-        if type(ev) is bytes:
-            assert self._codec is not None and self._codec.xid is not None
-            subxid, oids = self._codec.xid(ev), (self._codec.relation_oid(ev),)
-            change: object = ev
+        if type(ev) is bytes:  # the path of millions of changes a transaction: as little as it takes
+            codec = self._codec
+            assert codec is not None and codec.xid is not None
+            oid, subxid = codec.relation_oid(ev), codec.xid(ev)
+            if tx.last_subxid.get(oid) != subxid:
+                _new_run(tx, oid, subxid)
+            tx.seq += 1
+            tx.nbytes += stage(ev, tx.begin, tx.seq, tx.view, tx.buffers, codec)
         else:
             assert isinstance(ev, Streamed)
-            subxid, change = ev.xid, ev.event
+            change = ev.event
             match change:
                 case Insert() | Update() | Delete():
-                    oids = (change.relation_oid,)
+                    oids: tuple[int, ...] = (change.relation_oid,)
                 case Truncate():
                     oids = change.relation_oids
                 case Relation():
@@ -227,13 +230,11 @@ class StreamedTransactions:
                     return
                 case _:
                     return  # TYPE, ORIGIN, a logical message: nothing to stage
-        for oid in oids:
-            if tx.last_subxid.get(oid) != subxid:  # a new run starts at the row this change adds
-                tb = tx.buffers.get(oid)
-                tx.runs.setdefault(oid, []).append((0 if tb is None else len(tb.buffer), subxid))
-                tx.last_subxid[oid] = subxid
-        tx.seq += 1
-        tx.nbytes += stage(change, tx.begin, tx.seq, tx.view, tx.buffers, self._codec)  # type: ignore[arg-type]
+            for oid in oids:
+                if tx.last_subxid.get(oid) != ev.xid:
+                    _new_run(tx, oid, ev.xid)
+            tx.seq += 1
+            tx.nbytes += stage(change, tx.begin, tx.seq, tx.view, tx.buffers, self._codec)
         if tx.nbytes > self.limit:
             self.spill()
 
@@ -320,6 +321,13 @@ def table_facts(table: pa.Table) -> FileFacts:
     latest = pc.max(table["_ts"].cast(pa.int64())).as_py()
     return FileFacts(counts.get("I", 0), counts.get("U", 0), counts.get("D", 0), counts.get("T", 0), last_truncate,
                      any_unchanged, bool(pc.any(pc.and_(updates, pc.is_null(old_key))).as_py()), key_toast, latest)
+
+
+def _new_run(tx: _InProgress, oid: int, subxid: int) -> None:
+    """The next change of table ``oid`` in ``tx`` is of subtransaction ``subxid``, not its last one's."""
+    tb = tx.buffers.get(oid)
+    tx.runs.setdefault(oid, []).append((0 if tb is None else len(tb.buffer), subxid))
+    tx.last_subxid[oid] = subxid
 
 
 def _with_subxids(tb: TableBuffer, runs: list[tuple[int, int]]) -> pa.Table:

@@ -144,6 +144,14 @@ def test_odd_messages_are_left_to_the_decoder_and_its_errors() -> None:
         speedups.stage_change(good, tb.layout, (), 1, 1, 1, 1)
     with pytest.raises(TypeError):
         speedups.stage_change(good, tb.layout[:4], tuple(StagingBuffer().columns), 1, 1, 1, 1)
+    # inside a streamed block the xid comes first: stage_streamed_change is stage_change at 5
+    streamed = good[:1] + struct.pack(">I", 901) + good[1:]
+    a, b = StagingBuffer(), StagingBuffer()
+    assert speedups.stage_streamed_change(streamed, tb.layout, tuple(a.columns), 1, 2, 3, 4) == \
+        speedups.stage_change(streamed, tb.layout, tuple(b.columns), 1, 2, 3, 4, 5)
+    assert a.columns == b.columns and len(a.columns[0]) == 1
+    with pytest.raises(TypeError):
+        speedups.stage_streamed_change(streamed, tb.layout, tuple(a.columns), 1, 2, 3, 4, 5)
 
 
 # Real bytes from the server: REPLICA IDENTITY FULL, key moves, unchanged TOAST, keyless tables.

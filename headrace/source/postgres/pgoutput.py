@@ -72,8 +72,9 @@ _native_tuple: Callable[[bytes, int, object], tuple[tuple[Value, ...], int] | No
 # codec and the stream hands over decoded events only, as before.
 try:
     from headrace._speedups import stage_change as _native_stage_change
-except ImportError:
-    _native_stage_change = None
+    from headrace._speedups import stage_streamed_change as _native_stage_streamed
+except ImportError:  # not built (or built before the second): the decoded path
+    _native_stage_change = _native_stage_streamed = None
 
 # The fields of the streaming messages (and a streamed message's xid), natively when built.
 try:
@@ -349,5 +350,5 @@ def _decode(buf: bytes) -> Event | None:
 # Inside a streamed block the same, the relation oid 4 bytes later (after the xid).
 UNDECODED = (None if _native_stage_change is None
              else UndecodedCodec(relation_oid, _native_stage_change, _change, streamed_xid, UndecodedCodec(
-                 streamed_relation_oid, lambda buf, *args: _native_stage_change(buf, *args, 5),  # type: ignore[misc]
+                 streamed_relation_oid, _native_stage_streamed,  # type: ignore[arg-type]
                  _streamed_change, streamed_xid)))
