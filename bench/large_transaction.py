@@ -82,8 +82,9 @@ def run_one(server: ThrowawayPostgres, work: Path, target: str, protocol: int, a
         work_mem = conn.execute("SHOW logical_decoding_work_mem").fetchone()[0]  # type: ignore[index]
     folder = work / name
     folder.mkdir()
+    apply = {} if args.driver_batch_rows is None else {"driver_batch_rows": args.driver_batch_rows}
     config = write_config(folder, name, dsn, {"tables": ["public.big"],
-                                              "stream_transactions": protocol >= 2}, target)
+                                              "stream_transactions": protocol >= 2}, target, apply=apply)
     headrace = Headrace(config, folder / "run.log")
     headrace.start()
     result: dict[str, Any] = {"target": target, "protocol": protocol, "rows": args.rows,
@@ -144,6 +145,7 @@ def main() -> None:
     ap.add_argument("--pg", type=int, default=15, help="the source's major version (15: Debian's, 18: the wheel's)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--keep-logs", help="copy each run's log into this folder")
+    ap.add_argument("--driver-batch-rows", type=int, help="apply.driver_batch_rows (unset: the default)")
     ap.add_argument("--json", default=str(ROOT / "docs" / "large_transaction.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hr-bigtx-"))
