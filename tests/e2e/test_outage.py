@@ -38,6 +38,7 @@ from headrace.source.postgres.throwaway import ThrowawayPostgres
 from headrace.state.lifecycle import TableState
 from headrace.state.progress import ProgressStore
 from headrace.state.store import StateStore
+from tests.conftest import server_of
 from tests.e2e.helpers import (
     assert_built_by_spark,
     assert_same,
@@ -54,9 +55,9 @@ RECONNECT = {"first_seconds": 0.2, "max_seconds": CAP_SECONDS, "connect_timeout_
 
 
 @pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[ThrowawayPostgres]:
-    """A PostgreSQL server this test may restart, crash and stop."""
-    with ThrowawayPostgres() as server:
+def own_server(tmp_path: Path, pg_version: int) -> Iterator[ThrowawayPostgres]:
+    """A PostgreSQL server this test may restart, crash and stop (of the tests' source version)."""
+    with server_of(pg_version) as server:
         yield server
 
 
