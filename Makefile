@@ -35,14 +35,16 @@ test: lint
 test-all: lint
 	.venv/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests
 
-# The crash, outage, signal, transient-failure and copy tests with every source on PostgreSQL 18 (issue
-# 41: the same guarantees on 15 and 18; make test runs one test of each family on 18, tests/e2e/test_pg18.py).
-# 28 tests, about 4 minutes; CI (.ci/run) runs it after make test.
+# The crash, outage (source, state, catalog, object store), signal, transient-failure, copy and cluster
+# kill tests with every source on PostgreSQL 18 (issue 41: the same guarantees on 15 and 18; make test runs
+# one test of each family on 18, tests/e2e/test_pg18.py). 30 tests, about 5 minutes; CI (.ci/run) runs it
+# after make test.
 test-pg18: bootstrap
 	HEADRACE_TEST_PG=18 .venv/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=10 \
 		-m "not slow" tests/e2e/test_crash.py tests/e2e/test_crash_points.py \
 		tests/e2e/test_outage.py tests/e2e/test_transient.py tests/e2e/test_signals.py \
-		tests/e2e/test_large_transactions.py tests/e2e/test_initial_copy.py
+		tests/e2e/test_large_transactions.py tests/e2e/test_initial_copy.py tests/e2e/test_object_storage_outage.py \
+		tests/e2e/test_cluster.py
 
 # The unit tier only (no Spark session, no pipeline run; tiers: tests/conftest.py): under a minute.
 test-fast: bootstrap
