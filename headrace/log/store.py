@@ -182,13 +182,13 @@ class StagingStore:
 
 def _delete_on_s3(locations: list[str]) -> list[str | None]:
     """``delete_many`` of ``s3://`` locations: a request per bucket and 1,000 keys; the failed ones."""
+    places = {location: storage.split(location) for location in locations}  # (bucket, key)
     by_bucket: dict[str, list[str]] = {}
-    for location in locations:
+    for location, (bucket, key) in places.items():
         recent.forget(location)
-        bucket, key = storage.split(location)
         by_bucket.setdefault(bucket, []).append(key)
     failed = {(bucket, key) for bucket, keys in by_bucket.items() for key in storage.delete_keys(bucket, keys)}
-    return [location for location in locations if storage.split(location) in failed]
+    return [location for location, place in places.items() if place in failed]
 
 
 def _write_local(path: str, buffer: StagingBuffer | pa.Table) -> None:
