@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,9 @@ from headrace.logs import event
 from headrace.source.base import ChangeStream, Source
 
 log = logging.getLogger("headrace.capture")
+
+# How long a stop waits for the source to take its last confirmation (``_settle``).
+SETTLE_SECONDS = 3.0
 
 
 class SlotConfirmation:
@@ -57,6 +61,26 @@ class SlotConfirmation:
         if registered > self._acked:
             stream.acknowledge(registered)
             self._acked = registered
+
+    def _settle(self, index: LogIndex, source: Any, stream: ChangeStream) -> None:
+        """Stopping, after the last ``_ack``: wait (at most ``SETTLE_SECONDS``) until the source holds
+        it, reading and dropping what the server still sends (past what is registered: a restart
+        reads it again). A sender still writing to a closed connection can end on the broken pipe
+        before it reads the confirmation, leaving the slot behind: its WAL kept, and sent again."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            with self._source_lock:
+                confirmed = self.source.confirmed_position(source)
+            if confirmed is None or confirmed >= self._acked:
+                return
+            if time.monotonic() >= deadline:
+                event(log, "capture.unconfirmed", logging.WARNING, acked=self.source.format_position(self._acked),
+                      confirmed=self.source.format_position(confirmed))
+                return
+            stream.read(max_messages=10_000, timeout=0.05)
+            if stream.forwardable > self._bounded:
+                self._bound(index, stream.forwardable)
+            stream.acknowledge(self._acked)
 
     def _keep_alive(self, stream: ChangeStream) -> None:
         """While capture waits for the flusher: a status message (registered position), so the server

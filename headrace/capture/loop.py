@@ -338,6 +338,7 @@ class Capture(SlotConfirmation):
                 self._hand_over(flusher, stream, buffers, pending_end)
             flusher.drain(lambda: self._keep_alive(stream))
             self._ack(stream)
+            self._settle(index, source, stream)
         finally:
             flusher.close()
             streamed.close()

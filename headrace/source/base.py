@@ -285,6 +285,11 @@ class Source(ABC):
     def flushed_position(self, conn: Any) -> int:
         """The source's flushed log end now: bounds what a confirmation sent now can carry."""
 
+    def confirmed_position(self, conn: Any) -> int | None:
+        """Where the source holds this pipeline's stream confirmed now (a slot's
+        ``confirmed_flush_lsn``); None for a source that keeps no such position (MySQL)."""
+        return None
+
     @abstractmethod
     def current_position(self, conn: Any) -> int:
         """The log's insert position now (``--until-caught-up`` waits for it)."""

@@ -182,6 +182,11 @@ class PostgresSource(Source):
         assert row is not None
         return int(row[0])
 
+    def confirmed_position(self, conn: Conn) -> int | None:
+        row = conn.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                           (self.config.slot_name,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
     def current_position(self, conn: Conn) -> int:
         # The insert position, not pg_current_wal_lsn() (the write position): under asynchronous
         # commit the latter can lag a commit that already returned. On a standby: the replayed one.
