@@ -197,6 +197,7 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         time.sleep(5)  # the copy's last Spark work settles
         sampler = Sampler(headrace.pid).start()
         load_started, cpu_before = time.time(), cpu_seconds(tree_pids(headrace.pid))
+        store_before = (cpu_seconds([store.pid]), store.requests()) if store else None
         threads_before = thread_cpu(tree_pids(headrace.pid))
         commits = steady_load(server.dsn, args.tables, args.rate, args.txn_changes, args.seconds)
         with psycopg.connect(server.dsn) as conn:
@@ -205,6 +206,10 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         cpu = cpu_used(cpu_before, cpu_seconds(tree_pids(headrace.pid)))
         by_thread = thread_cpu(tree_pids(headrace.pid))
         by_thread.subtract(threads_before)
+        # The store (moto, one Python process) runs on the bench's cores too: what it took of them.
+        store_used = None if store is None or store_before is None else (
+            cpu_used(store_before[0], cpu_seconds([store.pid])), store.requests() - store_before[1])
+        loaded_seconds = time.time() - load_started
         sampler.stop()
         batches = headrace.batches()
         delays = freshness(commits, batches)
@@ -237,6 +242,9 @@ def run_one(server: ThrowawayPostgres, kind: str, idle: int, args: argparse.Name
         "cpu_s": round(cpu, 1), "cpu_s_per_batch": round(cpu / max(1, len(loaded)), 3),
         # where it went: process/thread kind -> CPU seconds (the JIT, Spark's tasks, py4j, capture's Python)
         "cpu_s_by_thread": {k: round(v, 1) for k, v in by_thread.most_common(12)},
+        **({} if store_used is None else {
+            "store_cpu_core_pct": round(100 * store_used[0] / loaded_seconds, 1),
+            "store_requests_per_batch": round(store_used[1] / max(1, len(loaded)), 1)}),
         "load_avg": load_average(), "target_equals_source": all(m["equal"] for m in matches.values()),
         "freshness_s": seen, "over_time": series,
     }

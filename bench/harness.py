@@ -196,6 +196,16 @@ class ObjectStore:
         self._store.create_bucket(bucket, self.KEY_ID, self.SECRET)
         return f"s3://{bucket}"
 
+    @property
+    def pid(self) -> int:
+        """The store's server process (its CPU is the bench machine's too)."""
+        return self._store.proc.pid
+
+    def requests(self) -> int:
+        """Requests the store has answered so far (the lines of its access log)."""
+        with self._store.log_path.open() as log:
+            return sum(1 for line in log if '" ' in line and "HTTP/1.1" in line)
+
     def close(self) -> None:
         self._store.stop()
         for name, value in self._saved.items():
