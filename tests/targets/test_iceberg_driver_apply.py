@@ -192,6 +192,40 @@ def test_a_replay_commits_nothing_and_readers_that_are_not_ours_read_the_file(
     assert duck == spark_rows
 
 
+def test_the_next_batch_takes_the_rows_this_process_wrote_and_reads_another_writers(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A table's next batch takes the contents of the file its last batch wrote from memory, not from
+    the file (proved by removing the file: the batch still applies, and its commit replaces that file,
+    so the table reads whole again); after another writer's commit it reads the files. Every step
+    leaves the rows the MERGE leaves."""
+    driver, merge = _pair(spark, tmp_path)
+    tables = [_named(TABLE, "mine"), _named(TABLE, "merged")]
+    for target, table in zip((driver, merge), tables, strict=True):
+        target.write_snapshot(table, snapshot_df(spark, table, SNAPSHOT), Position(100))
+
+    def both(changes: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
+        for target, table in zip((driver, merge), tables, strict=True):
+            target.apply_arrow_batch(table, to_arrow(batch_df(spark, table, changes)), None, 1)
+        got = [sorted(tuple(r) for r in t.read_table(table).drop("_hr_commit_ts").collect())
+               for t, table in zip((driver, merge), tables, strict=True)]
+        assert got[0] == got[1]
+        return got
+
+    both([("U", 200, 0, None, 1, "one", None, ["a"], "d1"), ("I", 200, 1, None, 9, "nine", None, None, None)])
+    name = driver.table_name(tables[0])
+    [(written,)] = spark.sql(f"SELECT file_path FROM {name}.data_files").collect()
+    Path(written.removeprefix("file:")).unlink()  # nothing can read it back now
+    both([("D", 300, 0, None, 2, None, None, None, None), ("U", 300, 1, None, 9, "nine!", None, [], "d9")])
+    [(replaced,)] = spark.sql(f"SELECT file_path FROM {name}.data_files").collect()
+    assert replaced != written and Path(replaced.removeprefix("file:")).exists()
+    for target, table in zip((driver, merge), tables, strict=True):  # another writer's commit
+        spark.sql(f"DELETE FROM {target.table_name(table)} WHERE id = 1")
+    got = both([("U", 400, 0, None, 3, "three", None, None, None), ("I", 400, 1, None, 1, "back", None, None, None)])
+    assert [r[:2] for r in got[0] if r[0] in (1, 3, 9)] == [(1, "back"), (3, "three"), (9, "nine!")]
+    assert driver.apply_lanes.counts == {"driver": 3}
+
+
 def test_position_deletes_renamed_added_and_kept_columns(spark: SparkSession, tmp_path: Path) -> None:
     """A table that was merge-on-read (position deletes), with a column renamed, one added after the
     position columns and one dropped in the source but kept: the rows are read by field id, the

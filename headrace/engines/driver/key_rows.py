@@ -19,8 +19,9 @@ Other keys: ``is_in`` over every row.
 from __future__ import annotations
 
 import collections
+import operator
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -195,11 +196,13 @@ Index = TypeVar("Index", bound=_Held)
 
 class KeyCache(Generic[Index]):
     """Indexes of recently applied tables by place (a table's location or name), up to the budget
-    ``put`` is given in rows in all (least recently used out first). Whether an index still follows
-    its table is for the target to check: each holds what it needs (the snapshot it is at)."""
+    ``put`` is given in all (least recently used out first), measured by ``size`` (default: the rows
+    each holds). Whether an index still follows its table is for the target to check: each holds what
+    it needs (the snapshot it is at)."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: Callable[[Index], int] = operator.attrgetter("held_rows")) -> None:
         self._lock = threading.Lock()
+        self._size = size
         self._indexes: collections.OrderedDict[str, Index] = collections.OrderedDict()
 
     def take(self, place: str) -> Index | None:
@@ -212,7 +215,7 @@ class KeyCache(Generic[Index]):
         with self._lock:
             self._indexes.pop(place, None)
             self._indexes[place] = index
-            while len(self._indexes) > 1 and sum(i.held_rows for i in self._indexes.values()) > budget:
+            while len(self._indexes) > 1 and sum(map(self._size, self._indexes.values())) > budget:
                 self._indexes.popitem(last=False)
 
     def drop(self, place: str) -> None:

@@ -74,6 +74,7 @@ from headrace.core.names import quote_ident
 from headrace.core.position import Position
 from headrace.core.rows import HR_FROM, HR_LSN, HR_OP, HR_SEQ, HR_UNCHANGED, POSITION_COLUMNS, unchanged_token
 from headrace.core.schema import TableSchema
+from headrace.engines.driver.key_rows import KeyCache
 from headrace.logs import event
 from headrace.targets.ducklake.plan import left_unchanged_sql, written_before_sql
 from headrace.targets.iceberg import files
@@ -114,6 +115,25 @@ class _Column:
 
 _local = threading.local()
 
+# The contents of the last file each copy-on-write table was given here, by its location, so that
+# table's next batch takes them instead of reading the file back (on an object store a HEAD and two
+# ranged GETs at least, on disk a decode): a data file is never rewritten, and each kept one is
+# exactly what was written, in the columns and types of its batch. All tables' together, in bytes.
+WRITTEN_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class _Written:
+    path: str  # the data file's location, as the commit named it
+    rows: pa.Table  # its contents, in the schema of the batch that wrote it
+
+    @property
+    def held_rows(self) -> int:
+        return self.rows.num_rows
+
+
+WRITTEN: KeyCache[_Written] = KeyCache(lambda kept: kept.rows.nbytes)
+
 
 def connection() -> duckdb.DuckDBPyConnection:
     """This thread's in-memory DuckDB (apply workers apply several tables at once)."""
@@ -143,11 +163,16 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
     snapshot = iceberg.currentSnapshot()
     data_files: list[Any] = []
     parts = []
+    place = str(iceberg.location())
+    kept = WRITTEN.take(place)
     if snapshot is not None:
         deletes_read: dict[str, pa.Table] = {}
         for data, deletes in planned_files(iceberg, int(snapshot.snapshotId())):
             data_files.append(data)
-            parts.append(_read_data_file(data, deletes, columns, schema, deletes_read))
+            if kept is not None and not deletes and kept.rows.schema == schema and str(data.location()) == kept.path:
+                parts.append(kept.rows)
+            else:
+                parts.append(_read_data_file(data, deletes, columns, schema, deletes_read))
     current = pa.concat_tables(parts) if parts else schema.empty_table()
     rows_before = current.num_rows
     if truncate_before is not None:
@@ -157,9 +182,13 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
         pa.schema([*shaped, pa.field(HR_OP, pa.string()), pa.field(HR_UNCHANGED, pa.string())]))
     after, changed = _merged(table, current, batch, columns)
     if not changed and after.num_rows == rows_before:
+        if kept is not None:
+            WRITTEN.put(place, kept, WRITTEN_BYTES)  # the table is as it was
         return DriverApplied(rows_before, rows_before, 0, committed=False)
     written = sink.write(after, f"{uuid.uuid4().hex}-driver") if after.num_rows else None
     _commit(jvm, iceberg, snapshot, data_files, written, into)
+    if written is not None and after.nbytes <= WRITTEN_BYTES:
+        WRITTEN.put(place, _Written(written.path, after), WRITTEN_BYTES)
     return DriverApplied(rows_before, after.num_rows, len(data_files), committed=True)
 
 
