@@ -179,10 +179,10 @@ def java_table(spark: SparkSession, name: str) -> Any:
     silently falls back to spark_catalog (the first apply batch after a restart failed so). So the
     session is made active first, for every lookup outside a query.
     """
-    jvm: Any = spark.sparkContext._jvm
+    java = java_files(spark.sparkContext._jvm)
     session = spark._jsparkSession
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
-    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, name)
+    java.spark_session.setActiveSession(session)
+    return java.spark3_util.loadIcebergTable(session, name)
 
 
 class JavaFiles:
@@ -201,6 +201,12 @@ class JavaFiles:
         self.bytes_in = jvm.java.io.ByteArrayInputStream
         self.path = jvm.org.apache.hadoop.fs.Path
         self.streams = jvm.java.util.stream.Stream
+        # What every batch on the driver looks up (``java_table``, ``table_columns``, the commits).
+        self.spark_session = jvm.org.apache.spark.sql.SparkSession
+        self.spark3_util = api.spark.Spark3Util
+        self.schema_parser = api.SchemaParser
+        self.file_metadata = api.FileMetadata
+        self.always_true = api.expressions.Expressions.alwaysTrue()
 
 
 _java_files: dict[int, tuple[Any, JavaFiles]] = {}  # id(JVM view) -> (the view, its classes)

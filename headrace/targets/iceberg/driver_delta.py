@@ -304,18 +304,17 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
     """One ``RowDelta`` (committed into ``into``: a transaction of ``iceberg``, or by default ``iceberg``): ``written`` added, ``deletes`` (position deletes into the ``referenced`` data
     files) added, validated from ``snapshot`` (module docstring). Returns the added data file's location
     as the table names it (``file:/...`` for a local path): what later deletes must name."""
-    api = jvm.org.apache.iceberg
+    java = files.java_files(jvm)
     delta = (iceberg if into is None else into).newRowDelta()
     location = None
     if written is not None:
-        java = files.java_files(jvm)
         added = files.data_file(java, iceberg, java.metrics_config.forTable(iceberg), written)
         location = str(added.location())
         delta.addRows(added)
     if deletes is not None:
         source = iceberg.io().newInputFile(deletes.path)
-        metrics = api.parquet.ParquetUtil.fileMetrics(source, api.MetricsConfig.forPositionDelete(iceberg))
-        delta.addDeletes(api.FileMetadata.deleteFileBuilder(iceberg.spec()).ofPositionDeletes()
+        metrics = java.parquet_util.fileMetrics(source, java.metrics_config.forPositionDelete(iceberg))
+        delta.addDeletes(java.file_metadata.deleteFileBuilder(iceberg.spec()).ofPositionDeletes()
                          .withPath(deletes.path).withFormat("parquet").withFileSizeInBytes(deletes.bytes)
                          .withRecordCount(deletes.rows).withMetrics(metrics).build())
         paths = jvm.java.util.ArrayList()
@@ -325,7 +324,7 @@ def _commit(jvm: Any, iceberg: Any, snapshot: Any, written: WrittenFile | None,
         delta.validateDeletedFiles()
     if snapshot is not None:
         delta.validateFromSnapshot(snapshot.snapshotId())
-    delta.conflictDetectionFilter(api.expressions.Expressions.alwaysTrue())
+    delta.conflictDetectionFilter(java.always_true)
     delta.validateNoConflictingDataFiles()
     delta.validateNoConflictingDeleteFiles()
     delta.set(SUMMARY_PROPERTY, "driver")
