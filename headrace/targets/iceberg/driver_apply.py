@@ -8,7 +8,8 @@ every MERGE of random keys anyway, so the driver does the same without Spark:
 1. The current snapshot's data files (and position-delete files) from the Spark catalog's cached
    Java table (``planFiles``: py4j calls, no job), read with ``pyarrow.parquet``, columns taken by
    Iceberg field id (so a renamed column, or one added after a file was written, reads as Iceberg
-   reads it), position deletes applied.
+   reads it), position deletes applied. The file this process wrote for the table's last batch is
+   not read: its contents are kept (``WRITTEN``) and taken when the snapshot still names it.
 2. The batch's rules, exactly ``merge.merge_statement``'s: a change replaces or deletes the row of
    its key only when written after it; a delete removes; a change of a key the table lacks inserts
    unless it deletes; a TOAST column the change left unchanged keeps the row's value; a TRUNCATE
