@@ -122,9 +122,9 @@ class MaintenanceSchedule:
         self.batches[oid] = self.batches.get(oid, 0) + 1
         self.uncapped[oid] = self.uncapped.get(oid, 0) + 1
 
-    def _due(self, row: TableRow, now: float) -> bool:
-        last = self.last_pass.get(row.oid, self._started)
-        batches = self.batches.get(row.oid, 0)
+    def _due(self, oid: int, now: float) -> bool:
+        last = self.last_pass.get(oid, self._started)
+        batches = self.batches.get(oid, 0)
         return batches >= self.settings.max_batches or (
             batches >= self.settings.after_batches and now - last >= self.settings.every_minutes * 60)
 
@@ -143,13 +143,15 @@ class MaintenanceSchedule:
         if not self.settings.enabled or self.running:
             return False
         cap = max(1, self.settings.max_snapshots // 2)
-        full = any(n >= self.settings.after_batches for n in self.batches.values())
+        now = time.monotonic()
+        # Tables past after_batches but inside every_minutes are not due: no query for them either
+        # (under load every loop pass asked, for minutes, until one was).
+        full = any(self._due(oid, now) for oid in self.batches)
         caps = target.caps_snapshots
         if not full and not (caps and any(n >= cap for n in self.uncapped.values())):
             return False  # no table can be due: no query (a quiet pipeline costs nothing)
-        now = time.monotonic()
         rows = [r for r in state.tables() if r.state.applies_changes and not self.applying(r.oid)]
-        due = next((r for r in rows if self._due(r, now)), None) if full else None
+        due = next((r for r in rows if self._due(r.oid, now)), None) if full else None
         if due is not None:
             self._start(target, due)
         elif caps and (capped := next((r for r in rows if self.uncapped.get(r.oid, 0) >= cap), None)):
