@@ -58,7 +58,8 @@ class Copier:
         if self.running:
             return False
         now = datetime.now(timezone.utc)
-        todo = [r.oid for r in state.tables()
+        # Only the states a copy can start from are read: streaming, none is (a pass reads no row).
+        todo = [r.oid for r in state.tables(COPY_FROM)
                 if (r.state.needs_copy or retry_copy(r, now)) and r.oid not in self._stuck]
         if not todo:
             return False
@@ -90,6 +91,10 @@ class Copier:
             self._thread.join()
             self._thread = None
         self._stop = threading.Event()
+
+
+# The states ``start`` finds its tables in: needing a copy, or ERRORED (``retry_copy``).
+COPY_FROM = frozenset({*(s for s in TableState if s.needs_copy), TableState.ERRORED})
 
 
 def retry_copy(row: TableRow, now: datetime) -> bool:

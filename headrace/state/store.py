@@ -9,6 +9,7 @@ lifecycle state (moved only by the named transitions below: ``copy_started``, ``
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -125,9 +126,15 @@ class StateStore:
         return int(meta["captured_lsn"]) if meta else 0
 
     # -- tables ---------------------------------------------------------------------------------
-    def tables(self) -> list[TableRow]:
-        """Every table's row. Read at every pass of the run loop: a schema is parsed only when its
-        text is new to this store (``_table_row``), not 200 times a pass for 200 quiet tables."""
+    def tables(self, states: Collection[TableState] | None = None) -> list[TableRow]:
+        """Every table's row (``states``: only the tables in one of them). Read at every pass of the run
+        loop: a schema is parsed only when its text is new to this store (``_table_row``), not 200
+        times a pass for 200 quiet tables."""
+        if states is not None:
+            rows = self.conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM _headrace.tables WHERE pipeline = %s AND state = ANY(%s)"
+                " ORDER BY schema_name, table_name", (self.pipeline, [s.value for s in states])).fetchall()
+            return [self._table_row(r) for r in rows]
         rows = self.conn.execute(
             f"SELECT {_ROW_COLUMNS} FROM _headrace.tables WHERE pipeline = %s ORDER BY schema_name, table_name",
             (self.pipeline,),

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from headrace.core.schema import Column, ColumnType, TableSchema, TypeKind
+from headrace.run.copier import COPY_FROM
 from headrace.state.lifecycle import TableState, next_retry
 from headrace.state.store import StateStore, TableRow
 
@@ -47,6 +48,19 @@ def test_the_copy_then_the_stream(state: StateStore) -> None:
     assert (row.state, row.rows_copied, row.snapshot_lsn) == (TableState.CATCHUP, 42, 1000)
     state.caught_up(T.oid)
     assert _row(state).state is TableState.STREAMING
+
+
+def test_the_copier_reads_only_the_tables_a_copy_can_start_from(state: StateStore) -> None:
+    """``Copier.start`` reads the rows in ``COPY_FROM`` only: streaming tables cost it no row."""
+    assert [r.oid for r in state.tables(COPY_FROM)] == [T.oid]  # PENDING
+    state.copy_started(T.oid, 1000)
+    assert [r.state for r in state.tables(COPY_FROM)] == [TableState.SNAPSHOT]
+    state.copy_finished(T.oid, 1)
+    assert state.tables(COPY_FROM) == [] and [r.oid for r in state.tables()] == [T.oid]
+    _fail(state, resume=TableState.SNAPSHOT)
+    assert [r.state for r in state.tables(COPY_FROM)] == [TableState.ERRORED]
+    state.caught_up(T.oid)
+    assert state.tables(COPY_FROM) == []
 
 
 def test_an_error_is_recorded_whole_and_cleared_whole(state: StateStore) -> None:
