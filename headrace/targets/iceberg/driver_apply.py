@@ -127,6 +127,9 @@ WRITTEN_BYTES = 64 << 20
 class _Written:
     path: str  # the data file's location, as the commit named it
     rows: pa.Table  # its contents, in the schema of the batch that wrote it
+    # The table's columns then, field ids included: a column dropped and added again under its name
+    # has a new id, and the file's values are not its values (read back, it is NULL).
+    columns: tuple[_Column, ...]
 
     @property
     def held_rows(self) -> int:
@@ -170,7 +173,7 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
         deletes_read: dict[str, pa.Table] = {}
         for data, deletes in planned_files(iceberg, int(snapshot.snapshotId())):
             data_files.append(data)
-            if kept is not None and not deletes and kept.rows.schema == schema and str(data.location()) == kept.path:
+            if kept is not None and not deletes and kept.columns == tuple(columns) and str(data.location()) == kept.path:
                 parts.append(kept.rows)
             else:
                 parts.append(_read_data_file(data, deletes, columns, schema, deletes_read))
@@ -189,7 +192,7 @@ def apply_on_driver(spark: SparkSession, iceberg: Any, table: TableSchema, chang
     written = sink.write(after, f"{uuid.uuid4().hex}-driver") if after.num_rows else None
     _commit(jvm, iceberg, snapshot, data_files, written, into)
     if written is not None and after.nbytes <= WRITTEN_BYTES:
-        WRITTEN.put(place, _Written(written.path, after), WRITTEN_BYTES)
+        WRITTEN.put(place, _Written(written.path, after, tuple(columns)), WRITTEN_BYTES)
     return DriverApplied(rows_before, after.num_rows, len(data_files), committed=True)
 
 
