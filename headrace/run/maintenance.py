@@ -146,12 +146,12 @@ class MaintenanceSchedule:
         now = time.monotonic()
         # Tables past after_batches but inside every_minutes are not due: no query for them either
         # (under load every loop pass asked, for minutes, until one was).
-        full = any(self._due(oid, now) for oid in self.batches)
+        due_oids = {oid for oid in self.batches if self._due(oid, now)}
         caps = target.caps_snapshots
-        if not full and not (caps and any(n >= cap for n in self.uncapped.values())):
+        if not due_oids and not (caps and any(n >= cap for n in self.uncapped.values())):
             return False  # no table can be due: no query (a quiet pipeline costs nothing)
         rows = [r for r in state.tables() if r.state.applies_changes and not self.applying(r.oid)]
-        due = next((r for r in rows if self._due(r.oid, now)), None) if full else None
+        due = next((r for r in rows if r.oid in due_oids), None)
         if due is not None:
             self._start(target, due)
         elif caps and (capped := next((r for r in rows if self.uncapped.get(r.oid, 0) >= cap), None)):

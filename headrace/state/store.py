@@ -130,19 +130,16 @@ class StateStore:
         """Every table's row (``states``: only the tables in one of them). Read at every pass of the run
         loop: a schema is parsed only when its text is new to this store (``_table_row``), not 200
         times a pass for 200 quiet tables."""
-        if states is not None:
-            rows = self.conn.execute(
-                f"SELECT {_ROW_COLUMNS} FROM _headrace.tables WHERE pipeline = %s AND state = ANY(%s)"
-                " ORDER BY schema_name, table_name", (self.pipeline, [s.value for s in states])).fetchall()
-            return [self._table_row(r) for r in rows]
+        only, params = ("", ()) if states is None else (" AND state = ANY(%s)", ([s.value for s in states],))
         rows = self.conn.execute(
-            f"SELECT {_ROW_COLUMNS} FROM _headrace.tables WHERE pipeline = %s ORDER BY schema_name, table_name",
-            (self.pipeline,),
+            f"SELECT {_ROW_COLUMNS} FROM _headrace.tables WHERE pipeline = %s{only} ORDER BY schema_name, table_name",
+            (self.pipeline, *params),
         ).fetchall()
         got = [self._table_row(r) for r in rows]
-        seen = {r["table_schema"] for r in rows}
-        for text in [t for t in self._schemas if t not in seen]:
-            del self._schemas[text]  # a schema no table has any more
+        if states is None:  # every table read: a schema no table has any more is let go
+            seen = {r["table_schema"] for r in rows}
+            for text in [t for t in self._schemas if t not in seen]:
+                del self._schemas[text]
         return got
 
     def table(self, oid: int) -> TableRow | None:

@@ -186,8 +186,9 @@ def java_table(spark: SparkSession, name: str) -> Any:
 
 
 class JavaFiles:
-    """The Java classes a data file's commit calls (``files.data_file``), looked up once per JVM
-    (``java_files``): through py4j each step of a dotted name is a round trip of its own."""
+    """The Java classes a data file's commit (``files.data_file``) and each batch on the driver call,
+    looked up once per JVM (``java_files``): through py4j each step of a dotted name is a round trip of
+    its own."""
 
     def __init__(self, jvm: Any) -> None:
         api = jvm.org.apache.iceberg
@@ -232,7 +233,7 @@ class JavaCatalog:
         jvm: Any = spark.sparkContext._jvm
         self._gateway: Any = spark.sparkContext._gateway
         self._string = jvm.java.lang.String
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # see java_table
+        java_files(jvm).spark_session.setActiveSession(spark._jsparkSession)  # see java_table
         self.spark_catalog = spark._jsparkSession.sessionState().catalogManager().catalog(catalog_name)
         self.iceberg = self.spark_catalog.icebergCatalog()
         api = jvm.org.apache.iceberg
