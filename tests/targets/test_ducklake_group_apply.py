@@ -13,6 +13,7 @@ import pytest
 
 from headrace.core.schema import TableSchema
 from headrace.source.postgres.throwaway import ThrowawayPostgres
+from headrace.targets.ducklake import batches
 from headrace.targets.ducklake.target import DuckLakeTarget
 from tests.targets.test_ducklake_copies import _rows, _snapshots, _table
 from tests.targets.test_ducklake_target import plain_duckdb, settings_for
@@ -80,7 +81,7 @@ def test_batches_waiting_together_commit_once_each_with_its_cursor_and_replay_ch
                         for k in range(10) if k not in gone] + [(20 + i, f"new{20 + i}", 200 + i)]
             assert rows == expected, table.name
         cursors = con.execute("SELECT table_oid, count(*) FROM lake._headrace.cursor GROUP BY ALL").fetchall()
-        assert sorted(cursors) == [(t.oid, 1) for t in tables]  # one cursor row a table, no leftovers
+        assert sorted(cursors) == [(t.oid, 2) for t in tables]  # a row a table a commit (t0's two batches: one)
     finally:
         con.close()
 
@@ -121,3 +122,30 @@ def test_a_keyless_batch_commits_alone(spark: Any, tmp_path: Path, pg_server: Th
         assert con.execute("SELECT count(*) FROM lake.public.bag").fetchone() == (4,)
     finally:
         con.close()
+
+
+def test_cursor_rows_are_appended_and_pruned_to_each_tables_newest(
+    spark: Any, tmp_path: Path, pg_server: ThrowawayPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batches, "PRUNE_ROWS", 3)
+    settings = settings_for("duckdb", tmp_path, pg_server)
+    other = DuckLakeTarget(spark, settings, "p2")  # another pipeline's cursors in the same lake stay
+    with other._lock, other._transaction(_table("t0", 10)):
+        other._write_cursors({10: 5})
+    other.close()
+    target = DuckLakeTarget(spark, settings, "p1")
+    tables = [_table(f"t{i}", 10 + i) for i in range(2)]
+    for table in tables:
+        target.write_snapshot_arrow(table, _rows(10))
+    for n in range(5):
+        for i, table in enumerate(tables):
+            target.apply_arrow_batch(table, _changes([1], "U", 200 + 10 * n + i), None, 10 * n + i)
+        assert {t.name: target.read_cursor(t) for t in tables} == {"t0": 10 * n, "t1": 10 * n + 1}
+    target.close()
+    con = plain_duckdb(settings)
+    try:
+        rows = con.execute("SELECT pipeline, table_oid, log_offset FROM lake._headrace.cursor ORDER BY rowid").fetchall()
+    finally:
+        con.close()
+    # a row a batch (each commits alone); the 4th, 7th and 10th commits first pruned each table to its newest
+    assert rows == [("p2", 10, 5), ("p1", 11, 31), ("p1", 10, 40), ("p1", 11, 41)]

@@ -33,6 +33,7 @@ from headrace.history.tables import (
 )
 from headrace.history.writer import Built, HistoryWriter
 from headrace.targets.ducklake import extension
+from headrace.targets.ducklake.batches import cursor_sql
 from headrace.targets.ducklake.types import cast_in, cast_out, duck_type
 
 if TYPE_CHECKING:
@@ -74,9 +75,8 @@ class DuckLakeHistory(HistoryWriter):
         with self.target._lock:
             if own:
                 have = {r[0] for r in self.con.execute(f"DESCRIBE {self.name(table, mode, own)}").fetchall()}
-                row = self.con.execute(f"SELECT log_offset FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
-                                       [self.target.pipeline, table.oid]).fetchone() if IN_PLACE_MARKERS[mode] in have \
-                    else None
+                row = self.con.execute(cursor_sql(CURSOR_TABLE), [self.target.pipeline, table.oid]).fetchone() \
+                    if IN_PLACE_MARKERS[mode] in have else None
             else:
                 row = self.con.execute(f"SELECT max(log_offset) FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?",
                                        self._key(table, mode)).fetchone()
@@ -104,10 +104,7 @@ class DuckLakeHistory(HistoryWriter):
 
     def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
         if own:  # no mirror commits this table's cursor: its history table does, with its rows (and offset)
-            self.con.execute(f"DELETE FROM {CURSOR_TABLE} WHERE pipeline = ? AND table_oid = ?",
-                             [self.target.pipeline, table.oid])
-            self.con.execute(f"INSERT INTO {CURSOR_TABLE} VALUES (?, ?, ?, now())",
-                             [self.target.pipeline, table.oid, log_offset])
+            self.target._write_cursors({table.oid: log_offset})
             return
         key = self._key(table, mode)
         self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", key)

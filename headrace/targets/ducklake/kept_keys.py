@@ -100,6 +100,7 @@ class KeptKeys:
         self._cache: KeyCache[KeyIndex] = KeyCache()
         self._refused: set[str] = set()  # an index disagreed, or the key is no integer: the join from then on
         self._skipped: dict[str, int] = {}  # tables outside the index's sizes: batches until they are counted again
+        self._small: set[str] = set()  # tables last counted under ``INDEX_FROM_ROWS``
 
     def find(self, con: duckdb.DuckDBPyConnection, target: str, write: ChangeWrite,
              kept_columns: list[str], schema: str) -> Found | None:
@@ -135,6 +136,10 @@ class KeptKeys:
     def _read(self, con: duckdb.DuckDBPyConnection, target: str, key: str, name: str, schema: str,
               read_at: int, batch_rows: int) -> KeyIndex | None:
         rows = int(scalar(con, f"SELECT count(*) FROM {target}"))
+        if rows < INDEX_FROM_ROWS:
+            self._small.add(target)
+        else:
+            self._small.discard(target)
         if not INDEX_FROM_ROWS <= rows <= self.budget:
             self._skipped[target] = RECOUNT_BATCHES
             return None
@@ -157,6 +162,11 @@ class KeptKeys:
         bounds = pc.min_max(read.column(0))
         span = (bounds["min"].as_py(), bounds["max"].as_py()) if read.num_rows else (0, 0)
         return KeyIndex(int(table_id), read_at, KeyRows(read), -1 if top is None else int(top), span)
+
+    def small(self, target: str) -> bool:
+        """``target`` held fewer than ``INDEX_FROM_ROWS`` rows when last counted (by ``find``, every
+        ``RECOUNT_BATCHES`` batches of a table with one integer key)."""
+        return target in self._small
 
     def follow(self, con: duckdb.DuckDBPyConnection, target: str, found: Found, deleted: np.ndarray,
                inserted: int, lowest_lsn: int | None) -> None:
