@@ -132,9 +132,12 @@ class ApplyConfig(_Frozen):
                                       " tables are being copied, catching up, retried or dropped")
     idle_max_seconds: float = Field(5.0, gt=0, description="longest pause when every table streams and"
                                     " nothing is staged (staged changes and commands end it at once)")
-    concurrency: int = Field(4, ge=1, description="tables whose batches are applied at the same time (Spark"
-                             " jobs from several driver threads, each in its own FAIR scheduler pool), one"
-                             " batch per table at a time; 1 applies one table after another")
+    concurrency: int | None = Field(
+        None, ge=1, description="tables whose batches are applied at the same time (Spark jobs from several"
+        " driver threads, each in its own FAIR scheduler pool), one batch per table at a time; 1 applies one"
+        " table after another; unset: the target's own, 4 for Iceberg, 2 for DuckLake (its one writer commits"
+        " one group of batches at a time: a second batch built beside the commit is enough, and more wait"
+        " longer; docs/benchmarks.md, Freshness)")
     driver_batch_rows: int = Field(
         200_000, ge=0, description="with engine: auto, a keyed batch of at most this many staged rows is"
         " read, deduplicated and cast by DuckDB on the driver instead of a Spark job (the same values; a"

@@ -75,6 +75,8 @@ class Target(ABC):
     # True when each table keeps snapshots of its own that ``expire_snapshots`` caps (Iceberg; DuckLake's
     # are the lake's, expired by ``maintain``).
     caps_snapshots: bool = False
+    # Tables whose batches are applied at the same time when ``apply.concurrency`` is unset.
+    apply_concurrency: int = 4
 
     @abstractmethod
     def ensure_table(self, table: TableSchema) -> str:

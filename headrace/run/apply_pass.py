@@ -141,7 +141,7 @@ class ApplyPass:
         rows = state.tables()
         tails = state.log_index.tails()
         self.settled = all(r.state in (TableState.STREAMING, TableState.PAUSED) for r in rows)
-        limit = self.config.apply.concurrency
+        limit = self._concurrency(target)
         cut = set[int]()
         if self.config.apply.consistency == "transaction":
             cut = self._dispatch_cut(spark, state, target, rows, tails, captured_lsn)
@@ -176,6 +176,10 @@ class ApplyPass:
                 did_work |= self.harvest(state, target, wait=True)  # one table after another
         return did_work
 
+    def _concurrency(self, target: Target) -> int:
+        """``apply.concurrency``, or unset the target's own (``Target.apply_concurrency``)."""
+        return self.config.apply.concurrency or target.apply_concurrency
+
     def _plan(self, state: StateStore, target: Target, row: TableRow, through: int | None = None) -> PlannedBatch | None:
         """The table's next batch under the pipeline's settings (``through``: no entry past this cut)."""
         config, apply = self.config, self.config.apply
@@ -198,7 +202,7 @@ class ApplyPass:
     def _submit(self, spark: SparkSession, target: Target, batches: list[PlannedBatch], captured_lsn: int,
                 cut: _Cut | None = None, built: Future[ChangeBatch] | None = None) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.config.apply.concurrency, "headrace-apply")
+            self._pool = ThreadPoolExecutor(self._concurrency(target), "headrace-apply")
         future = self._pool.submit(_execute, spark, target, batches, cut, built)
         for index, planned in enumerate(batches):
             self._dispatched[planned.row.oid] = self._passes

@@ -164,3 +164,18 @@ def test_servers_a_target_depends_on_are_watched_like_the_source() -> None:
     for target in ({"ducklake": LAKE}, {"iceberg": {"warehouse": "/w"}}):
         assert servers_of(parse_config(pipeline(target)), "dbname=x", "dbname=y") == {
             "source": "dbname=x", "state": "dbname=y"}
+
+
+def test_apply_concurrency_unset_is_the_targets_own_and_set_is_the_users() -> None:
+    from headrace.run.apply_pass import ApplyPass
+    from headrace.targets.ducklake.target import DuckLakeTarget
+    from headrace.targets.iceberg.target import IcebergTarget
+
+    def concurrency(raw: dict[str, Any], target: type) -> int:
+        run = ApplyPass(parse_config(raw), *[None] * 6)  # type: ignore[arg-type]  # only the config is read
+        return run._concurrency(target)  # type: ignore[arg-type]  # a class attribute is all it reads
+
+    ducklake = pipeline({"ducklake": LAKE})
+    assert concurrency(ducklake, DuckLakeTarget) == 2  # one writer: a batch built beside its commit
+    assert concurrency(pipeline({"iceberg": {"warehouse": "/wh"}}), IcebergTarget) == 4
+    assert concurrency({**ducklake, "apply": {"concurrency": 6}}, DuckLakeTarget) == 6
