@@ -59,14 +59,26 @@ def seed(dsn: str, rows: int) -> float:
 
 def applied_after(config: Path, dsn: str, change: str, params: tuple[Any, ...], check: Any) -> float:
     """Run ``change`` and wait until headrace has applied it; seconds from its commit."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
         conn.execute(change, params)
         lsn = insert_lsn(conn)
+    return applied_since(config, lsn, check)
+
+
+def applied_since(config: Path, lsn: int, check: Any) -> float:
+    """Seconds until headrace has applied every change up to the commit after WAL position ``lsn``.
+
+    ``lsn`` is read inside the last transaction, before its COMMIT: capture passes it with that commit.
+    A position read after the commit may lie past it (autovacuum's WAL after a burst), which capture
+    only passes at its next heartbeat, when the source has been quiet for ``staging.heartbeat_seconds``
+    (one 1M-row run of three took 10 s longer so)."""
     return wait_for(lambda: caught_up(config, lsn), 1800, "the change applied", check, poll=0.1)
 
 
-def burst(dsn: str, rows: int, changes: int, next_id: int, rng: random.Random) -> int:
-    """``changes`` random-key changes in transactions of ``TXN_CHANGES``; returns the next free id."""
+def burst(dsn: str, rows: int, changes: int, next_id: int, rng: random.Random) -> tuple[int, int]:
+    """``changes`` random-key changes in transactions of ``TXN_CHANGES``; returns the next free id and
+    the WAL position read just before the last COMMIT."""
+    lsn = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(max(1, changes // TXN_CHANGES)):
             ups = [rng.randint(1, rows) for _ in range(TXN_CHANGES * 8 // 10)]
@@ -77,7 +89,8 @@ def burst(dsn: str, rows: int, changes: int, next_id: int, rng: random.Random) -
                 conn.execute("UPDATE sized SET v = v + 1 WHERE id = ANY(%s)", (ups,))
                 conn.execute("DELETE FROM sized WHERE id = ANY(%s)", (dels,))
                 conn.execute("INSERT INTO sized SELECT g, 1, 'new' FROM unnest(%s::bigint[]) g", (ins,))
-    return next_id
+                lsn = insert_lsn(conn)
+    return next_id, lsn
 
 
 def run_one(server: ThrowawayPostgres, kind: str, rows: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -108,8 +121,8 @@ def run_one(server: ThrowawayPostgres, kind: str, rows: int, args: argparse.Name
             idle.append(applied_after(config, server.dsn, "UPDATE sized SET v = v + 1 WHERE id = %s",
                                       (rng.randint(1, rows),), headrace.check_alive))
             since = time.time()
-            next_id = burst(server.dsn, rows, args.burst, next_id, rng)
-            total = applied_after(config, server.dsn, "SELECT %s", (1,), headrace.check_alive)
+            next_id, lsn = burst(server.dsn, rows, args.burst, next_id, rng)
+            total = applied_since(config, lsn, headrace.check_alive)
             net.append(total - idle[-1])
             applied.append(sum(b.seconds for b in headrace.batches() if b.at >= since))
     finally:
