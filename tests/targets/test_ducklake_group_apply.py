@@ -4,6 +4,7 @@ nothing, and a batch that fails fails alone."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,7 @@ def test_a_keyless_batch_commits_alone(spark: Any, tmp_path: Path, pg_server: Th
         con.close()
 
 
-def test_cursor_rows_are_appended_and_pruned_to_each_tables_newest(
+def test_cursor_rows_are_appended_and_pruned_to_each_tables_newest_and_small_tables_take_one_thread(
     spark: Any, tmp_path: Path, pg_server: ThrowawayPostgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(batches, "PRUNE_ROWS", 3)
@@ -141,6 +142,10 @@ def test_cursor_rows_are_appended_and_pruned_to_each_tables_newest(
         for i, table in enumerate(tables):
             target.apply_arrow_batch(table, _changes([1], "U", 200 + 10 * n + i), None, 10 * n + i)
         assert {t.name: target.read_cursor(t) for t in tables} == {"t0": 10 * n, "t1": 10 * n + 1}
+    threads = "SELECT current_setting('threads')"
+    assert target._con.execute(threads).fetchone() == (1,)  # small tables' batches: one DuckDB thread
+    target.write_snapshot_arrow(tables[0], _rows(10))  # a copy: the default again
+    assert target._con.execute(threads).fetchone() == (os.cpu_count(),)
     target.close()
     con = plain_duckdb(settings)
     try:

@@ -85,6 +85,7 @@ class DuckLakeTarget(Target):
         self._inlined = Inlined(settings.inline_rows)  # small batches' rows in the catalog, flushed in bulk
         self._kept: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # (target, source columns) -> kept columns
         self._appended = 0  # cursor rows appended since the last prune (``batches.PRUNE_ROWS``)
+        self._one_thread = False  # the connection runs on one DuckDB thread (``_threads``)
         self._cut = threading.local()  # .writes: the batches of this thread's open cut (``cut``)
         self._con.execute(f"CREATE SCHEMA IF NOT EXISTS {L}._headrace")
         self._con.execute(
@@ -287,7 +288,8 @@ class DuckLakeTarget(Target):
 
     def _commit_batches_once(self, group: list[ChangeWrite]) -> list[None]:
         followed = []
-        with self._transaction(group[0].table, batches_only=True):
+        small = all(w.table.key and self._keys.small(self._qualified(w.table)) for w in group)
+        with self._transaction(group[0].table, batches_only=True, one_thread=small):
             for write in group:
                 target, table = self._qualified(write.table), write.table
                 kept = self._kept_columns(target, table) if table.key else []
@@ -320,13 +322,15 @@ class DuckLakeTarget(Target):
         self._appended = len(offsets) if prune else self._appended + len(offsets)
 
     @contextmanager
-    def _transaction(self, table: TableSchema, inline: bool = True, batches_only: bool = False) -> Iterator[None]:
+    def _transaction(self, table: TableSchema, inline: bool = True, batches_only: bool = False,
+                     one_thread: bool = False) -> Iterator[None]:
         """One DuckDB transaction: committed when the block ends, rolled back on any error. ``inline``:
         its small writes may go into the catalog (``inlining``); a copy's never do. Any transaction but
         change batches' (``batches_only``), and any that fails, may change tables' columns: the kept
-        columns read are forgotten (``_kept_columns``)."""
+        columns read are forgotten (``_kept_columns``). ``one_thread``: on one DuckDB thread (``_threads``)."""
         if not batches_only:
             self._kept.clear()
+        self._threads(one_thread)
         self._inlined.allow(self._con, inline)
         self._con.execute("BEGIN")
         try:
@@ -338,6 +342,18 @@ class DuckLakeTarget(Target):
             self._kept.clear()
             self._rollback()
             raise
+
+    def _threads(self, one: bool) -> None:
+        """One DuckDB thread for a transaction of small tables' change batches, else DuckDB's default
+        (a thread a core), set only when it changes (a change resizes DuckDB's pool: ~0.5 ms).
+
+        A small table's statements are a few ms of DuckLake's catalog work each, and a second thread
+        only wakes and waits: 10 busy tables of 2,000 rows used ~9 points of a core less on one thread
+        (bench/freshness.py, docs/benchmarks-history.md). A copy, maintenance and a large table's scans
+        keep both cores."""
+        if one != self._one_thread:
+            self._con.execute("SET threads = 1" if one else "RESET threads")
+            self._one_thread = one
 
     def _rollback(self) -> None:
         # A refused COMMIT (a DuckLake conflict) has ended the transaction already, and a lost
@@ -383,6 +399,7 @@ class DuckLakeTarget(Target):
         """The whole table as a Spark DataFrame in the row shape (small tables: via the driver)."""
         exprs = [f"{cast_out(quote_ident(c.name), c.type)} AS {quote_ident(c.name)}" for c in table.columns]
         with self._lock:
+            self._threads(False)  # the whole table
             data = extension.fetch_arrow(self._con.execute(
                 f"SELECT {', '.join(exprs)}, {HR_LSN}, {HR_SEQ}, {HR_COMMIT_TS} FROM {self._qualified(table)}"
             ))
@@ -398,6 +415,7 @@ class DuckLakeTarget(Target):
         """Rewrite deletes away, merge small files, expire and clean up (``maintenance.py``); under
         the lock, so apply batches wait for it rather than conflict with it."""
         with self._lock:
+            self._threads(False)  # compaction rewrites files
             maintenance.maintain(self._con, L, self._schema(table), table.target_table, policy)
             self._inlined.flushed(self._schema(table), table.target_table)
 
