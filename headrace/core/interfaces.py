@@ -109,6 +109,12 @@ class Target(ABC):
         (``replace``: instead of the table's contents); return the rows the table then holds."""
         raise NotImplementedError(f"target {self.name} writes copies through Spark only")
 
+    def copy_finished(self, table: TableSchema) -> bool:
+        """After the last part of ``table``'s copy: whether its first maintenance pass should run as
+        soon as it streams, not on the schedule (DuckLake: a copy of several parts left a file a part,
+        and every change batch pays for each file it touches). False by default."""
+        return False
+
     @abstractmethod
     def apply_batch(
         self,

@@ -72,13 +72,15 @@ class InitialCopy:
                  target: Target | Callable[[], Target], on_error: FailHandler, stop: threading.Event,
                  on_values_changed: Callable[[str, ValueCounts], None] | None = None,
                  source: Source | None = None, warmth: SparkWarmth | None = None,
-                 stuck: dict[int, threading.Thread] | None = None) -> None:
+                 stuck: dict[int, threading.Thread] | None = None,
+                 on_copied: Callable[[int], None] = lambda oid: None) -> None:
         """``spark`` may be a stand-in that starts the session on first use, and ``target`` a function
         opening the target (which may start it too): the round takes its snapshot and plans meanwhile.
         ``warmth`` (None: nothing to warm): on a cluster, a copy about to write files has the session
         warmed in the background for its tasks; in local mode the driver's threads copy every group
         (``copy_lanes.CopyLanes``). ``stuck``: the copy threads given up on (``CopyWatch``), by table,
-        shared with the rounds before and after this one."""
+        shared with the rounds before and after this one. ``on_copied``: a table whose copy the target
+        wants maintained at once (``Target.copy_finished``), by oid."""
         self.config = config
         self.dsn = dsn
         self.source = source or open_source(config, dsn)
@@ -89,6 +91,7 @@ class InitialCopy:
         self.on_error = on_error
         self.stop = stop
         self.on_values_changed = on_values_changed
+        self.on_copied = on_copied
         self.rows_copied: dict[str, int] = {}
         self.watch = CopyWatch(self.source, config.snapshot, self._stalled, {} if stuck is None else stuck)
 
@@ -322,6 +325,8 @@ class InitialCopy:
             report_progress(name, len(chunks) - len(todo) + start + len(group), len(chunks), done_rows, started)
         crash_point("snapshot.after_write")
         self.watch.progressed(row.oid)
+        if self.target.copy_finished(schema):
+            self.on_copied(row.oid)
         state.copy_finished(row.oid, done_rows)
         self.rows_copied[name] = done_rows
         secs = time.monotonic() - started

@@ -33,8 +33,9 @@ class Copier:
 
     def __init__(self, config: PipelineConfig, dsn: str, state_dsn: str, spark: SparkOnDemand,
                  target: Callable[[], Target], fail: FailHandler, observer: RunObserver,
-                 source: Source | None = None) -> None:
+                 source: Source | None = None, on_copied: Callable[[int], None] = lambda oid: None) -> None:
         self.config = config
+        self._on_copied = on_copied  # ``InitialCopy``'s: a table the target wants maintained at once
         self.source = source
         self.dsn = dsn
         self.state_dsn = state_dsn
@@ -73,7 +74,7 @@ class Copier:
             self._spark.start_in_background()
         copy = InitialCopy(self.config, self.dsn, self.state_dsn, cast("SparkSession", self._spark), self._target,
                            self._fail, self._stop, self._observer.values_changed, self.source, warmth=self._spark,
-                           stuck=self._stuck)
+                           stuck=self._stuck, on_copied=self._on_copied)
         self._copy = copy
         self._thread = threading.Thread(target=copy.run, args=(todo,), name="initial-copy", daemon=True)
         self._thread.start()

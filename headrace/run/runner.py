@@ -98,7 +98,7 @@ class Run:
         self.operations = Operations(config.name, self.tracking)  # commands, run by the loop between steps
         self.maintenance.on_done = self.operations.wake  # the table it compacted applies again at once
         self.copier = Copier(config, self.dsn, self.state_dsn, self.spark_on_demand, lambda: self.target,
-                             self._fail, self.observers, self.source)
+                             self._fail, self.observers, self.source, self.maintenance.copied)
         self.staging = StagingStore.for_pipeline(config.staging.path, config.name)  # staged files, any pyarrow.fs
         self.collector = Collector(self.staging)  # deletes the applied files off the loop's thread
         self.table_watch = TableWatch(config, self.dsn, self.tracking, self.observers, self._fail,
@@ -162,6 +162,7 @@ class Run:
         stop = stop or threading.Event()
         self.config.api.resolved_token()  # an API off loopback without its token stops here, before set-up
         state = self.setup()
+        self.maintenance.after_copies = not until_caught_up
         with self.source.connect() as conn:  # what --until-caught-up waits for
             start_lsn = self.source.current_position(conn)
         rows = state.tables()

@@ -32,7 +32,7 @@ from headrace.targets.ducklake.files import SNAPSHOT_FOLDER
 from headrace.targets.ducklake.target import DuckLakeTarget
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.target import IcebergTarget
-from tests.e2e.helpers import assert_same, copy_connections, make_config
+from tests.e2e.helpers import assert_same, copy_connections, make_config, running, wait_until
 from tests.e2e.test_copy_on_driver import POSITION, _read, _values, create_cell_table
 from tests.e2e.test_pipeline import run_caught_up
 from tests.targets.test_ducklake_target import plain_duckdb, settings_for
@@ -186,6 +186,31 @@ def test_a_big_table_copies_in_overlapping_jobs_within_max_connections(
     assert assert_same(pipeline, source_dsn, "public.wide") == 600
     copies = Path(config.target.settings.data_path) / SNAPSHOT_FOLDER  # type: ignore[union-attr]
     assert not [f for f in copies.rglob("*") if f.is_file()], "copied-in files left behind"
+
+
+def test_a_copy_of_several_files_is_merged_by_a_maintenance_pass_as_soon_as_it_streams(
+        source_dsn: str, tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """DuckLake registers a copy's files as they are, a file a chunk; every change batch then writes a
+    delete file for each file it touches. The table's first maintenance pass runs once it streams
+    (``DuckLakeTarget.copy_finished``), not an hour later, and leaves one file."""
+    with psycopg.connect(source_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE parts (id int PRIMARY KEY, pad text)")
+        conn.execute("INSERT INTO parts SELECT g, repeat('x', 300) FROM generate_series(1, 600) g")
+        parts = read_table_schema(conn, "public.parts")
+    config = make_config(source_dsn, tmp_path, ["public.parts"], "ducklake",
+                         snapshot={"chunk_pages": 4, "max_connections": 3})
+    pipeline = Pipeline(config, spark=spark)
+    with caplog.at_level(logging.INFO, logger="headrace.maintenance"), running(pipeline):
+        wait_until(lambda: [r for r in caplog.records if r.getMessage() == "maintenance.done"], 120,
+                   "the first maintenance pass")
+        (done,) = [r for r in caplog.records if r.getMessage() == "maintenance.done"]
+        assert done.__dict__["before"]["data_files"] > 3, done.__dict__
+        assert done.__dict__["after"]["data_files"] == 1, done.__dict__
+        with psycopg.connect(source_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE parts SET pad = 'y' WHERE id % 7 = 0")
+        wait_until(lambda: {r["pad"] for r in pipeline.target.read_table(parts).where("id = 7").collect()} == {"y"},
+                   60, "the update applied")
+    assert assert_same(pipeline, source_dsn, "public.parts") == 600
 
 
 def assert_same_values(settings: Any, table: TableSchema, left: str, right: str) -> None:

@@ -1,5 +1,6 @@
 """When a table is due for maintenance (``run.maintenance.MaintenanceSchedule``): after ``every_minutes``
-and ``after_batches`` both, or after ``max_batches`` whenever its last pass was."""
+and ``after_batches`` both, or after ``max_batches`` whenever its last pass was, or at once after a
+copy the target wants maintained (``copied``)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,13 @@ def test_snapshots_are_capped_every_half_max_snapshots_batches_on_a_target_that_
     target.caps_snapshots = False  # a target without per-table snapshots (DuckLake's are the lake's)
     batches(20)
     assert asked == [10, 10]
+
+
+def test_a_copy_the_target_wants_maintained_is_due_at_once(tmp_path: Path) -> None:
+    config = make_config("postgresql://127.0.0.1:1/x", tmp_path, ["public.t"], "ducklake")
+    schedule = MaintenanceSchedule(config, "postgresql://127.0.0.1:1/x")
+    now = time.monotonic()
+    schedule.last_pass[7] = now
+    assert not schedule._due(7, now)
+    schedule.copied(7)
+    assert schedule._due(7, now)  # no batch yet, a pass a moment ago

@@ -19,6 +19,7 @@ import logging
 import time
 
 import duckdb
+import pyarrow.compute as pc
 
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
 from headrace.logs import event
@@ -71,11 +72,17 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     return int(fetch_arrow(con.execute(f"CALL {sql}")).num_rows)
 
 
+def _processed(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    """The files a rewrite (``ducklake_rewrite_data_files``, ``ducklake_merge_adjacent_files``: a row a
+    table) took in, as ``_count`` calls it."""
+    return int(pc.sum(fetch_arrow(con.execute(f"CALL {sql}")).column("files_processed")).as_py() or 0)
+
+
 def _pass(con: duckdb.DuckDBPyConnection, lake: str, schema: str, table: str, policy: MaintenancePolicy) -> None:
     args = f"{_literal(lake)}, {_literal(table)}, schema => {_literal(schema)}"
     inlining.flush(con, lake, schema, table)  # the rows small batches left in the catalog, first
-    rewritten = _count(con, f"ducklake_rewrite_data_files({args}, delete_threshold => 0)")
-    merged = _count(con, f"ducklake_merge_adjacent_files({args})")
+    rewritten = _processed(con, f"ducklake_rewrite_data_files({args}, delete_threshold => 0)")
+    merged = _processed(con, f"ducklake_merge_adjacent_files({args})")
     # Keep the newest keep_last snapshots whatever their age: expire only before the oldest of them.
     row = con.execute(
         "SELECT least(now() - to_seconds(?::DOUBLE), coalesce((SELECT min(snapshot_time) FROM"

@@ -84,6 +84,7 @@ class DuckLakeTarget(Target):
         self._keys = KeptKeys(L, settings.driver_key_rows)  # large tables' keys between batches
         self._inlined = Inlined(settings.inline_rows)  # small batches' rows in the catalog, flushed in bulk
         self._kept: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # (target, source columns) -> kept columns
+        self._copy_files: dict[str, int] = {}  # target -> files its copy registered so far (``copy_finished``)
         self._appended = 0  # cursor rows appended since the last prune (``batches.PRUNE_ROWS``)
         self._one_thread = False  # the connection runs on one DuckDB thread (``_threads``)
         self._cut = threading.local()  # .writes: the batches of this thread's open cut (``cut``)
@@ -156,6 +157,8 @@ class DuckLakeTarget(Target):
             elif written:
                 self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
             count = extension.scalar(self._con, f"SELECT count(*) FROM {self._qualified(table)}")
+        target = self._qualified(table)
+        self._copy_files[target] = (0 if replace else self._copy_files.get(target, 0)) + len(written)
         if not direct:
             for path in discard:
                 files.remove(path)
@@ -174,6 +177,18 @@ class DuckLakeTarget(Target):
         """
         naming.refuse_case_twins(table)
         return write_through(self._copies, self._lock, CopyWrite(table, rows, replace), self._commit_copies)
+
+    def copy_finished(self, table: TableSchema) -> bool:
+        """True after a copy of several parts (one a chunk: 32 MiB of heap, ~290K rows of a narrow
+        table): its first maintenance pass merges their files into files of DuckLake's target size.
+
+        A change batch writes one delete file for every data file it deletes a row of, at its commit:
+        a batch of 10,000 random keys into a 10M-row table copied as 34 files committed in 118 ms,
+        into the same rows in one file in 13 ms (DuckDB 1.5.5). The merge is not the copy's own last
+        step: it rewrites the table (2.3 s for 10M rows of three columns, ~10 s for 20M rows of the
+        copy bench's twelve, on 2 cores) and made that copy 0.47x raw ``COPY`` instead of 0.69x. A copy
+        of one part (``write_snapshot_arrow``) or one a restart resumed is left to the schedule."""
+        return self._copy_files.pop(self._qualified(table), 0) >= 2
 
     def _commit_copies(self, group: list[CopyWrite]) -> list[int]:
         """Write each copy of ``group`` in one transaction (lock held); each table's row count."""

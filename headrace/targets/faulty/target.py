@@ -124,6 +124,10 @@ class FaultyTarget(Target):
         self._maybe_fail("write_snapshot", table)
         return self.inner.register_copy_files(table, sink, written, replace)
 
+    def copy_finished(self, table: TableSchema) -> bool:
+        """The inner target's."""
+        return self.inner.copy_finished(table)
+
     def apply_batch(self, table: TableSchema, changes: DataFrame, truncate_before: Position | None,
                     log_offset: int) -> LaneChoice:
         """The inner target's, unless a fault fails it (before the inner target sees the batch)."""
