@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from headrace.config import PipelineConfig
@@ -121,6 +122,7 @@ class MaintenanceSchedule:
         # before exiting (a 20M-row DuckLake copy's merge: 11.4 s after its 19.2 s copy); the next
         # long run's schedule or ``headrace maintain`` merges the files then.
         self.after_copies = True
+        self._copied: deque[int] = deque()  # ``copied``'s tables, from the copy's thread to the loop's
 
     def batch_applied(self, oid: int) -> None:
         """Count an apply batch towards the table's next pass."""
@@ -128,9 +130,17 @@ class MaintenanceSchedule:
         self.uncapped[oid] = self.uncapped.get(oid, 0) + 1
 
     def copied(self, oid: int) -> None:
-        """The table's copy left it wanting a pass (``Target.copy_finished``): due at the next step
-        (from the copy's thread), unless the run ends once caught up (``after_copies``)."""
+        """The table's copy left it wanting a pass (``Target.copy_finished``): due at the next step,
+        unless the run ends once caught up (``after_copies``). Called on the copy's thread: the table is
+        handed over, and the loop's thread, the only one that touches ``batches``, marks it due
+        (``_take_copied``)."""
         if self.after_copies:
+            self._copied.append(oid)
+
+    def _take_copied(self) -> None:
+        """Make the tables ``copied`` handed over due (the loop's thread)."""
+        while self._copied:
+            oid = self._copied.popleft()
             self.batches[oid] = max(self.batches.get(oid, 0), self.settings.max_batches)
 
     def _due(self, oid: int, now: float) -> bool:
@@ -151,6 +161,7 @@ class MaintenanceSchedule:
     def step(self, state: StateStore, target: Target) -> bool:
         """Start a pass over at most one due table, in its own thread; False: the loop's own step did
         no work (the pass goes on beside it)."""
+        self._take_copied()
         if not self.settings.enabled or self.running:
             return False
         cap = max(1, self.settings.max_snapshots // 2)

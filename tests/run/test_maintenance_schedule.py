@@ -75,5 +75,6 @@ def test_a_copy_the_target_wants_maintained_is_due_at_once(tmp_path: Path) -> No
     now = time.monotonic()
     schedule.last_pass[7] = now
     assert not schedule._due(7, now)
-    schedule.copied(7)
+    schedule.copied(7)  # on the copy's thread: handed to the loop's
+    schedule._take_copied()  # the loop's next step
     assert schedule._due(7, now)  # no batch yet, a pass a moment ago
