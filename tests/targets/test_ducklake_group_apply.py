@@ -132,7 +132,7 @@ def test_cursor_rows_are_appended_and_pruned_to_each_tables_newest_and_small_tab
     settings = settings_for("duckdb", tmp_path, pg_server)
     other = DuckLakeTarget(spark, settings, "p2")  # another pipeline's cursors in the same lake stay
     with other._lock, other._transaction(_table("t0", 10)):
-        other._write_cursors({10: 5})
+        other.write_cursors({10: 5})
     other.close()
     target = DuckLakeTarget(spark, settings, "p1")
     tables = [_table(f"t{i}", 10 + i) for i in range(2)]

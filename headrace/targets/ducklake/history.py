@@ -104,7 +104,7 @@ class DuckLakeHistory(HistoryWriter):
 
     def _set_offset(self, table: TableSchema, mode: Mode, log_offset: int, own: bool = False) -> None:
         if own:  # no mirror commits this table's cursor: its history table does, with its rows (and offset)
-            self.target._write_cursors({table.oid: log_offset})
+            self.target.write_cursors({table.oid: log_offset})
             return
         key = self._key(table, mode)
         self.con.execute(f"DELETE FROM {OFFSET_TABLE} WHERE pipeline = ? AND table_name = ?", key)

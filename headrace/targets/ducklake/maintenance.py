@@ -19,6 +19,7 @@ import logging
 import time
 
 import duckdb
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.core.maintenance import MaintenancePolicy, TableFiles
@@ -62,20 +63,25 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
-    """Rows a maintenance function returns (files or snapshots it handled).
+def _call(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """What a maintenance function returns, a row per file, snapshot or table it handled.
 
     Fetched as Arrow: these functions return TIMESTAMPTZ columns, which duckdb's Python client only
     turns into Python values with pytz. Called whole: under ``SELECT count(*) FROM``, DuckDB 1.5.5
     runs them without committing their work.
     """
-    return int(fetch_arrow(con.execute(f"CALL {sql}")).num_rows)
+    return fetch_arrow(con.execute(f"CALL {sql}"))
+
+
+def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    """Rows a maintenance function returns (files or snapshots it handled)."""
+    return int(_call(con, sql).num_rows)
 
 
 def _processed(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     """The files a rewrite (``ducklake_rewrite_data_files``, ``ducklake_merge_adjacent_files``: a row a
-    table) took in, as ``_count`` calls it."""
-    return int(pc.sum(fetch_arrow(con.execute(f"CALL {sql}")).column("files_processed")).as_py() or 0)
+    table) took in."""
+    return int(pc.sum(_call(con, sql).column("files_processed")).as_py() or 0)
 
 
 def _pass(con: duckdb.DuckDBPyConnection, lake: str, schema: str, table: str, policy: MaintenancePolicy) -> None:

@@ -313,7 +313,7 @@ class DuckLakeTarget(Target):
                 applied = batches.apply(self._con, target, write, kept, known, span, self._keys.small(target))
                 if found is not None and applied is not None:
                     followed.append((target, found, applied))
-            self._write_cursors({w.table.oid: w.log_offset for w in group})  # a table twice: its later batch's
+            self.write_cursors({w.table.oid: w.log_offset for w in group})  # a table twice: its later batch's
         for target, found, applied in followed:
             self._keys.follow(self._con, target, found, applied.replaced, applied.inserted, applied.lowest_lsn)
         self._inlined.committed(self._con, L, [(self._schema(w.table), w.table.target_table, w.changes.num_rows)
@@ -329,9 +329,10 @@ class DuckLakeTarget(Target):
             self._kept[shape] = batches.kept_columns(self._con, target, table)
         return self._kept[shape]
 
-    def _write_cursors(self, offsets: dict[int, int]) -> None:
+    def write_cursors(self, offsets: dict[int, int]) -> None:
         """Append the tables' cursor rows (``batches.write_cursors``), pruning the older ones now and then,
-        inside the caller's transaction (lock held)."""
+        inside the caller's transaction (lock held): the mirror's batches, and a history table's writer
+        (``history.DuckLakeHistory``) for the tables no mirror commits."""
         prune = self._appended >= batches.PRUNE_ROWS
         batches.write_cursors(self._con, CURSOR_TABLE, self.pipeline, offsets, prune)
         self._appended = len(offsets) if prune else self._appended + len(offsets)
