@@ -12,17 +12,23 @@ import psycopg
 import pytest
 
 from headrace.pipeline import Pipeline
+from headrace.targets.iceberg.catalog import java_table
 from tests.e2e.helpers import make_config
 from tests.e2e.test_object_storage import _dbs, change_orders, make_orders, pyiceberg_s3, read_back_equals
 from tests.e2e.test_pipeline import run_caught_up
 from tests.objectstore import SECRET, MotoServer, free_port
+
+RESOLVING_FILE_IO = "org.apache.iceberg.io.ResolvingFileIO"
 
 
 def test_iceberg_rest_catalog_on_s3_with_oauth2_client_credentials(
         source_dsn: str, s3_server: MotoServer, s3_bucket: str, rest_catalog: Any, tmp_path: Path, spark: Any,
         monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     """Spark registers the catalog with client credentials (exchanged for a token), the driver commits
-    its batches through it; pyiceberg's RestCatalog with the bearer token and DuckDB read the table."""
+    its batches through it; pyiceberg's RestCatalog with the bearer token and DuckDB read the table.
+    The session names the catalog's FileIO, as a user with S3FileIO's bundle would in ``spark.conf``:
+    the catalog keeps it (Iceberg's ResolvingFileIO here, which reaches s3:// through Hadoop when
+    S3FileIO's classes are missing, as they are on this machine)."""
     from pyiceberg.catalog.rest import RestCatalog
 
     from tests.restcatalog import CLIENT_ID, CLIENT_SECRET, TOKEN
@@ -35,6 +41,7 @@ def test_iceberg_rest_catalog_on_s3_with_oauth2_client_credentials(
                           "catalog": {"type": "rest", "uri": rest_catalog.uri, "credential_env": "LAKE_CLIENT"}}}
     config = make_config(source_dsn, tmp_path, ["public.orders"], target,
                          staging={"path": f"s3://{s3_bucket}/staging"})
+    spark.conf.set(f"spark.sql.catalog.{name}.io-impl", RESOLVING_FILE_IO)
     pipeline = Pipeline(config, spark=spark)
     catalog = RestCatalog("reader", uri=rest_catalog.uri, token=TOKEN, **pyiceberg_s3(s3_server))
 
@@ -48,6 +55,7 @@ def test_iceberg_rest_catalog_on_s3_with_oauth2_client_credentials(
     assert table_equals_source()
     summaries = [s.summary for s in catalog.load_table((namespace, "orders")).snapshots()]
     assert any(s is not None and s.get("headrace.apply") == "driver" for s in summaries), summaries
+    assert java_table(spark, f"{name}.{namespace}.orders").io().getClass().getName() == RESOLVING_FILE_IO
     shown = [caplog.text, *capfd.readouterr()]  # the JVM's output included
     assert not [secret for secret in (CLIENT_SECRET, TOKEN, SECRET) if any(secret in text for text in shown)]
 

@@ -63,3 +63,13 @@ def test_uris_jdbc_cannot_take_are_refused_without_showing_the_password() -> Non
         jdbc_database("postgresql://u:s3cret@h/cat?nonsense=1")
     assert "s3cret" not in str(info.value)
     assert "s3cret" not in jdbc_database("postgresql://u:s3cret@h/cat").shown
+
+
+def test_a_rest_catalog_reaches_s3_through_hadoop_unless_the_session_names_another_file_io() -> None:
+    settings = IcebergConfig.model_validate(
+        {"warehouse": "s3://lake/w", "catalog_name": "lakehouse", "catalog": {"type": "rest", "uri": "http://h:8181"}})
+    key = "spark.sql.catalog.lakehouse.io-impl"
+    assert spark_catalog_conf(settings)[key] == "org.apache.iceberg.hadoop.HadoopFileIO"
+    # A user with the AWS SDK v2 bundle names S3FileIO in spark.conf: the catalog keeps it.
+    assert spark_catalog_conf(settings, "org.apache.iceberg.aws.s3.S3FileIO")[key] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert key not in spark_catalog_conf(IcebergConfig.model_validate(JDBC), "x.Y")  # theirs alone, untouched
