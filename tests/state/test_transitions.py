@@ -51,7 +51,7 @@ def test_the_copy_then_the_stream(state: StateStore) -> None:
 
 
 def test_the_copier_reads_only_the_tables_a_copy_can_start_from(state: StateStore) -> None:
-    """``Copier.start`` reads the rows in ``COPY_FROM`` only: streaming tables cost it no row."""
+    """``Copier.start`` asks for the rows in ``COPY_FROM`` only."""
     assert [r.oid for r in state.tables(COPY_FROM)] == [T.oid]  # PENDING
     state.copy_started(T.oid, 1000)
     assert [r.state for r in state.tables(COPY_FROM)] == [TableState.SNAPSHOT]
