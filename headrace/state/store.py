@@ -153,9 +153,8 @@ class StateStore:
                     f"SELECT {_ROW_COLUMNS}, {VERSION} AS version FROM _headrace.tables"
                     " WHERE pipeline = %s AND table_oid = ANY(%s)", (self.pipeline, stale)).fetchall():
                 self._rows[int(r["table_oid"])] = (r["version"], self._table_row(r), r["table_schema"])
-        if len(self._rows) > len(order):  # a table removed
+        if stale or len(self._rows) != len(order):  # a table added or removed, perhaps: the rest let go
             self._rows = {oid: self._rows[oid] for oid in order if oid in self._rows}
-        if stale:
             for text in set(self._schemas) - {text for _, _, text in self._rows.values()}:
                 del self._schemas[text]  # a schema no table has any more is let go
         wanted = None if states is None else set(states)
