@@ -147,6 +147,7 @@ class DuckLakeTarget(Target):
         ``ducklake_add_data_files`` (no rewrite), or for tables with UUID/JSON/TIME columns (text in the
         row shape) copied by DuckDB with ``INSERT ... SELECT`` casts, the files or folders ``discard`` then deleted."""
         direct = all(registers_directly(c.type) for c in table.columns)
+        target = self._qualified(table)
         with self._lock, self._transaction(table, inline=False):
             self._clear_for_copy(table, replace)
             if written and direct:
@@ -155,9 +156,8 @@ class DuckLakeTarget(Target):
                     [L, table.target_table, written, self._schema(table)],
                 )
             elif written:
-                self._con.execute(plan.insert_from_parquet_sql(self._qualified(table), table), [written])
-            count = extension.scalar(self._con, f"SELECT count(*) FROM {self._qualified(table)}")
-        target = self._qualified(table)
+                self._con.execute(plan.insert_from_parquet_sql(target, table), [written])
+            count = extension.scalar(self._con, f"SELECT count(*) FROM {target}")
         self._copy_files[target] = (0 if replace else self._copy_files.get(target, 0)) + len(written)
         if not direct:
             for path in discard:

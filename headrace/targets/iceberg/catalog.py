@@ -112,7 +112,7 @@ HADOOP_FILE_IO = "org.apache.iceberg.hadoop.HadoopFileIO"
 
 def spark_catalog_conf(settings: IcebergConfig, file_io: str | None = None) -> dict[str, str]:
     """The ``spark.sql.catalog.<name>.*`` settings that register the configured catalog. ``file_io``:
-    the catalog's ``io-impl`` the session already holds (``session_file_io``: the user's ``spark.conf``),
+    the catalog's ``io-impl`` the session already holds (``session_catalog_conf``: the user's ``spark.conf``),
     kept."""
     prefix = f"spark.sql.catalog.{settings.catalog_name}"
     conf = {
@@ -148,9 +148,10 @@ def spark_catalog_conf(settings: IcebergConfig, file_io: str | None = None) -> d
     return conf
 
 
-def session_file_io(spark: SparkSession, settings: IcebergConfig) -> str | None:
-    """The FileIO the session names for the configured catalog (``spark.conf``), if any."""
-    return spark.conf.get(f"spark.sql.catalog.{settings.catalog_name}.io-impl", None)
+def session_catalog_conf(spark: SparkSession, settings: IcebergConfig) -> dict[str, str]:
+    """``spark_catalog_conf`` for ``spark``'s session, keeping the FileIO its conf names for the catalog
+    (the user's ``spark.conf``), if any."""
+    return spark_catalog_conf(settings, spark.conf.get(f"spark.sql.catalog.{settings.catalog_name}.io-impl", None))
 
 
 SECRET_KEYS = ("password", ".token", ".credential")  # catalog conf keys whose values are secrets

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from headrace.core.interfaces import CutCommit
 from headrace.logs import event
-from headrace.targets.iceberg.catalog import JavaCatalog, java_table, session_file_io, spark_catalog_conf
+from headrace.targets.iceberg.catalog import JavaCatalog, java_table, session_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 
 log = logging.getLogger("headrace.targets.iceberg")
@@ -53,7 +53,7 @@ def rest_catalog(spark: SparkSession, settings: IcebergConfig) -> Any:
     jvm: Any = spark.sparkContext._jvm
     prefix = f"spark.sql.catalog.{settings.catalog_name}."
     properties = jvm.java.util.HashMap()
-    for key, value in spark_catalog_conf(settings, session_file_io(spark, settings)).items():
+    for key, value in session_catalog_conf(spark, settings).items():
         if key.startswith(prefix) and key != f"{prefix}type":
             properties.put(key.removeprefix(prefix), value)
     catalog = jvm.org.apache.iceberg.rest.RESTCatalog()

@@ -44,13 +44,7 @@ from headrace.core.spark_types import spark_type
 from headrace.logs import event
 from headrace.targets.iceberg import cut_commit, driver_apply, driver_delta, files, maintenance, write_mode
 from headrace.targets.iceberg.arrow_frame import arrow_frame
-from headrace.targets.iceberg.catalog import (
-    SECRET_KEYS,
-    JavaCatalog,
-    java_table,
-    session_file_io,
-    spark_catalog_conf,
-)
+from headrace.targets.iceberg.catalog import SECRET_KEYS, JavaCatalog, java_table, session_catalog_conf
 from headrace.targets.iceberg.config import IcebergConfig
 from headrace.targets.iceberg.evolve import evolve_columns
 from headrace.targets.iceberg.keyless import KeylessApply
@@ -89,7 +83,7 @@ class IcebergTarget(Target):
         self.pipeline = pipeline
         # Spark caches a catalog on first use, so a second warehouse (or catalog database) under the
         # same name would silently keep writing to the first one.
-        for key, value in spark_catalog_conf(settings, session_file_io(spark, settings)).items():
+        for key, value in session_catalog_conf(spark, settings).items():
             registered = spark.conf.get(key, None)
             if registered is not None and registered != value and not key.endswith(SECRET_KEYS):
                 raise ConfigError(
